@@ -1,0 +1,163 @@
+// Package events turns containerd's event stream into typed domain events.
+//
+// containerd's envelopes carry little (an image name, a container id), so the
+// Source enriches each one with lookups, lists everything after every
+// (re)subscribe, and emits a Listing that the projection diffs against its own
+// state: a missed event never leaves the state wrong. The event types here are
+// plain data so that the projection can journal and replay them.
+package events
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Event is a typed domain event. At is when it happened (containerd's
+// envelope timestamp, or the agent's clock for a reconcile), so replaying a
+// journal reproduces the same state.
+type Event interface {
+	Time() time.Time
+	Kind() Kind
+}
+
+// Kind names an event type in the journal.
+type Kind string
+
+// Event kinds. They are stored in the journal: never rename one.
+const (
+	KindImageUpserted     Kind = "image.upserted"
+	KindImageDeleted      Kind = "image.deleted"
+	KindContainerUpserted Kind = "container.upserted"
+	KindContainerDeleted  Kind = "container.deleted"
+	KindTaskStarted       Kind = "task.started"
+	KindTaskExited        Kind = "task.exited"
+	KindSynced            Kind = "synced"
+)
+
+// ImageUpserted says that an image name exists and points at Digest.
+type ImageUpserted struct {
+	At      time.Time         `json:"at"`
+	Name    string            `json:"name"`
+	Digest  string            `json:"digest"` // target (manifest or index) digest
+	Labels  map[string]string `json:"labels,omitempty"`
+	Size    int64             `json:"size"` // manifest-declared (compressed) bytes, as the kubelet sees it
+	Created time.Time         `json:"created"`
+}
+
+// ImageDeleted says that an image name is gone.
+type ImageDeleted struct {
+	At   time.Time `json:"at"`
+	Name string    `json:"name"`
+}
+
+// ContainerUpserted says that a container exists, with what it references.
+type ContainerUpserted struct {
+	At            time.Time `json:"at"`
+	ID            string    `json:"id"`
+	Image         string    `json:"image"`       // the image name the container was created from
+	ImageDigest   string    `json:"imageDigest"` // that name's target when the container was seen; may be empty
+	CRIKind       string    `json:"criKind,omitempty"`
+	PodUID        string    `json:"podUID,omitempty"`
+	PodName       string    `json:"podName,omitempty"`
+	PodNamespace  string    `json:"podNamespace,omitempty"`
+	ContainerName string    `json:"containerName,omitempty"`
+	SandboxID     string    `json:"sandboxID,omitempty"`
+	Created       time.Time `json:"created"`
+}
+
+// ContainerDeleted says that a container is gone.
+type ContainerDeleted struct {
+	At time.Time `json:"at"`
+	ID string    `json:"id"`
+}
+
+// TaskStarted says that a container's init process runs.
+type TaskStarted struct {
+	At          time.Time `json:"at"`
+	ContainerID string    `json:"containerID"`
+	Pid         uint32    `json:"pid"`
+}
+
+// TaskExited says that a container's init process ended (from /tasks/exit,
+// /tasks/delete, or a listing that shows it stopped or gone).
+type TaskExited struct {
+	At          time.Time `json:"at"`
+	ContainerID string    `json:"containerID"`
+	ExitStatus  uint32    `json:"exitStatus"`
+	ExitedAt    time.Time `json:"exitedAt"`
+}
+
+// Synced marks the end of a full reconcile with containerd.
+type Synced struct {
+	At time.Time `json:"at"`
+}
+
+func (e ImageUpserted) Time() time.Time     { return e.At }
+func (e ImageDeleted) Time() time.Time      { return e.At }
+func (e ContainerUpserted) Time() time.Time { return e.At }
+func (e ContainerDeleted) Time() time.Time  { return e.At }
+func (e TaskStarted) Time() time.Time       { return e.At }
+func (e TaskExited) Time() time.Time        { return e.At }
+func (e Synced) Time() time.Time            { return e.At }
+
+func (ImageUpserted) Kind() Kind     { return KindImageUpserted }
+func (ImageDeleted) Kind() Kind      { return KindImageDeleted }
+func (ContainerUpserted) Kind() Kind { return KindContainerUpserted }
+func (ContainerDeleted) Kind() Kind  { return KindContainerDeleted }
+func (TaskStarted) Kind() Kind       { return KindTaskStarted }
+func (TaskExited) Kind() Kind        { return KindTaskExited }
+func (Synced) Kind() Kind            { return KindSynced }
+
+type wire struct {
+	Kind Kind            `json:"k"`
+	Body json.RawMessage `json:"e"`
+}
+
+// Marshal encodes an event with its kind, for the journal.
+func Marshal(ev Event) ([]byte, error) {
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("marshal %s: %w", ev.Kind(), err)
+	}
+	return json.Marshal(wire{Kind: ev.Kind(), Body: body})
+}
+
+// Unmarshal decodes what Marshal wrote. An unknown kind is an error, so a
+// corrupt or newer journal entry is reported, not silently applied.
+func Unmarshal(b []byte) (Event, error) {
+	var w wire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return nil, fmt.Errorf("decode event: %w", err)
+	}
+	var ev Event
+	var err error
+	switch w.Kind {
+	case KindImageUpserted:
+		ev, err = decode[ImageUpserted](w.Body)
+	case KindImageDeleted:
+		ev, err = decode[ImageDeleted](w.Body)
+	case KindContainerUpserted:
+		ev, err = decode[ContainerUpserted](w.Body)
+	case KindContainerDeleted:
+		ev, err = decode[ContainerDeleted](w.Body)
+	case KindTaskStarted:
+		ev, err = decode[TaskStarted](w.Body)
+	case KindTaskExited:
+		ev, err = decode[TaskExited](w.Body)
+	case KindSynced:
+		ev, err = decode[Synced](w.Body)
+	default:
+		return nil, fmt.Errorf("decode event: unknown kind %q", w.Kind)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("decode %s: %w", w.Kind, err)
+	}
+	return ev, nil
+}
+
+func decode[T Event](b []byte) (Event, error) {
+	var v T
+	err := json.Unmarshal(b, &v)
+	return v, err
+}

@@ -1,0 +1,140 @@
+package projection
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/gcagent/gcagent/events"
+)
+
+// Reconcile returns the events that bring s up to what the listing shows,
+// ending with Synced. It is pure: apply the result to s with Apply. Events are
+// stamped with the listing's time and sorted, so the journal is deterministic.
+// Times the agent already knows (first seen, last used, exit times) are kept.
+func Reconcile(s *State, l events.Listing) []events.Event {
+	var out []events.Event
+
+	listedNames := make(map[string]struct{}, len(l.Images))
+	images := slices.Clone(l.Images)
+	slices.SortFunc(images, func(a, b events.ImageUpserted) int { return cmpString(a.Name, b.Name) })
+	for _, li := range images {
+		listedNames[li.Name] = struct{}{}
+		if imageCurrent(s, li) {
+			continue
+		}
+		li.At = l.At
+		out = append(out, li)
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Names)) {
+		if _, ok := listedNames[name]; !ok {
+			out = append(out, events.ImageDeleted{At: l.At, Name: name})
+		}
+	}
+
+	tasks := make(map[string]events.Task, len(l.Tasks))
+	for _, t := range l.Tasks {
+		tasks[t.ContainerID] = t
+	}
+	listed := make(map[string]struct{}, len(l.Containers))
+	containers := slices.Clone(l.Containers)
+	slices.SortFunc(containers, func(a, b events.ContainerUpserted) int { return cmpString(a.ID, b.ID) })
+	for _, lc := range containers {
+		listed[lc.ID] = struct{}{}
+		have := s.Containers[lc.ID]
+		if !containerCurrent(have, lc) {
+			lc.At = l.At
+			out = append(out, lc)
+		}
+		state := StateCreated
+		if have != nil {
+			state = have.State
+		}
+		t, hasTask := tasks[lc.ID]
+		switch {
+		case hasTask && (t.Status == events.TaskRunning || t.Status == events.TaskPaused):
+			if state != StateRunning {
+				out = append(out, events.TaskStarted{At: l.At, ContainerID: lc.ID, Pid: t.Pid})
+			}
+		case hasTask && t.Status == events.TaskStopped:
+			if state != StateExited {
+				out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, ExitStatus: t.ExitStatus, ExitedAt: t.ExitedAt})
+			}
+		case !hasTask && state == StateRunning:
+			// The task went away while we were not listening: the exit time is
+			// unknown, so the listing's time is the best bound we have.
+			out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, ExitedAt: l.At})
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.Containers)) {
+		if _, ok := listed[id]; !ok {
+			out = append(out, events.ContainerDeleted{At: l.At, ID: id})
+		}
+	}
+	return append(out, events.Synced{At: l.At})
+}
+
+func imageCurrent(s *State, li events.ImageUpserted) bool {
+	digest, ok := s.Names[li.Name]
+	if !ok || digest != li.Digest {
+		return false
+	}
+	img := s.Images[digest]
+	return img != nil && maps.Equal(img.Names[li.Name], li.Labels) && (li.Size == 0 || img.Size == li.Size)
+}
+
+// containerCurrent compares what a listing can tell. The digest is compared
+// only when the state has none: the state keeps the content a container was
+// created from even after its image name moved.
+func containerCurrent(c *Container, l events.ContainerUpserted) bool {
+	return c != nil && c.Image == l.Image && (c.ImageDigest != "" || l.ImageDigest == "") &&
+		c.CRIKind == l.CRIKind && c.PodUID == l.PodUID && c.PodName == l.PodName &&
+		c.PodNamespace == l.PodNamespace && c.ContainerName == l.ContainerName &&
+		c.SandboxID == l.SandboxID && c.Created.Equal(l.Created)
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Clone returns a deep copy, for readers outside the owner's lock.
+func (s *State) Clone() *State {
+	c := &State{
+		Images:     make(map[string]*Image, len(s.Images)),
+		Names:      maps.Clone(s.Names),
+		Containers: make(map[string]*Container, len(s.Containers)),
+		Pods:       make(map[string]*Pod, len(s.Pods)),
+		Users:      make(map[string]map[string]struct{}, len(s.Users)),
+		Synced:     s.Synced,
+		Seq:        s.Seq,
+	}
+	for k, img := range s.Images {
+		cp := *img
+		cp.Names = make(map[string]map[string]string, len(img.Names))
+		for n, l := range img.Names {
+			cp.Names[n] = maps.Clone(l)
+		}
+		c.Images[k] = &cp
+	}
+	for k, ct := range s.Containers {
+		cp := *ct
+		c.Containers[k] = &cp
+	}
+	for k, p := range s.Pods {
+		cp := *p
+		cp.Sandboxes = maps.Clone(p.Sandboxes)
+		c.Pods[k] = &cp
+	}
+	for k, u := range s.Users {
+		c.Users[k] = maps.Clone(u)
+	}
+	if c.Names == nil {
+		c.Names = map[string]string{}
+	}
+	return c
+}

@@ -1,0 +1,329 @@
+// Package projection holds the agent's live picture of one containerd
+// namespace: which image is used by which container and when it was last
+// used, which containers are dead, which pods are alive.
+//
+// State.Apply is the reducer: deterministic, no I/O, no locks, time taken
+// only from the event, so replaying the journal rebuilds the exact state.
+// Live owns a State, feeds it, persists it through a Store, and hands out
+// copies.
+package projection
+
+import (
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+)
+
+// CRI labels and values gcagent reads (copied: containerd's are internal).
+const (
+	LabelPinned      = "io.cri-containerd.pinned"
+	LabelPinnedValue = "pinned"
+	LabelCRIManaged  = "io.cri-containerd.image"
+	KindSandbox      = "sandbox"
+	KindContainer    = "container"
+)
+
+// ContainerState is what the agent knows of a container's init process.
+type ContainerState string
+
+// Container states. Created means no task was ever seen: CRI creates
+// containers before it starts them, so such a container is not dead.
+const (
+	StateCreated ContainerState = "created"
+	StateRunning ContainerState = "running"
+	StateExited  ContainerState = "exited"
+)
+
+// State is the projection. Fields are exported for persistence and for
+// read-only use by planners; mutate only through Apply.
+type State struct {
+	Images     map[string]*Image     `json:"images"`     // by target digest
+	Names      map[string]string     `json:"names"`      // image name -> target digest
+	Containers map[string]*Container `json:"containers"` // by id
+	Pods       map[string]*Pod       `json:"pods"`       // by pod uid
+	// Users indexes containers by the image digest they reference, also for
+	// digests that have no name (any more, or yet).
+	Users  map[string]map[string]struct{} `json:"users"`
+	Synced bool                           `json:"synced"`
+	Seq    uint64                         `json:"seq"` // events applied so far
+}
+
+// Image is one target digest with all the names that point at it.
+type Image struct {
+	Digest string `json:"digest"`
+	// Names maps each name to its labels.
+	Names     map[string]map[string]string `json:"names"`
+	Size      int64                        `json:"size"`
+	Created   time.Time                    `json:"created"`
+	FirstSeen time.Time                    `json:"firstSeen"`
+	// LastUsed is when a container last started or stopped referencing the
+	// image; while any does, the image counts as used now (see State.LastUsed).
+	LastUsed time.Time `json:"lastUsed"`
+}
+
+// Container is one container of the namespace.
+type Container struct {
+	ID            string         `json:"id"`
+	Image         string         `json:"image"`
+	ImageDigest   string         `json:"imageDigest"`
+	CRIKind       string         `json:"criKind,omitempty"`
+	PodUID        string         `json:"podUID,omitempty"`
+	PodName       string         `json:"podName,omitempty"`
+	PodNamespace  string         `json:"podNamespace,omitempty"`
+	ContainerName string         `json:"containerName,omitempty"`
+	SandboxID     string         `json:"sandboxID,omitempty"`
+	Created       time.Time      `json:"created"`
+	FirstSeen     time.Time      `json:"firstSeen"`
+	State         ContainerState `json:"state"`
+	Pid           uint32         `json:"pid,omitempty"`
+	StartedAt     time.Time      `json:"startedAt"`
+	ExitedAt      time.Time      `json:"exitedAt"`
+	ExitStatus    uint32         `json:"exitStatus"`
+}
+
+// Pod is a pod uid seen through its sandbox containers.
+type Pod struct {
+	UID       string              `json:"uid"`
+	Name      string              `json:"name,omitempty"`
+	Namespace string              `json:"namespace,omitempty"`
+	Sandboxes map[string]struct{} `json:"sandboxes"`
+	FirstSeen time.Time           `json:"firstSeen"`
+	// GoneAt is when the last sandbox went away; zero while one exists.
+	GoneAt time.Time `json:"goneAt"`
+}
+
+// New returns an empty, unsynced state.
+func New() *State {
+	return &State{
+		Images:     map[string]*Image{},
+		Names:      map[string]string{},
+		Containers: map[string]*Container{},
+		Pods:       map[string]*Pod{},
+		Users:      map[string]map[string]struct{}{},
+	}
+}
+
+// Pinned reports whether any name of the image carries the CRI pinned label.
+func (img *Image) Pinned() bool {
+	for _, labels := range img.Names {
+		if labels[LabelPinned] == LabelPinnedValue {
+			return true
+		}
+	}
+	return false
+}
+
+// CRIManaged reports whether CRI manages the image (any name labelled so).
+func (img *Image) CRIManaged() bool {
+	for _, labels := range img.Names {
+		if labels[LabelCRIManaged] != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// EvictUnit groups dead containers the way the kubelet does: pod uid and
+// container name for CRI containers, the container itself otherwise.
+func (c *Container) EvictUnit() string {
+	if c.CRIKind == KindContainer && c.PodUID != "" && c.ContainerName != "" {
+		return c.PodUID + "/" + c.ContainerName
+	}
+	return c.ID
+}
+
+// Dead reports whether the container's task has exited.
+func (c *Container) Dead() bool { return c.State == StateExited }
+
+// Alive reports whether a sandbox of the pod exists.
+func (p *Pod) Alive() bool { return len(p.Sandboxes) > 0 }
+
+// InUse reports whether any container references the digest.
+func (s *State) InUse(digest string) bool { return len(s.Users[digest]) > 0 }
+
+// LastUsed is now while a container references the image, else the time
+// the last one went away (zero if none ever did).
+func (s *State) LastUsed(img *Image, now time.Time) time.Time {
+	if s.InUse(img.Digest) {
+		return now
+	}
+	return img.LastUsed
+}
+
+// Apply folds one event into the state. It is deterministic and does no I/O;
+// events about unknown objects are ignored, so duplicates and late events are
+// harmless. A Listing must go through Reconcile instead.
+func (s *State) Apply(ev events.Event) {
+	s.Seq++
+	switch e := ev.(type) {
+	case events.ImageUpserted:
+		s.upsertImage(e)
+	case events.ImageDeleted:
+		s.dropName(e.Name)
+	case events.ContainerUpserted:
+		s.upsertContainer(e)
+	case events.ContainerDeleted:
+		s.deleteContainer(e)
+	case events.TaskStarted:
+		if c := s.Containers[e.ContainerID]; c != nil {
+			c.State, c.Pid, c.StartedAt = StateRunning, e.Pid, e.At
+			c.ExitedAt, c.ExitStatus = time.Time{}, 0
+		}
+	case events.TaskExited:
+		s.taskExited(e)
+	case events.Synced:
+		s.Synced = true
+	}
+}
+
+func (s *State) upsertImage(e events.ImageUpserted) {
+	if old, ok := s.Names[e.Name]; ok && old != e.Digest {
+		s.dropName(e.Name)
+	}
+	img := s.Images[e.Digest]
+	if img == nil {
+		img = &Image{Digest: e.Digest, Names: map[string]map[string]string{}, FirstSeen: e.At, Created: e.Created}
+		if s.InUse(e.Digest) {
+			img.LastUsed = e.At
+		}
+		s.Images[e.Digest] = img
+	}
+	img.Names[e.Name] = e.Labels
+	if e.Size > 0 {
+		img.Size = e.Size
+	}
+	if img.Created.IsZero() || (!e.Created.IsZero() && e.Created.Before(img.Created)) {
+		img.Created = e.Created
+	}
+	s.Names[e.Name] = e.Digest
+}
+
+func (s *State) dropName(name string) {
+	digest, ok := s.Names[name]
+	if !ok {
+		return
+	}
+	delete(s.Names, name)
+	if img := s.Images[digest]; img != nil {
+		delete(img.Names, name)
+		if len(img.Names) == 0 {
+			delete(s.Images, digest)
+		}
+	}
+}
+
+func (s *State) upsertContainer(e events.ContainerUpserted) {
+	c := s.Containers[e.ID]
+	if c == nil {
+		c = &Container{ID: e.ID, FirstSeen: e.At, State: StateCreated}
+		s.Containers[e.ID] = c
+	}
+	digest := e.ImageDigest
+	if c.Image == e.Image && c.ImageDigest != "" {
+		digest = c.ImageDigest // the content it was created from, even if the name moved since
+	}
+	if digest == "" {
+		digest = s.Names[e.Image]
+	}
+	if digest != c.ImageDigest {
+		s.unuse(c.ImageDigest, c.ID, e.At)
+		s.use(digest, c.ID, e.At)
+	}
+	wasSandbox := c.CRIKind == KindSandbox
+	oldUID := c.PodUID
+	c.Image, c.ImageDigest, c.CRIKind = e.Image, digest, e.CRIKind
+	c.PodUID, c.PodName, c.PodNamespace = e.PodUID, e.PodName, e.PodNamespace
+	c.ContainerName, c.SandboxID, c.Created = e.ContainerName, e.SandboxID, e.Created
+	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
+		s.leavePod(oldUID, c.ID, e.At)
+	}
+	if c.CRIKind == KindSandbox && c.PodUID != "" {
+		p := s.Pods[c.PodUID]
+		if p == nil {
+			p = &Pod{UID: c.PodUID, Sandboxes: map[string]struct{}{}, FirstSeen: e.At}
+			s.Pods[c.PodUID] = p
+		}
+		p.Name, p.Namespace, p.GoneAt = c.PodName, c.PodNamespace, time.Time{}
+		p.Sandboxes[c.ID] = struct{}{}
+	}
+}
+
+func (s *State) deleteContainer(e events.ContainerDeleted) {
+	c := s.Containers[e.ID]
+	if c == nil {
+		return
+	}
+	delete(s.Containers, e.ID)
+	s.unuse(c.ImageDigest, c.ID, e.At)
+	if c.CRIKind == KindSandbox {
+		s.leavePod(c.PodUID, c.ID, e.At)
+	}
+}
+
+func (s *State) taskExited(e events.TaskExited) {
+	c := s.Containers[e.ContainerID]
+	if c == nil || c.State == StateExited {
+		return
+	}
+	exitedAt := e.ExitedAt
+	if exitedAt.IsZero() {
+		exitedAt = e.At
+	}
+	if c.State == StateRunning && exitedAt.Before(c.StartedAt) {
+		return // a late exit of an earlier run
+	}
+	c.State, c.ExitedAt, c.ExitStatus, c.Pid = StateExited, exitedAt, e.ExitStatus, 0
+}
+
+func (s *State) use(digest, id string, at time.Time) {
+	if digest == "" {
+		return
+	}
+	users := s.Users[digest]
+	if users == nil {
+		users = map[string]struct{}{}
+		s.Users[digest] = users
+	}
+	users[id] = struct{}{}
+	s.touch(digest, at)
+}
+
+func (s *State) unuse(digest, id string, at time.Time) {
+	users, ok := s.Users[digest]
+	if !ok {
+		return
+	}
+	delete(users, id)
+	if len(users) == 0 {
+		delete(s.Users, digest)
+	}
+	s.touch(digest, at)
+}
+
+// touch moves LastUsed forward only, so late events cannot rewind history.
+func (s *State) touch(digest string, at time.Time) {
+	if img := s.Images[digest]; img != nil && at.After(img.LastUsed) {
+		img.LastUsed = at
+	}
+}
+
+func (s *State) leavePod(uid, id string, at time.Time) {
+	p := s.Pods[uid]
+	if p == nil {
+		return
+	}
+	delete(p.Sandboxes, id)
+	if len(p.Sandboxes) == 0 {
+		p.GoneAt = at
+	}
+}
+
+// ForgetPodsGoneBefore drops pods whose last sandbox went away before t, so
+// the pod history stays bounded. Live calls it when it takes a snapshot.
+func (s *State) ForgetPodsGoneBefore(t time.Time) {
+	for uid, p := range s.Pods {
+		if !p.Alive() && p.GoneAt.Before(t) {
+			delete(s.Pods, uid)
+		}
+	}
+}
