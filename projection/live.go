@@ -1,0 +1,253 @@
+package projection
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// LiveOptions configures a Live projection.
+type LiveOptions struct {
+	// Store persists the projection; nil keeps it in memory only.
+	Store *Store
+	// SnapshotEvery is how many journal entries trigger a snapshot (and so a
+	// compaction). Default 4096.
+	SnapshotEvery int
+	// PodHistory is how long a gone pod is remembered (for pod log grace).
+	// Default 24h.
+	PodHistory time.Duration
+	// Now is the clock; default time.Now.
+	Now        func() time.Time
+	Log        zerolog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Live owns the State: it applies events, journals them, takes snapshots,
+// and hands out copies. Its methods are safe for concurrent use; only Run
+// mutates.
+type Live struct {
+	opts  LiveOptions
+	mu    sync.RWMutex
+	state *State
+	subs  []chan struct{}
+	since int // journal entries since the last snapshot
+	m     liveMetrics
+}
+
+type liveMetrics struct {
+	applied       *prometheus.CounterVec
+	journalErrors prometheus.Counter
+	snapshots     prometheus.Counter
+}
+
+// NewLive restores the projection from the store (snapshot plus journal),
+// unsynced until the first reconcile.
+func NewLive(opts LiveOptions) (*Live, error) {
+	if opts.SnapshotEvery <= 0 {
+		opts.SnapshotEvery = 4096
+	}
+	if opts.PodHistory <= 0 {
+		opts.PodHistory = 24 * time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	l := &Live{opts: opts, state: New()}
+	l.m = liveMetrics{
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_projection_events_applied_total", Help: "Domain events applied to the projection, by kind.",
+		}, []string{"kind"}),
+		journalErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gcagent_projection_journal_errors_total", Help: "Journal appends, snapshots or entries that failed.",
+		}),
+		snapshots: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gcagent_projection_snapshots_total", Help: "Snapshots written (each compacts the journal).",
+		}),
+	}
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(l.m.applied, l.m.journalErrors, l.m.snapshots, l.gauges())
+	}
+	if opts.Store != nil {
+		res, err := opts.Store.Load()
+		if err != nil {
+			return nil, err
+		}
+		for _, err := range res.Skipped {
+			l.m.journalErrors.Inc()
+			opts.Log.Error().Err(err).Msg("journal entry skipped")
+		}
+		l.state = res.State
+		l.since = res.Replayed
+		opts.Log.Info().Int("images", len(l.state.Images)).Int("containers", len(l.state.Containers)).
+			Int("pods", len(l.state.Pods)).Int("replayed", res.Replayed).Uint64("seq", l.state.Seq).Msg("projection restored")
+	}
+	return l, nil
+}
+
+// Run applies events from in until ctx ends, then writes a final snapshot.
+// Events that arrive together are applied and journaled as one batch.
+func (l *Live) Run(ctx context.Context, in <-chan events.Event) error {
+	for {
+		select {
+		case <-ctx.Done():
+			l.snapshot()
+			return nil
+		case ev := <-in:
+			batch := []events.Event{ev}
+		drain:
+			for len(batch) < 512 {
+				select {
+				case ev := <-in:
+					batch = append(batch, ev)
+				default:
+					break drain
+				}
+			}
+			l.Apply(batch...)
+		}
+	}
+}
+
+// Apply folds events (a Listing through Reconcile) into the state, journals
+// what was applied and notifies subscribers. Run calls it; tests and tools
+// may call it directly when nothing else runs Run.
+func (l *Live) Apply(batch ...events.Event) {
+	var applied []events.Event
+	l.mu.Lock()
+	for _, ev := range batch {
+		evs := []events.Event{ev}
+		if listing, ok := ev.(events.Listing); ok {
+			evs = Reconcile(l.state, listing)
+		}
+		for _, e := range evs {
+			l.state.Apply(e)
+			l.m.applied.WithLabelValues(string(e.Kind())).Inc()
+		}
+		applied = append(applied, evs...)
+	}
+	seq := l.state.Seq
+	l.mu.Unlock()
+
+	if st := l.opts.Store; st != nil {
+		// A full disk must not stop the agent that frees it: the state in
+		// memory stays right, and the next snapshot catches the file up.
+		if err := st.Append(seq, applied); err != nil {
+			l.m.journalErrors.Inc()
+			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
+		}
+		l.since += len(applied)
+		if l.since >= l.opts.SnapshotEvery {
+			l.snapshot()
+		}
+	}
+	l.notify()
+}
+
+func (l *Live) snapshot() {
+	st := l.opts.Store
+	if st == nil {
+		return
+	}
+	l.mu.Lock()
+	l.state.ForgetPodsGoneBefore(l.opts.Now().Add(-l.opts.PodHistory))
+	s := l.state.Clone()
+	l.mu.Unlock()
+	if err := st.Snapshot(s); err != nil {
+		l.m.journalErrors.Inc()
+		l.opts.Log.Error().Err(err).Msg("snapshot failed")
+		return
+	}
+	l.m.snapshots.Inc()
+	l.since = 0
+}
+
+// Snapshot returns a deep copy of the current state.
+func (l *Live) Snapshot() *State {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.state.Clone()
+}
+
+// View calls fn with the current state under a read lock; fn must not keep
+// or modify it.
+func (l *Live) View(fn func(*State)) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	fn(l.state)
+}
+
+// Synced reports whether the projection reflects a full listing of
+// containerd since the agent started. Nothing may be deleted before.
+func (l *Live) Synced() bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.state.Synced
+}
+
+// Subscribe returns a channel that receives a signal after each applied
+// batch; signals coalesce, so a slow reader never blocks the projection.
+// Call before Run starts.
+func (l *Live) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	l.subs = append(l.subs, ch)
+	return ch
+}
+
+func (l *Live) notify() {
+	for _, ch := range l.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (l *Live) gauges() prometheus.Collector {
+	return gaugeFunc{l}
+}
+
+// gaugeFunc exports the projection's sizes at scrape time.
+type gaugeFunc struct{ l *Live }
+
+var (
+	descImages     = prometheus.NewDesc("gcagent_projection_images", "Images (target digests) in the projection.", nil, nil)
+	descContainers = prometheus.NewDesc("gcagent_projection_containers", "Containers in the projection, by state.", []string{"state"}, nil)
+	descPods       = prometheus.NewDesc("gcagent_projection_live_pods", "Pods with a sandbox.", nil, nil)
+	descSynced     = prometheus.NewDesc("gcagent_projection_synced", "1 once the projection reflects a full listing.", nil, nil)
+)
+
+func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descImages
+	ch <- descContainers
+	ch <- descPods
+	ch <- descSynced
+}
+
+func (g gaugeFunc) Collect(ch chan<- prometheus.Metric) {
+	g.l.View(func(s *State) {
+		ch <- prometheus.MustNewConstMetric(descImages, prometheus.GaugeValue, float64(len(s.Images)))
+		byState := map[ContainerState]int{StateCreated: 0, StateRunning: 0, StateExited: 0}
+		for _, c := range s.Containers {
+			byState[c.State]++
+		}
+		for st, n := range byState {
+			ch <- prometheus.MustNewConstMetric(descContainers, prometheus.GaugeValue, float64(n), string(st))
+		}
+		live := 0
+		for _, p := range s.Pods {
+			if p.Alive() {
+				live++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(live))
+		synced := 0.0
+		if s.Synced {
+			synced = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descSynced, prometheus.GaugeValue, synced)
+	})
+}

@@ -1,0 +1,214 @@
+package projection
+
+import (
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+)
+
+var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+func at(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
+
+func apply(s *State, evs ...events.Event) *State {
+	for _, ev := range evs {
+		s.Apply(ev)
+	}
+	return s
+}
+
+func TestImageNamesShareOneTarget(t *testing.T) {
+	s := apply(New(),
+		events.ImageUpserted{At: at(0), Name: "example.test/app:1", Digest: "sha256:a", Size: 100},
+		events.ImageUpserted{At: at(5), Name: "sha256:cfg", Digest: "sha256:a", Labels: map[string]string{LabelPinned: LabelPinnedValue}},
+	)
+	img := s.Images["sha256:a"]
+	if img == nil || len(s.Images) != 1 || len(img.Names) != 2 {
+		t.Fatalf("want one image with two names, got %+v", s.Images)
+	}
+	if !img.FirstSeen.Equal(at(0)) || img.Size != 100 || !img.Pinned() {
+		t.Fatalf("first seen %v size %d pinned %v", img.FirstSeen, img.Size, img.Pinned())
+	}
+	// Retag one name elsewhere: the image keeps the other name and its history.
+	s.Apply(events.ImageUpserted{At: at(10), Name: "example.test/app:1", Digest: "sha256:b"})
+	if got := s.Images["sha256:a"]; got == nil || len(got.Names) != 1 || !got.FirstSeen.Equal(at(0)) {
+		t.Fatalf("after retag: %+v", got)
+	}
+	s.Apply(events.ImageDeleted{At: at(11), Name: "sha256:cfg"})
+	if _, ok := s.Images["sha256:a"]; ok {
+		t.Fatal("image without names must be dropped")
+	}
+	if s.Names["example.test/app:1"] != "sha256:b" {
+		t.Fatalf("names index: %v", s.Names)
+	}
+}
+
+func TestLastUsedFollowsUsers(t *testing.T) {
+	s := apply(New(),
+		events.ImageUpserted{At: at(0), Name: "img:1", Digest: "sha256:a"},
+		events.ContainerUpserted{At: at(10), ID: "c1", Image: "img:1"},
+		events.TaskStarted{At: at(11), ContainerID: "c1", Pid: 42},
+		events.ContainerUpserted{At: at(20), ID: "c2", Image: "img:1"},
+	)
+	img := s.Images["sha256:a"]
+	if !s.InUse("sha256:a") || !s.LastUsed(img, at(100)).Equal(at(100)) {
+		t.Fatalf("in use image must be used now: %v", s.LastUsed(img, at(100)))
+	}
+	s.Apply(events.TaskExited{At: at(30), ContainerID: "c1", ExitedAt: at(29), ExitStatus: 1})
+	if !s.InUse("sha256:a") {
+		t.Fatal("an exited container still uses its image")
+	}
+	s.Apply(events.ContainerDeleted{At: at(40), ID: "c1"})
+	s.Apply(events.ContainerDeleted{At: at(50), ID: "c2"})
+	if s.InUse("sha256:a") || !s.LastUsed(img, at(100)).Equal(at(50)) {
+		t.Fatalf("last used = %v, want the time the last user went away", s.LastUsed(img, at(100)))
+	}
+	// A late duplicate delete cannot rewind history.
+	s.Apply(events.ContainerDeleted{At: at(45), ID: "c2"})
+	if !img.LastUsed.Equal(at(50)) {
+		t.Fatalf("last used rewound to %v", img.LastUsed)
+	}
+}
+
+func TestContainerLifecycle(t *testing.T) {
+	s := apply(New(), events.ContainerUpserted{At: at(0), ID: "c", Image: "x"})
+	c := s.Containers["c"]
+	if c.State != StateCreated || c.Dead() {
+		t.Fatalf("never started must not be dead: %+v", c)
+	}
+	s.Apply(events.TaskStarted{At: at(1), ContainerID: "c", Pid: 7})
+	s.Apply(events.TaskExited{At: at(3), ContainerID: "c", ExitedAt: at(2), ExitStatus: 3})
+	if !c.Dead() || !c.ExitedAt.Equal(at(2)) || c.ExitStatus != 3 {
+		t.Fatalf("exit: %+v", c)
+	}
+	// /tasks/delete repeats the exit: the first exit time stays.
+	s.Apply(events.TaskExited{At: at(4), ContainerID: "c", ExitedAt: at(4)})
+	if !c.ExitedAt.Equal(at(2)) {
+		t.Fatalf("duplicate exit moved exit time to %v", c.ExitedAt)
+	}
+	// Restarted, then a stale exit of the previous run arrives.
+	s.Apply(events.TaskStarted{At: at(10), ContainerID: "c", Pid: 8})
+	s.Apply(events.TaskExited{At: at(11), ContainerID: "c", ExitedAt: at(2)})
+	if c.State != StateRunning {
+		t.Fatalf("stale exit applied: %+v", c)
+	}
+}
+
+func TestPodsAndEvictUnits(t *testing.T) {
+	s := apply(New(),
+		events.ContainerUpserted{At: at(0), ID: "sb", CRIKind: KindSandbox, PodUID: "uid-1", PodName: "web", PodNamespace: "default"},
+		events.ContainerUpserted{At: at(1), ID: "app", CRIKind: KindContainer, PodUID: "uid-1", ContainerName: "app", SandboxID: "sb"},
+		events.ContainerUpserted{At: at(2), ID: "native", Image: "x"},
+	)
+	if p := s.Pods["uid-1"]; p == nil || !p.Alive() || p.Name != "web" {
+		t.Fatalf("pod: %+v", p)
+	}
+	if u := s.Containers["app"].EvictUnit(); u != "uid-1/app" {
+		t.Fatalf("CRI evict unit %q", u)
+	}
+	if u := s.Containers["native"].EvictUnit(); u != "native" {
+		t.Fatalf("native evict unit %q", u)
+	}
+	s.Apply(events.ContainerDeleted{At: at(9), ID: "sb"})
+	if p := s.Pods["uid-1"]; p.Alive() || !p.GoneAt.Equal(at(9)) {
+		t.Fatalf("pod after sandbox delete: %+v", p)
+	}
+	s.ForgetPodsGoneBefore(at(10))
+	if len(s.Pods) != 0 {
+		t.Fatal("gone pod not forgotten")
+	}
+}
+
+func TestReconcileRepairsMissedEvents(t *testing.T) {
+	s := apply(New(),
+		events.ImageUpserted{At: at(0), Name: "keep:1", Digest: "sha256:k"},
+		events.ImageUpserted{At: at(0), Name: "gone:1", Digest: "sha256:g"},
+		events.ContainerUpserted{At: at(1), ID: "running", Image: "keep:1"},
+		events.TaskStarted{At: at(1), ContainerID: "running"},
+		events.ContainerUpserted{At: at(1), ID: "deleted", Image: "keep:1"},
+	)
+	listing := events.Listing{
+		At: at(100),
+		Images: []events.ImageUpserted{
+			{Name: "keep:1", Digest: "sha256:k"},
+			{Name: "new:1", Digest: "sha256:n", Size: 5},
+		},
+		Containers: []events.ContainerUpserted{
+			{ID: "running", Image: "keep:1", ImageDigest: "sha256:k"},
+			{ID: "fresh", Image: "new:1", ImageDigest: "sha256:n"},
+		},
+		Tasks: []events.Task{{ContainerID: "fresh", Status: events.TaskStopped, ExitedAt: at(90), ExitStatus: 2}},
+	}
+	evs := Reconcile(s, listing)
+	want := []events.Kind{
+		events.KindImageUpserted, events.KindImageDeleted, // new:1, gone:1
+		events.KindContainerUpserted, events.KindTaskExited, // fresh (stopped)
+		events.KindTaskExited,       // running: task vanished while we were away
+		events.KindContainerDeleted, // deleted
+		events.KindSynced,
+	}
+	var got []events.Kind
+	for _, e := range evs {
+		got = append(got, e.Kind())
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("reconcile kinds\n got %v\nwant %v", got, want)
+	}
+	apply(s, evs...)
+	if !s.Synced || len(s.Images) != 2 || s.Containers["running"].State != StateExited || !s.Containers["fresh"].ExitedAt.Equal(at(90)) {
+		t.Fatalf("after reconcile: %+v", s)
+	}
+	if !s.Images["sha256:k"].FirstSeen.Equal(at(0)) {
+		t.Fatal("reconcile must keep first seen")
+	}
+	// Reconciling the same listing again changes nothing but Synced.
+	if again := Reconcile(s, listing); len(again) != 1 {
+		t.Fatalf("second reconcile not idempotent: %v", again)
+	}
+}
+
+func TestStoreRestoresExactly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLive(LiveOptions{Store: st, SnapshotEvery: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Apply(
+		events.ImageUpserted{At: at(0), Name: "a:1", Digest: "sha256:a", Size: 10, Labels: map[string]string{"k": "v"}},
+		events.ContainerUpserted{At: at(1), ID: "c", Image: "a:1"},
+		events.TaskStarted{At: at(2), ContainerID: "c"},
+		events.TaskExited{At: at(3), ContainerID: "c", ExitedAt: at(3)},
+		events.ContainerDeleted{At: at(4), ID: "c"},
+		events.Synced{At: at(5)},
+	)
+	before := l.Snapshot()
+	if n, _ := st.JournalLen(); n >= 6 {
+		t.Fatalf("journal not compacted: %d entries", n)
+	}
+	st.Close() // as after kill -9: no final snapshot
+
+	st2, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	l2, err := NewLive(LiveOptions{Store: st2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := l2.Snapshot()
+	if after.Synced {
+		t.Fatal("a restored state must wait for a reconcile")
+	}
+	after.Synced = before.Synced
+	if !reflect.DeepEqual(before, after) {
+		t.Fatalf("restored state differs\nbefore %+v\nafter  %+v", before.Images["sha256:a"], after.Images["sha256:a"])
+	}
+}

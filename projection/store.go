@@ -1,0 +1,179 @@
+package projection
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+	bolt "go.etcd.io/bbolt"
+)
+
+var (
+	bucketJournal = []byte("journal")  // big-endian seq -> events.Marshal
+	bucketMeta    = []byte("meta")     // "snapshot" -> JSON State
+	keySnapshot   = []byte("snapshot") //
+)
+
+// Store persists the projection: a journal of applied events plus a snapshot.
+// A snapshot at seq S makes journal entries <= S redundant, so Snapshot
+// deletes them in the same transaction and the file stays bounded.
+// A Store is safe for use by one owner goroutine at a time.
+type Store struct {
+	db *bolt.DB
+}
+
+// OpenStore opens (or creates) the store file. It fails fast if another
+// process holds it.
+func OpenStore(path string) (*Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketJournal, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init state %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the file.
+func (st *Store) Close() error { return st.db.Close() }
+
+// LoadResult is what Load restored.
+type LoadResult struct {
+	State    *State
+	Replayed int     // journal entries applied on top of the snapshot
+	Skipped  []error // journal entries that could not be decoded
+}
+
+// Load returns the snapshot with the journal replayed on top. An entry that
+// cannot be decoded is reported in Skipped and passed over: the reconcile
+// that follows repairs what it described.
+func (st *Store) Load() (LoadResult, error) {
+	res := LoadResult{State: New()}
+	err := st.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketMeta).Get(keySnapshot); b != nil {
+			s := New()
+			if err := json.Unmarshal(b, s); err != nil {
+				return fmt.Errorf("decode snapshot: %w", err)
+			}
+			s.fill()
+			res.State = s
+		}
+		c := tx.Bucket(bucketJournal).Cursor()
+		for k, v := c.Seek(seqKey(res.State.Seq + 1)); k != nil; k, v = c.Next() {
+			ev, err := events.Unmarshal(v)
+			if err != nil {
+				res.Skipped = append(res.Skipped, fmt.Errorf("journal entry %d: %w", binary.BigEndian.Uint64(k), err))
+				res.State.Seq = binary.BigEndian.Uint64(k)
+				continue
+			}
+			res.State.Apply(ev)
+			res.Replayed++
+		}
+		// What was true before the restart must be confirmed by a reconcile
+		// before anything is deleted.
+		res.State.Synced = false
+		return nil
+	})
+	return res, err
+}
+
+// Append journals events that were applied to reach seq last, in one
+// transaction (one fsync for a batch).
+func (st *Store) Append(last uint64, evs []events.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	return st.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketJournal)
+		first := last - uint64(len(evs)) + 1
+		for i, ev := range evs {
+			v, err := events.Marshal(ev)
+			if err != nil {
+				return err
+			}
+			if err := b.Put(seqKey(first+uint64(i)), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Snapshot saves s and drops the journal entries it covers.
+func (st *Store) Snapshot(s *State) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return fmt.Errorf("encode snapshot: %w", err)
+	}
+	return st.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMeta).Put(keySnapshot, b); err != nil {
+			return err
+		}
+		j := tx.Bucket(bucketJournal)
+		c := j.Cursor()
+		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= s.Seq; k, _ = c.First() {
+			if err := j.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// JournalLen returns the number of journal entries not yet covered by a
+// snapshot.
+func (st *Store) JournalLen() (int, error) {
+	var n int
+	err := st.db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bucketJournal).Stats().KeyN
+		return nil
+	})
+	return n, err
+}
+
+func seqKey(seq uint64) []byte {
+	k := make([]byte, 8)
+	binary.BigEndian.PutUint64(k, seq)
+	return k
+}
+
+// fill replaces nil maps after decoding, so Apply never writes to a nil map.
+func (s *State) fill() {
+	if s.Images == nil {
+		s.Images = map[string]*Image{}
+	}
+	if s.Names == nil {
+		s.Names = map[string]string{}
+	}
+	if s.Containers == nil {
+		s.Containers = map[string]*Container{}
+	}
+	if s.Pods == nil {
+		s.Pods = map[string]*Pod{}
+	}
+	if s.Users == nil {
+		s.Users = map[string]map[string]struct{}{}
+	}
+	for _, img := range s.Images {
+		if img.Names == nil {
+			img.Names = map[string]map[string]string{}
+		}
+	}
+	for _, p := range s.Pods {
+		if p.Sandboxes == nil {
+			p.Sandboxes = map[string]struct{}{}
+		}
+	}
+}
