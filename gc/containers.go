@@ -1,0 +1,243 @@
+package gc
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gcagent/gcagent/projection"
+)
+
+// PruneMode says which dead containers the agent may remove.
+type PruneMode string
+
+// Prune modes.
+const (
+	PruneNative PruneMode = "native" // only containers without io.cri-containerd.kind
+	PruneAll    PruneMode = "all"    // also CRI containers and sandboxes, through the CRI API
+	PruneOff    PruneMode = "off"    // none
+)
+
+// ContainerPolicy says which dead containers may go; PlanContainers expects
+// one that passed Validate.
+type ContainerPolicy struct {
+	// MinAge protects a dead container for this long after its task exited.
+	MinAge time.Duration
+	// MaxPerEvictUnit is how many dead containers each evict unit keeps,
+	// newest first; -1 = no limit.
+	MaxPerEvictUnit int
+	// MaxContainers is how many dead containers are kept in all; -1 = no limit.
+	MaxContainers int
+	// Prune selects which containers may be removed at all.
+	Prune PruneMode
+}
+
+// Validate reports the first invalid field: a negative MinAge, a cap below
+// -1, or an unknown prune mode.
+func (p ContainerPolicy) Validate() error {
+	switch {
+	case p.MinAge < 0:
+		return fmt.Errorf("minimum container age %s: must not be negative", p.MinAge)
+	case p.MaxPerEvictUnit < -1:
+		return fmt.Errorf("maximum dead containers per container %d: must be -1 (no limit) or more", p.MaxPerEvictUnit)
+	case p.MaxContainers < -1:
+		return fmt.Errorf("maximum dead containers %d: must be -1 (no limit) or more", p.MaxContainers)
+	case p.Prune != PruneNative && p.Prune != PruneAll && p.Prune != PruneOff:
+		return fmt.Errorf("prune mode %q: must be native, all or off", p.Prune)
+	}
+	return nil
+}
+
+// ContainerPlan lists every container of the state exactly once, to remove
+// or to keep, with the reason.
+type ContainerPlan struct {
+	Now time.Time `json:"now"`
+	// NextEligible is the earliest future instant at which a dead container
+	// kept as too young passes MinAge; zero if none.
+	NextEligible time.Time `json:"nextEligible,omitzero"`
+	// Remove is oldest first: containers, then sandboxes.
+	Remove []ContainerItem `json:"remove"`
+	// Keep is sorted by id.
+	Keep []ContainerItem `json:"keep"`
+}
+
+// ContainerItem is one container and the decision about it.
+type ContainerItem struct {
+	ID            string                    `json:"id"`
+	CRIKind       string                    `json:"criKind,omitempty"`
+	EvictUnit     string                    `json:"evictUnit"`
+	PodUID        string                    `json:"podUID,omitempty"`
+	PodName       string                    `json:"podName,omitempty"`
+	PodNamespace  string                    `json:"podNamespace,omitempty"`
+	ContainerName string                    `json:"containerName,omitempty"`
+	Image         string                    `json:"image,omitempty"`
+	State         projection.ContainerState `json:"state"`
+	ExitedAt      time.Time                 `json:"exitedAt,omitzero"`
+	Reason        Reason                    `json:"reason"`
+	// EligibleAt is when a too-young container passes MinAge.
+	EligibleAt time.Time `json:"eligibleAt,omitzero"`
+	// Containers are what keeps a sandbox (pod-has-containers).
+	Containers []string `json:"containers,omitempty"`
+}
+
+// PlanContainers decides which dead containers to remove, with the kubelet's
+// container GC semantics: dead means the task exited (a container never
+// started is not dead); each evict unit keeps its newest MaxPerEvictUnit;
+// then, over MaxContainers, each unit keeps MaxContainers/units (at least 1)
+// and the oldest go until MaxContainers remain. Containers younger than
+// MinAge neither go nor count towards the caps. MinAge counts from the exit,
+// which the agent observes exactly: stricter than the kubelet's count from
+// creation, and never earlier. Age order is by exit time too. Under PruneAll
+// an exited sandbox goes once no container of its pod is left after this
+// plan; caps do not apply to sandboxes (as in the kubelet), MinAge does. It
+// does no I/O and does not modify s.
+func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) ContainerPlan {
+	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
+	items := make(map[string]*ContainerItem, len(s.Containers))
+	units := map[string][]*projection.Container{}
+	var sandboxes []*projection.Container
+	for _, c := range s.Containers {
+		it := p.screen(c, now)
+		items[c.ID] = &it
+		switch {
+		case it.Reason == ReasonTooYoung:
+			earliest(&plan.NextEligible, it.EligibleAt)
+		case it.Reason != "":
+		case c.CRIKind == projection.KindSandbox:
+			sandboxes = append(sandboxes, c)
+		default:
+			units[it.EvictUnit] = append(units[it.EvictUnit], c)
+		}
+	}
+
+	for _, u := range units {
+		slices.SortFunc(u, func(a, b *projection.Container) int { return byAge(b, a) })
+	}
+	if p.MaxPerEvictUnit >= 0 {
+		capUnits(units, p.MaxPerEvictUnit, ReasonPerUnitCap, items)
+	}
+	if p.MaxContainers >= 0 && count(units) > p.MaxContainers {
+		capUnits(units, max(p.MaxContainers/len(units), 1), ReasonGlobalCap, items)
+		if count(units) > p.MaxContainers {
+			all := slices.Concat(slices.Collect(maps.Values(units))...)
+			slices.SortFunc(all, func(a, b *projection.Container) int { return byAge(b, a) })
+			for _, c := range all[p.MaxContainers:] {
+				items[c.ID].Reason = ReasonGlobalCap
+			}
+		}
+	}
+	for _, u := range units {
+		for _, c := range u {
+			if items[c.ID].Reason == "" {
+				items[c.ID].Reason = ReasonWithinCap
+			}
+		}
+	}
+
+	for _, sb := range sandboxes {
+		it := items[sb.ID]
+		it.Reason = ReasonSandboxOrphaned
+		for _, c := range s.Containers {
+			if c.CRIKind == projection.KindContainer && !removes(items[c.ID].Reason) &&
+				(c.SandboxID == sb.ID || (sb.PodUID != "" && c.PodUID == sb.PodUID)) {
+				it.Reason = ReasonPodHasContainers
+				it.Containers = append(it.Containers, c.ID)
+			}
+		}
+		slices.Sort(it.Containers)
+	}
+
+	var remove []*projection.Container
+	for _, id := range slices.Sorted(maps.Keys(items)) {
+		if removes(items[id].Reason) {
+			remove = append(remove, s.Containers[id])
+		} else {
+			plan.Keep = append(plan.Keep, *items[id])
+		}
+	}
+	slices.SortFunc(remove, func(a, b *projection.Container) int {
+		return cmp.Or(cmp.Compare(sandboxLast(a), sandboxLast(b)), byAge(a, b))
+	})
+	for _, c := range remove {
+		plan.Remove = append(plan.Remove, *items[c.ID])
+	}
+	return plan
+}
+
+// screen describes c and gives the reason it is kept whatever the caps:
+// running, never started, excluded by the prune mode, or too young; the
+// reason is empty for a candidate.
+func (p ContainerPolicy) screen(c *projection.Container, now time.Time) ContainerItem {
+	it := ContainerItem{
+		ID:            c.ID,
+		CRIKind:       c.CRIKind,
+		EvictUnit:     c.EvictUnit(),
+		PodUID:        c.PodUID,
+		PodName:       c.PodName,
+		PodNamespace:  c.PodNamespace,
+		ContainerName: c.ContainerName,
+		Image:         c.Image,
+		State:         c.State,
+		ExitedAt:      c.ExitedAt,
+	}
+	switch {
+	case c.State == projection.StateRunning:
+		it.Reason = ReasonRunning
+	case !c.Dead():
+		it.Reason = ReasonNeverStarted
+	case p.Prune == PruneOff, p.Prune == PruneNative && c.CRIKind != "":
+		it.Reason = ReasonPruneMode
+	default:
+		if eligible := deadSince(c).Add(p.MinAge); now.Before(eligible) {
+			it.Reason, it.EligibleAt = ReasonTooYoung, eligible
+		}
+	}
+	return it
+}
+
+// capUnits keeps the newest n of each unit (sorted newest first) and marks
+// the rest with r.
+func capUnits(units map[string][]*projection.Container, n int, r Reason, items map[string]*ContainerItem) {
+	for key, u := range units {
+		if len(u) > n {
+			for _, c := range u[n:] {
+				items[c.ID].Reason = r
+			}
+			units[key] = u[:n]
+		}
+	}
+}
+
+func count(units map[string][]*projection.Container) int {
+	n := 0
+	for _, u := range units {
+		n += len(u)
+	}
+	return n
+}
+
+// removes reports whether r is a reason to remove a container.
+func removes(r Reason) bool {
+	return r == ReasonPerUnitCap || r == ReasonGlobalCap || r == ReasonSandboxOrphaned
+}
+
+// deadSince is when the container's task exited. Creation bounds it from
+// below, so MinAge never expires earlier than under the kubelet's rule, also
+// when the exit time is unknown.
+func deadSince(c *projection.Container) time.Time { return later(c.ExitedAt, c.Created) }
+
+// byAge orders dead containers oldest first, by exit, then creation, then id.
+func byAge(a, b *projection.Container) int {
+	return cmp.Or(deadSince(a).Compare(deadSince(b)), a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
+}
+
+// sandboxLast sorts sandboxes after containers.
+func sandboxLast(c *projection.Container) int {
+	if c.CRIKind == projection.KindSandbox {
+		return 1
+	}
+	return 0
+}

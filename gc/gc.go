@@ -1,0 +1,65 @@
+// Package gc holds gcagent's pure planners: given the projection, the policy
+// and the time, they decide which images and dead containers to delete and
+// say why each other one is kept.
+//
+// Planners do no I/O and read the state without changing it; executors apply
+// a plan and re-check each item right before they delete it. Plans are
+// deterministic for a given input, so golden files and dry runs are stable.
+package gc
+
+import "time"
+
+// Reason says why a plan deletes or keeps an item. The values are stable:
+// they appear in logs, metrics labels and NATS payloads.
+type Reason string
+
+// Why an image is kept.
+const (
+	ReasonInUse        Reason = "in-use"        // a container of the namespace references it
+	ReasonPinned       Reason = "pinned"        // a name carries io.cri-containerd.pinned=pinned
+	ReasonSandboxImage Reason = "sandbox-image" // it is a configured sandbox (pause) image
+	ReasonKeepPattern  Reason = "keep-pattern"  // a name matches a keep pattern
+	ReasonNotNeeded    Reason = "not-needed"    // eligible, but this pass frees enough without it
+)
+
+// Why an image is deleted.
+const (
+	ReasonMaxAge Reason = "max-age" // unused for longer than MaxAge
+	ReasonSpace  Reason = "space"   // needed to bring the disk down to the low threshold
+)
+
+// Why an image or a container is kept because of its age.
+const (
+	ReasonTooYoung Reason = "too-young" // younger than MinAge
+)
+
+// Why a container is kept.
+const (
+	ReasonRunning          Reason = "running"            // its task runs
+	ReasonNeverStarted     Reason = "never-started"      // no task ever exited: not dead
+	ReasonWithinCap        Reason = "within-cap"         // dead, but within the per-unit and global caps
+	ReasonPruneMode        Reason = "prune-mode"         // excluded by the prune mode
+	ReasonPodHasContainers Reason = "pod-has-containers" // a sandbox whose pod still has containers
+)
+
+// Why a container is deleted.
+const (
+	ReasonPerUnitCap      Reason = "per-unit-cap"     // beyond MaxPerEvictUnit in its evict unit
+	ReasonGlobalCap       Reason = "global-cap"       // beyond MaxContainers overall
+	ReasonSandboxOrphaned Reason = "sandbox-orphaned" // an exited sandbox whose pod has no container left
+)
+
+// later returns the later of two instants.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// earliest lowers *t to c when c is set and earlier, treating zero as unset.
+func earliest(t *time.Time, c time.Time) {
+	if !c.IsZero() && (t.IsZero() || c.Before(*t)) {
+		*t = c
+	}
+}

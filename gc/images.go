@@ -1,0 +1,267 @@
+package gc
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"math/bits"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gcagent/gcagent/projection"
+)
+
+// DiskStats is the image filesystem as statfs reports it, in bytes.
+type DiskStats struct {
+	CapacityBytes  uint64 `json:"capacityBytes"`
+	AvailableBytes uint64 `json:"availableBytes"`
+}
+
+// ImagePolicy says which images may go and when; PlanImages expects one that
+// passed Validate.
+type ImagePolicy struct {
+	// HighThresholdPercent is the disk usage at which threshold GC starts;
+	// 100 disables threshold GC (MaxAge still applies).
+	HighThresholdPercent int
+	// LowThresholdPercent is the disk usage threshold GC frees down to.
+	LowThresholdPercent int
+	// MinAge protects an image for this long after the agent first saw it.
+	MinAge time.Duration
+	// MaxAge, when positive, deletes images unused for longer than this,
+	// whatever the disk usage.
+	MaxAge time.Duration
+	// SandboxImages are never deleted. Each entry is matched against every
+	// name of an image; a digest (sha256:... or name@sha256:...) also
+	// matches the image's target digest.
+	SandboxImages []string
+	// KeepPatterns protect every image with a name matching one of these
+	// path.Match globs (where * does not cross a /).
+	KeepPatterns []string
+}
+
+// Validate reports the first invalid field: thresholds outside 0..100, a low
+// threshold above the high one, a negative age, a positive MaxAge not above
+// MinAge (the kubelet's rule), or a malformed keep pattern. Equal thresholds
+// are accepted, as the kubelet's image GC manager accepts them: GC then frees
+// just down to the threshold, so it triggers again on the next byte written.
+func (p ImagePolicy) Validate() error {
+	switch {
+	case p.HighThresholdPercent < 0 || p.HighThresholdPercent > 100:
+		return fmt.Errorf("image gc high threshold %d%%: must be within 0..100", p.HighThresholdPercent)
+	case p.LowThresholdPercent < 0 || p.LowThresholdPercent > 100:
+		return fmt.Errorf("image gc low threshold %d%%: must be within 0..100", p.LowThresholdPercent)
+	case p.LowThresholdPercent > p.HighThresholdPercent:
+		return fmt.Errorf("image gc low threshold %d%%: must not be above the high threshold %d%%",
+			p.LowThresholdPercent, p.HighThresholdPercent)
+	case p.MinAge < 0:
+		return fmt.Errorf("minimum image age %s: must not be negative", p.MinAge)
+	case p.MaxAge < 0:
+		return fmt.Errorf("maximum image age %s: must not be negative", p.MaxAge)
+	case p.MaxAge > 0 && p.MaxAge <= p.MinAge:
+		return fmt.Errorf("maximum image age %s: must be greater than the minimum image age %s", p.MaxAge, p.MinAge)
+	}
+	for _, pattern := range p.KeepPatterns {
+		if _, err := path.Match(pattern, ""); err != nil {
+			return fmt.Errorf("keep pattern %q: %w", pattern, err)
+		}
+	}
+	return nil
+}
+
+// ImagePlan lists every image of the state exactly once, to delete or to
+// keep, with the reason.
+type ImagePlan struct {
+	Now  time.Time `json:"now"`
+	Disk DiskStats `json:"disk"`
+	// InvalidCapacity says the filesystem reported capacity 0: threshold GC
+	// cannot run (max-age GC still does).
+	InvalidCapacity bool `json:"invalidCapacity,omitempty"`
+	// Usage is the disk usage in percent, rounded up like the kubelet's.
+	Usage int `json:"usage"`
+	// Triggered says usage reached the high threshold.
+	Triggered bool `json:"triggered"`
+	// AmountToFree is the bytes threshold GC must free to reach the low
+	// threshold; 0 when not triggered.
+	AmountToFree int64 `json:"amountToFree"`
+	// EstimatedBytes is the sum of the sizes of the images to delete. It
+	// overstates what is freed when layers are shared; when it is below
+	// AmountToFree, deleting every eligible image is not enough.
+	EstimatedBytes int64 `json:"estimatedBytes"`
+	// NextAgeOut is the earliest future instant at which a kept image
+	// becomes a max-age candidate; zero when none will or MaxAge is off.
+	NextAgeOut time.Time `json:"nextAgeOut,omitzero"`
+	// Delete is in the order to delete: max-age images, then space images,
+	// each least recently used first.
+	Delete []ImageItem `json:"delete"`
+	// Keep is least recently used first.
+	Keep []ImageItem `json:"keep"`
+}
+
+// ImageItem is one image (one target digest with all its names) and the
+// decision about it.
+type ImageItem struct {
+	Digest    string    `json:"digest"`
+	Names     []string  `json:"names"` // sorted
+	Size      int64     `json:"size"`
+	FirstSeen time.Time `json:"firstSeen"`
+	// LastUsed is now while a container references the image, zero if none
+	// ever did.
+	LastUsed time.Time `json:"lastUsed,omitzero"`
+	Reason   Reason    `json:"reason"`
+	// Users are the ids of the containers using the image (in-use).
+	Users []string `json:"users,omitempty"`
+	// Name is the name (or digest) that matched (pinned, sandbox-image,
+	// keep-pattern).
+	Name string `json:"name,omitempty"`
+	// Rule is the policy entry that matched: the sandbox image or the keep
+	// pattern.
+	Rule string `json:"rule,omitempty"`
+	// EligibleAt is when a too-young image passes MinAge.
+	EligibleAt time.Time `json:"eligibleAt,omitzero"`
+}
+
+// PlanImages decides which images to delete now, with kubelet semantics:
+// threshold GC when usage reaches the high threshold, freeing down to the
+// low one, least recently used first; plus max-age GC whatever the disk.
+// Unlike the kubelet, max-age never deletes an image younger than MinAge and
+// counts a never-used image's idle time from when it was first seen, and the
+// bytes of max-age deletions count towards the amount to free. It does no I/O
+// and does not modify s.
+func PlanImages(s *projection.State, disk DiskStats, p ImagePolicy, now time.Time) ImagePlan {
+	plan := ImagePlan{Now: now, Disk: disk, Delete: []ImageItem{}, Keep: []ImageItem{}}
+	plan.measure(p)
+
+	items := make([]ImageItem, 0, len(s.Images))
+	for _, img := range s.Images {
+		items = append(items, p.screen(s, img, now))
+	}
+	slices.SortFunc(items, func(a, b ImageItem) int {
+		return cmp.Or(a.LastUsed.Compare(b.LastUsed), a.FirstSeen.Compare(b.FirstSeen), strings.Compare(a.Digest, b.Digest))
+	})
+
+	// An empty reason marks a candidate: first the ones past MaxAge go,
+	// then, least recently used first, as many as the disk needs.
+	for i, it := range items {
+		if it.Reason == "" && p.MaxAge > 0 && now.Sub(idleSince(it)) > p.MaxAge {
+			items[i].Reason = ReasonMaxAge
+			plan.EstimatedBytes += it.Size
+		}
+	}
+	for i, it := range items {
+		if it.Reason != "" {
+			continue
+		}
+		if plan.EstimatedBytes < plan.AmountToFree {
+			items[i].Reason = ReasonSpace
+			plan.EstimatedBytes += it.Size
+		} else {
+			items[i].Reason = ReasonNotNeeded
+		}
+	}
+
+	for _, r := range []Reason{ReasonMaxAge, ReasonSpace} {
+		for _, it := range items {
+			if it.Reason == r {
+				plan.Delete = append(plan.Delete, it)
+			}
+		}
+	}
+	for _, it := range items {
+		switch it.Reason {
+		case ReasonMaxAge, ReasonSpace:
+			continue
+		case ReasonTooYoung, ReasonNotNeeded:
+			if p.MaxAge > 0 {
+				// Strictly older than MaxAge, like the kubelet, and never before MinAge.
+				earliest(&plan.NextAgeOut, later(idleSince(it).Add(p.MaxAge+time.Nanosecond), it.FirstSeen.Add(p.MinAge)))
+			}
+		}
+		plan.Keep = append(plan.Keep, it)
+	}
+	return plan
+}
+
+// measure sets the usage, the trigger and the amount to free with the
+// kubelet's integer arithmetic, without its overflow on huge filesystems.
+func (plan *ImagePlan) measure(p ImagePolicy) {
+	capacity := plan.Disk.CapacityBytes
+	available := min(plan.Disk.AvailableBytes, capacity)
+	if capacity == 0 {
+		plan.InvalidCapacity = true
+		return
+	}
+	plan.Usage = 100 - int(mulDiv(available, 100, capacity))
+	plan.Triggered = p.HighThresholdPercent < 100 && plan.Usage >= p.HighThresholdPercent
+	if plan.Triggered {
+		plan.AmountToFree = int64(mulDiv(capacity, uint64(100-p.LowThresholdPercent), 100)) - int64(available)
+	}
+}
+
+// screen describes img and gives the reason it must be kept whatever the
+// disk, in the fixed precedence in-use, pinned, sandbox image, keep pattern,
+// too young; the reason is empty for a candidate.
+func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time.Time) ImageItem {
+	it := ImageItem{
+		Digest:    img.Digest,
+		Names:     slices.Sorted(maps.Keys(img.Names)),
+		Size:      img.Size,
+		FirstSeen: img.FirstSeen,
+		LastUsed:  s.LastUsed(img, now),
+	}
+	if users := s.Users[img.Digest]; len(users) > 0 {
+		it.Reason, it.Users = ReasonInUse, slices.Sorted(maps.Keys(users))
+		return it
+	}
+	for _, name := range it.Names {
+		if img.Names[name][projection.LabelPinned] == projection.LabelPinnedValue {
+			it.Reason, it.Name = ReasonPinned, name
+			return it
+		}
+	}
+	for _, ref := range p.SandboxImages {
+		if name, ok := matchRef(ref, it); ok {
+			it.Reason, it.Name, it.Rule = ReasonSandboxImage, name, ref
+			return it
+		}
+	}
+	for _, pattern := range p.KeepPatterns {
+		for _, name := range it.Names {
+			if ok, _ := path.Match(pattern, name); ok {
+				it.Reason, it.Name, it.Rule = ReasonKeepPattern, name, pattern
+				return it
+			}
+		}
+	}
+	if eligible := img.FirstSeen.Add(p.MinAge); now.Before(eligible) {
+		it.Reason, it.EligibleAt = ReasonTooYoung, eligible
+	}
+	return it
+}
+
+// matchRef reports whether ref names the image: equal to one of its names,
+// or a digest (alone or after an @) equal to its target digest. It returns
+// what matched.
+func matchRef(ref string, it ImageItem) (string, bool) {
+	if slices.Contains(it.Names, ref) {
+		return ref, true
+	}
+	digest := ref[strings.LastIndexByte(ref, '@')+1:]
+	if digest != "" && digest == it.Digest {
+		return it.Digest, true
+	}
+	return "", false
+}
+
+// idleSince is when the image became unused, or was first seen if it never
+// was used: a freshly pulled image is not idle since the epoch.
+func idleSince(it ImageItem) time.Time { return later(it.LastUsed, it.FirstSeen) }
+
+// mulDiv returns a*b/c rounded down, exact for all inputs whose result fits
+// in 64 bits.
+func mulDiv(a, b, c uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	q, _ := bits.Div64(hi, lo, c)
+	return q
+}
