@@ -1,0 +1,75 @@
+// Command gcagent is an event-sourced garbage collector for containerd
+// nodes: it follows containerd's events, keeps a persisted projection of
+// images, containers and pods, and cleans what its policy names.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// usageError is a bad command line: exit status 2, one line.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+
+const usage = `usage: gcagent <command> [flags]
+
+commands:
+  run       run the agent (gcagent run -h for flags)
+  status    print a running agent's projection (--address, --json)
+  version   print the version
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := dispatch(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	var ue usageError
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+	case errors.As(err, &ue):
+		fmt.Fprintf(os.Stderr, "gcagent: %v\n", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "gcagent: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func dispatch(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return usageError{errors.New("no command given")}
+	}
+	switch args[0] {
+	case "run":
+		cfg, err := parseRun(args[1:], env, stderr)
+		if err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return usageError{err}
+		}
+		return run(ctx, cfg, stderr)
+	case "status":
+		return status(ctx, args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "gcagent", version)
+		return nil
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	return usageError{fmt.Errorf("unknown command %q (run, status, version)", args[0])}
+}

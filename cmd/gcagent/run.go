@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/projection"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+func newLogger(cfg Config, w io.Writer) zerolog.Logger {
+	if cfg.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	level, err := zerolog.ParseLevel(cfg.LogLevel)
+	if err != nil || cfg.LogLevel == "" {
+		level = zerolog.InfoLevel
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Str("node", cfg.NodeName).Logger()
+}
+
+// agent is the running daemon's parts, for the HTTP handlers.
+type agent struct {
+	cfg    Config
+	live   *projection.Live
+	source *events.Source
+}
+
+// run is the daemon: it returns when ctx ends or a part fails for good.
+func run(ctx context.Context, cfg Config, logOut io.Writer) error {
+	log := newLogger(cfg, logOut)
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	store, err := projection.OpenStore(filepath.Join(cfg.StateDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	live, err := projection.NewLive(projection.LiveOptions{
+		Store: store, Log: log.With().Str("component", "projection").Logger(), Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	// client.New does not dial: containerd may come later, and the Source
+	// retries until it does.
+	cl, err := client.New(cfg.ContainerdAddress, client.WithDefaultNamespace(cfg.Namespace))
+	if err != nil {
+		return fmt.Errorf("containerd client: %w", err)
+	}
+	defer cl.Close()
+	src := events.NewSource(events.Options{
+		Client: cl, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
+		KnownSize: func(digest string) (n int64) {
+			live.View(func(s *projection.State) {
+				if img := s.Images[digest]; img != nil {
+					n = img.Size
+				}
+			})
+			return n
+		},
+		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
+	})
+	a := &agent{cfg: cfg, live: live, source: src}
+
+	ln, err := net.Listen("tcp", cfg.MetricsAddress)
+	if err != nil {
+		return fmt.Errorf("metrics address: %w", err)
+	}
+	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
+
+	log.Info().Str("version", version).Str("containerd", cfg.ContainerdAddress).Str("namespace", cfg.Namespace).
+		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
+
+	g, gctx := errgroup.WithContext(ctx)
+	evs := make(chan events.Event, 1024)
+	g.Go(func() error { return src.Run(gctx, evs) })
+	g.Go(func() error { return live.Run(gctx, evs) })
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	err = g.Wait()
+	log.Info().Msg("gcagent stopped")
+	return err
+}
+
+func (a *agent) routes(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		var problems []string
+		if !a.source.Connected() {
+			problems = append(problems, "containerd: not connected")
+		}
+		if !a.live.Synced() {
+			problems = append(problems, "projection: not synced")
+		}
+		if len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			for _, p := range problems {
+				fmt.Fprintln(w, p)
+			}
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		var rep projection.Report
+		a.live.View(func(s *projection.State) { rep = projection.NewReport(s, time.Now().UTC()) })
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	})
+	return mux
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gcagent/gcagent/projection"
+)
+
+// status asks a running agent for its projection and prints it.
+func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("address", DefaultConfig().MetricsAddress, "the agent's --metrics-address")
+	asJSON := fs.Bool("json", false, "print the raw /status document")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return usageError{err}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/status", nil)
+	if err != nil {
+		return usageError{fmt.Errorf("invalid --address %q: %v", *addr, err)}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("agent at %s: %w", *addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent at %s: %s", *addr, resp.Status)
+	}
+	if *asJSON {
+		_, err = stdout.Write(body)
+		return err
+	}
+	var rep projection.Report
+	if err := json.Unmarshal(body, &rep); err != nil {
+		return fmt.Errorf("agent at %s: bad /status: %w", *addr, err)
+	}
+	printReport(stdout, rep)
+	return nil
+}
+
+func printReport(w io.Writer, rep projection.Report) {
+	ago := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		d := rep.At.Sub(t).Round(time.Second)
+		if d <= 0 {
+			return "now"
+		}
+		return d.String() + " ago"
+	}
+	fmt.Fprintf(w, "synced: %v  events applied: %d  images: %d  containers: %d  pods: %d\n\n",
+		rep.Synced, rep.Seq, len(rep.Images), len(rep.Containers), len(rep.Pods))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tUSERS\tPINNED")
+	for _, img := range rep.Images {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%v\n", strings.Join(img.Names, ","), projection.ShortDigest(img.Digest),
+			humanBytes(img.Size), ago(img.FirstSeen), ago(img.LastUsed), len(img.Users), img.Pinned)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONTAINER\tKIND\tSTATE\tEXITED\tIMAGE\tEVICT UNIT")
+	for _, c := range rep.Containers {
+		exited := "-"
+		if c.ExitedAt != nil {
+			exited = fmt.Sprintf("%s (status %d)", ago(*c.ExitedAt), c.ExitStatus)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", short(c.ID), c.Kind, c.State, exited, c.Image, c.EvictUnit)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD UID\tNAMESPACE/NAME\tALIVE\tSANDBOXES")
+	for _, p := range rep.Pods {
+		fmt.Fprintf(tw, "%s\t%s/%s\t%v\t%d\n", p.UID, p.Namespace, p.Name, p.Alive, len(p.Sandboxes))
+	}
+	tw.Flush()
+}
+
+func short(id string) string {
+	if len(id) > 20 {
+		return id[:20]
+	}
+	return id
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

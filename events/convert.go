@@ -1,0 +1,92 @@
+package events
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/images"
+)
+
+// Labels and annotations CRI and the kubelet put on containers (copied:
+// containerd's are internal).
+const (
+	labelCRIKind       = "io.cri-containerd.kind"
+	labelPodUID        = "io.kubernetes.pod.uid"
+	labelPodName       = "io.kubernetes.pod.name"
+	labelPodNamespace  = "io.kubernetes.pod.namespace"
+	labelContainerName = "io.kubernetes.container.name"
+
+	annSandboxID        = "io.kubernetes.cri.sandbox-id"
+	annSandboxUID       = "io.kubernetes.cri.sandbox-uid"
+	annSandboxName      = "io.kubernetes.cri.sandbox-name"
+	annSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
+	annContainerName    = "io.kubernetes.cri.container-name"
+)
+
+// imageEvent converts an image record; size is supplied by the caller.
+func imageEvent(at time.Time, img images.Image, size int64) ImageUpserted {
+	return ImageUpserted{
+		At:      at,
+		Name:    img.Name,
+		Digest:  img.Target.Digest.String(),
+		Labels:  img.Labels,
+		Size:    size,
+		Created: img.CreatedAt.UTC(),
+	}
+}
+
+// containerEvent converts a container record. digestOf resolves an image
+// name to its target digest ("" if unknown). Pod identity comes from the
+// kubelet's labels, then from CRI's spec annotations, so CRI containers not
+// made by a kubelet are still placed in their pod.
+func containerEvent(at time.Time, c containers.Container, digestOf func(string) string) ContainerUpserted {
+	ev := ContainerUpserted{
+		At:            at,
+		ID:            c.ID,
+		Image:         c.Image,
+		ImageDigest:   digestOf(c.Image),
+		CRIKind:       c.Labels[labelCRIKind],
+		PodUID:        c.Labels[labelPodUID],
+		PodName:       c.Labels[labelPodName],
+		PodNamespace:  c.Labels[labelPodNamespace],
+		ContainerName: c.Labels[labelContainerName],
+		Created:       c.CreatedAt.UTC(),
+	}
+	if ev.CRIKind == "" {
+		return ev
+	}
+	ann := specAnnotations(c)
+	fill := func(dst *string, key string) {
+		if *dst == "" {
+			*dst = ann[key]
+		}
+	}
+	fill(&ev.PodUID, annSandboxUID)
+	fill(&ev.PodName, annSandboxName)
+	fill(&ev.PodNamespace, annSandboxNamespace)
+	fill(&ev.SandboxID, annSandboxID)
+	if ev.CRIKind == "container" {
+		fill(&ev.ContainerName, annContainerName)
+	}
+	if ev.CRIKind == "sandbox" {
+		ev.SandboxID = c.ID
+	}
+	return ev
+}
+
+// specAnnotations reads the OCI spec's annotations; containerd stores the
+// spec as JSON, so no type registration is needed. A spec that does not
+// decode yields none.
+func specAnnotations(c containers.Container) map[string]string {
+	if c.Spec == nil {
+		return nil
+	}
+	var spec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(c.Spec.GetValue(), &spec); err != nil {
+		return nil
+	}
+	return spec.Annotations
+}

@@ -1,0 +1,458 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apievents "github.com/containerd/containerd/api/events"
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/client"
+	cdevents "github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+// Options configures a Source.
+type Options struct {
+	// Client talks to containerd; it reconnects by itself after a restart.
+	Client *client.Client
+	// Namespace to follow. Default k8s.io.
+	Namespace string
+	// ResyncInterval is the period of full listings, jittered by ±10%.
+	// Default 5m. Events are hints; the listing is the truth.
+	ResyncInterval time.Duration
+	// QueueSize bounds the envelopes waiting for enrichment. When it
+	// overflows, envelopes are dropped and a full listing repairs the state.
+	// Default 65536.
+	QueueSize int
+	// KnownSize returns the size the projection already holds for a target
+	// digest (0 if none), so a listing does not recompute it.
+	KnownSize func(digest string) int64
+	// Now is the clock; default time.Now.
+	Now        func() time.Time
+	Log        zerolog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Source follows containerd and emits domain events: a Listing after every
+// (re)subscribe and periodically, and one event per relevant envelope in
+// between. It never exits because containerd went away.
+type Source struct {
+	o         Options
+	connected atomic.Bool
+	sizesMu   sync.Mutex
+	sizes     map[string]int64 // target digest -> size; immutable per digest
+	m         sourceMetrics
+}
+
+type sourceMetrics struct {
+	received, ignored     *prometheus.CounterVec
+	unknown, malformed    prometheus.Counter
+	dropped, lookupErrors prometheus.Counter
+	reconnects            prometheus.Counter
+	listings              *prometheus.CounterVec
+	listSeconds           prometheus.Histogram
+}
+
+// NewSource returns a Source; Run starts it.
+func NewSource(o Options) *Source {
+	if o.Namespace == "" {
+		o.Namespace = "k8s.io"
+	}
+	if o.ResyncInterval <= 0 {
+		o.ResyncInterval = 5 * time.Minute
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 65536
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.KnownSize == nil {
+		o.KnownSize = func(string) int64 { return 0 }
+	}
+	s := &Source{o: o, sizes: map[string]int64{}}
+	s.m = sourceMetrics{
+		received:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_received_total", Help: "containerd envelopes received, by topic."}, []string{"topic"}),
+		ignored:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_ignored_total", Help: "Envelopes received but not needed, by topic."}, []string{"topic"}),
+		unknown:      prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_unknown_total", Help: "Envelopes of unknown type, dropped."}),
+		malformed:    prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_malformed_total", Help: "Envelopes that could not be decoded, dropped."}),
+		dropped:      prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_dropped_total", Help: "Envelopes dropped because the queue was full (a listing follows)."}),
+		lookupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_lookup_errors_total", Help: "Failed lookups while enriching an envelope (a listing follows)."}),
+		reconnects:   prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_reconnects_total", Help: "Subscriptions to containerd that ended and were reopened."}),
+		listings:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_listings_total", Help: "Full listings of containerd, by reason."}, []string{"reason"}),
+		listSeconds:  prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gcagent_events_listing_seconds", Help: "Time to list images, containers and tasks.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+	}
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(s.m.received, s.m.ignored, s.m.unknown, s.m.malformed, s.m.dropped,
+			s.m.lookupErrors, s.m.reconnects, s.m.listings, s.m.listSeconds)
+	}
+	return s
+}
+
+// Connected reports whether a subscription to containerd is open.
+func (s *Source) Connected() bool { return s.connected.Load() }
+
+// Run follows containerd until ctx ends, sending events to out. Sending
+// blocks on out, but the receive loop never does: envelopes queue (bounded)
+// behind it, so a slow consumer cannot make containerd buffer without limit.
+func (s *Source) Run(ctx context.Context, out chan<- Event) error {
+	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
+	backoff := minBackoff
+	reason := "start"
+	for {
+		began := time.Now()
+		err := s.session(ctx, out, reason)
+		s.connected.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.m.reconnects.Inc()
+		if time.Since(began) > 30*time.Second {
+			backoff = minBackoff
+		}
+		// Full jitter keeps a fleet of agents from reconnecting in step.
+		wait := backoff/2 + rand.N(backoff/2+1)
+		s.o.Log.Warn().Err(err).Dur("retry_in", wait).Msg("containerd subscription ended")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, maxBackoff)
+		reason = "reconnect"
+	}
+}
+
+// Filter is the subscription filter for a namespace.
+func Filter(ns string) string {
+	return fmt.Sprintf(`namespace==%s,topic~="^/(images|containers|tasks)/"`, ns)
+}
+
+func (s *Source) session(ctx context.Context, out chan<- Event, reason string) error {
+	ctx, cancel := context.WithCancel(namespaces.WithNamespace(ctx, s.o.Namespace))
+	defer cancel()
+	if _, err := s.o.Client.Version(ctx); err != nil {
+		return fmt.Errorf("containerd version: %w", err)
+	}
+	// Subscribe first, then list: nothing that happens in between is lost.
+	envs, errs := s.o.Client.Subscribe(ctx, Filter(s.o.Namespace))
+	q := newQueue(s.o.QueueSize)
+	go s.pump(ctx, envs, errs, q)
+
+	relist := func(reason string) error {
+		l, err := s.List(ctx)
+		if err != nil {
+			return err
+		}
+		s.m.listings.WithLabelValues(reason).Inc()
+		return send(ctx, out, l)
+	}
+	if err := relist(reason); err != nil {
+		return err
+	}
+	s.connected.Store(true)
+	s.o.Log.Info().Str("namespace", s.o.Namespace).Str("reason", reason).Msg("following containerd")
+	resync := time.NewTimer(jitter(s.o.ResyncInterval))
+	defer resync.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-resync.C:
+			if err := relist("periodic"); err != nil {
+				return err
+			}
+			resync.Reset(jitter(s.o.ResyncInterval))
+		case <-q.ready:
+			batch, overflowed, done, qerr := q.take()
+			needList := overflowed
+			for _, env := range batch {
+				ev, err := s.decode(ctx, env)
+				if err != nil {
+					s.m.lookupErrors.Inc()
+					s.o.Log.Warn().Err(err).Str("topic", env.Topic).Msg("event lookup failed; will relist")
+					needList = true
+					continue
+				}
+				if ev != nil {
+					if err := send(ctx, out, ev); err != nil {
+						return err
+					}
+				}
+			}
+			if done {
+				return qerr
+			}
+			if needList {
+				if err := relist("repair"); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// pump moves envelopes into the queue; it never blocks on the consumer.
+func (s *Source) pump(ctx context.Context, envs <-chan *cdevents.Envelope, errs <-chan error, q *queue) {
+	for {
+		select {
+		case env := <-envs:
+			s.m.received.WithLabelValues(env.Topic).Inc()
+			if !q.push(env) {
+				s.m.dropped.Inc()
+			}
+		case err := <-errs:
+			if err == nil {
+				err = errors.New("subscription closed")
+			}
+			q.close(err)
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func send(ctx context.Context, out chan<- Event, ev Event) error {
+	select {
+	case out <- ev:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d - d/10 + rand.N(d/5+1)
+}
+
+// decode turns an envelope into a domain event, or nil for one gcagent does
+// not need. An error means a lookup failed and the state may now be behind.
+func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, error) {
+	if env.Namespace != s.o.Namespace || env.Event == nil {
+		return nil, nil
+	}
+	v, err := typeurl.UnmarshalAny(env.Event)
+	if err != nil {
+		if errors.Is(err, typeurl.ErrNotFound) {
+			s.m.unknown.Inc()
+		} else {
+			s.m.malformed.Inc()
+			s.o.Log.Warn().Err(err).Str("topic", env.Topic).Msg("malformed event dropped")
+		}
+		return nil, nil
+	}
+	at := env.Timestamp.UTC()
+	switch e := v.(type) {
+	case *apievents.ImageCreate:
+		return s.lookupImage(ctx, at, e.Name)
+	case *apievents.ImageUpdate:
+		return s.lookupImage(ctx, at, e.Name)
+	case *apievents.ImageDelete:
+		return ImageDeleted{At: at, Name: e.Name}, nil
+	case *apievents.ContainerCreate:
+		return s.lookupContainer(ctx, at, e.ID)
+	case *apievents.ContainerUpdate:
+		return s.lookupContainer(ctx, at, e.ID)
+	case *apievents.ContainerDelete:
+		return ContainerDeleted{At: at, ID: e.ID}, nil
+	case *apievents.TaskStart:
+		return TaskStarted{At: at, ContainerID: e.ContainerID, Pid: e.Pid}, nil
+	case *apievents.TaskExit:
+		if e.ID != "" && e.ID != e.ContainerID {
+			break // an exec process, not the container's init
+		}
+		return TaskExited{At: at, ContainerID: e.ContainerID, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
+	case *apievents.TaskDelete:
+		if e.ID != "" && e.ID != e.ContainerID {
+			break
+		}
+		return TaskExited{At: at, ContainerID: e.ContainerID, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
+	}
+	s.m.ignored.WithLabelValues(env.Topic).Inc()
+	return nil, nil
+}
+
+func (s *Source) lookupImage(ctx context.Context, at time.Time, name string) (Event, error) {
+	img, err := s.o.Client.ImageService().Get(ctx, name)
+	if errdefs.IsNotFound(err) {
+		return nil, nil // deleted since; its delete event follows
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get image %q: %w", name, err)
+	}
+	return imageEvent(at, img, s.size(ctx, img)), nil
+}
+
+func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (Event, error) {
+	c, err := s.o.Client.ContainerService().Get(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get container %q: %w", id, err)
+	}
+	digestOf := func(name string) string {
+		if name == "" {
+			return ""
+		}
+		img, err := s.o.Client.ImageService().Get(ctx, name)
+		if err != nil {
+			return ""
+		}
+		return img.Target.Digest.String()
+	}
+	return containerEvent(at, c, digestOf), nil
+}
+
+// size returns an image's manifest-declared (compressed) size, as the
+// kubelet sees it. It is fixed per target digest, so it is computed once.
+func (s *Source) size(ctx context.Context, img images.Image) int64 {
+	d := img.Target.Digest.String()
+	s.sizesMu.Lock()
+	n, ok := s.sizes[d]
+	s.sizesMu.Unlock()
+	if ok {
+		return n
+	}
+	if n = s.o.KnownSize(d); n > 0 {
+		return n
+	}
+	n, err := client.NewImage(s.o.Client, img).Size(ctx)
+	if err != nil {
+		s.o.Log.Debug().Err(err).Str("image", img.Name).Msg("image size unknown")
+		return 0
+	}
+	s.sizesMu.Lock()
+	s.sizes[d] = n
+	s.sizesMu.Unlock()
+	return n
+}
+
+// List takes a full picture of the namespace.
+func (s *Source) List(ctx context.Context) (Listing, error) {
+	ctx = namespaces.WithNamespace(ctx, s.o.Namespace)
+	began := time.Now()
+	defer func() { s.m.listSeconds.Observe(time.Since(began).Seconds()) }()
+	at := s.o.Now().UTC()
+
+	imgs, err := s.o.Client.ImageService().List(ctx)
+	if err != nil {
+		return Listing{}, fmt.Errorf("list images: %w", err)
+	}
+	l := Listing{At: at, Images: make([]ImageUpserted, len(imgs))}
+	digests := make(map[string]string, len(imgs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i, img := range imgs {
+		digests[img.Name] = img.Target.Digest.String()
+		g.Go(func() error {
+			l.Images[i] = imageEvent(at, img, s.size(gctx, img))
+			return nil
+		})
+	}
+	_ = g.Wait()
+
+	ctrs, err := s.o.Client.ContainerService().List(ctx)
+	if err != nil {
+		return Listing{}, fmt.Errorf("list containers: %w", err)
+	}
+	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
+	for _, c := range ctrs {
+		l.Containers = append(l.Containers, containerEvent(at, c, func(n string) string { return digests[n] }))
+	}
+
+	resp, err := s.o.Client.TaskService().List(ctx, &tasksapi.ListTasksRequest{})
+	if err != nil {
+		return Listing{}, fmt.Errorf("list tasks: %w", err)
+	}
+	for _, p := range resp.Tasks {
+		id := p.ContainerID
+		if id == "" {
+			id = p.ID
+		}
+		t := Task{ContainerID: id, Pid: p.Pid, Status: taskStatus(p.Status), ExitStatus: p.ExitStatus}
+		if p.ExitedAt != nil && t.Status == TaskStopped {
+			t.ExitedAt = p.ExitedAt.AsTime().UTC()
+		}
+		l.Tasks = append(l.Tasks, t)
+	}
+	return l, nil
+}
+
+func taskStatus(st tasktypes.Status) TaskStatus {
+	switch st {
+	case tasktypes.Status_CREATED:
+		return TaskCreated
+	case tasktypes.Status_RUNNING:
+		return TaskRunning
+	case tasktypes.Status_STOPPED:
+		return TaskStopped
+	case tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
+		return TaskPaused
+	}
+	return TaskUnknown
+}
+
+// queue is the bounded hand-off between the receive loop and enrichment.
+type queue struct {
+	mu         sync.Mutex
+	items      []*cdevents.Envelope
+	max        int
+	overflowed bool
+	done       bool
+	err        error
+	ready      chan struct{}
+}
+
+func newQueue(max int) *queue { return &queue{max: max, ready: make(chan struct{}, 1)} }
+
+// push adds an envelope; it returns false (and remembers the overflow) when
+// the queue is full.
+func (q *queue) push(env *cdevents.Envelope) bool {
+	q.mu.Lock()
+	ok := len(q.items) < q.max
+	if ok {
+		q.items = append(q.items, env)
+	} else {
+		q.overflowed = true
+	}
+	q.mu.Unlock()
+	q.signal()
+	return ok
+}
+
+func (q *queue) close(err error) {
+	q.mu.Lock()
+	q.done, q.err = true, err
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (q *queue) signal() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take returns everything queued and resets the overflow flag.
+func (q *queue) take() (items []*cdevents.Envelope, overflowed, done bool, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items, q.items = q.items, nil
+	overflowed, q.overflowed = q.overflowed, false
+	return items, overflowed, q.done, q.err
+}
