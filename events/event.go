@@ -84,6 +84,7 @@ type TaskStarted struct {
 type TaskExited struct {
 	At          time.Time `json:"at"`
 	ContainerID string    `json:"containerID"`
+	Pid         uint32    `json:"pid,omitempty"` // 0 when unknown
 	ExitStatus  uint32    `json:"exitStatus"`
 	ExitedAt    time.Time `json:"exitedAt"`
 }

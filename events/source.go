@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -21,12 +22,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Options configures a Source.
 type Options struct {
 	// Client talks to containerd; it reconnects by itself after a restart.
 	Client *client.Client
+	// CRI, if set, tells exited CRI containers from never-started ones when
+	// a listing finds them without a task (CRI deletes the task on exit).
+	CRI runtime.RuntimeServiceClient
 	// Namespace to follow. Default k8s.io.
 	Namespace string
 	// ResyncInterval is the period of full listings, jittered by ±10%.
@@ -274,12 +281,12 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, err
 		if e.ID != "" && e.ID != e.ContainerID {
 			break // an exec process, not the container's init
 		}
-		return TaskExited{At: at, ContainerID: e.ContainerID, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
+		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
 	case *apievents.TaskDelete:
 		if e.ID != "" && e.ID != e.ContainerID {
 			break
 		}
-		return TaskExited{At: at, ContainerID: e.ContainerID, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
+		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
 	}
 	s.m.ignored.WithLabelValues(env.Topic).Inc()
 	return nil, nil
@@ -389,7 +396,70 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 		}
 		l.Tasks = append(l.Tasks, t)
 	}
+	s.criExits(ctx, &l)
 	return l, nil
+}
+
+// criExits adds a stopped Task for each CRI container or sandbox that CRI
+// reports exited but that has no task left. CRI errors (no CRI plugin) leave
+// the listing as it is: such containers then count as never started, which
+// keeps them.
+func (s *Source) criExits(ctx context.Context, l *Listing) {
+	if s.o.CRI == nil {
+		return
+	}
+	hasTask := make(map[string]bool, len(l.Tasks))
+	for _, t := range l.Tasks {
+		hasTask[t.ContainerID] = true
+	}
+	var noTask []ContainerUpserted
+	for _, c := range l.Containers {
+		if c.CRIKind != "" && !hasTask[c.ID] {
+			noTask = append(noTask, c)
+		}
+	}
+	if len(noTask) == 0 {
+		return
+	}
+	exited := map[string]bool{}
+	if resp, err := s.o.CRI.ListContainers(ctx, &runtime.ListContainersRequest{
+		Filter: &runtime.ContainerFilter{State: &runtime.ContainerStateValue{State: runtime.ContainerState_CONTAINER_EXITED}},
+	}); err == nil {
+		for _, c := range resp.Containers {
+			exited[c.Id] = true
+		}
+	}
+	if resp, err := s.o.CRI.ListPodSandbox(ctx, &runtime.ListPodSandboxRequest{
+		Filter: &runtime.PodSandboxFilter{State: &runtime.PodSandboxStateValue{State: runtime.PodSandboxState_SANDBOX_NOTREADY}},
+	}); err == nil {
+		for _, p := range resp.Items {
+			exited[p.Id] = true
+		}
+	}
+	for _, c := range noTask {
+		if !exited[c.ID] {
+			continue
+		}
+		t := Task{ContainerID: c.ID, Status: TaskStopped, ExitedAt: l.At}
+		if c.CRIKind == "container" {
+			if st, err := s.o.CRI.ContainerStatus(ctx, &runtime.ContainerStatusRequest{ContainerId: c.ID}); err == nil && st.Status != nil {
+				t.ExitStatus = uint32(st.Status.ExitCode)
+				if st.Status.FinishedAt > 0 {
+					t.ExitedAt = time.Unix(0, st.Status.FinishedAt).UTC()
+				}
+			}
+		}
+		l.Tasks = append(l.Tasks, t)
+	}
+}
+
+// DialCRI opens a CRI runtime client on containerd's socket.
+func DialCRI(address string) (runtime.RuntimeServiceClient, io.Closer, error) {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("cri %s: %w", address, err)
+	}
+	return runtime.NewRuntimeServiceClient(conn), conn, nil
 }
 
 func taskStatus(st tasktypes.Status) TaskStatus {

@@ -57,7 +57,7 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 			}
 		case hasTask && t.Status == events.TaskStopped:
 			if state != StateExited {
-				out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, ExitStatus: t.ExitStatus, ExitedAt: t.ExitedAt})
+				out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: t.Pid, ExitStatus: t.ExitStatus, ExitedAt: t.ExitedAt})
 			}
 		case !hasTask && state == StateRunning:
 			// The task went away while we were not listening: the exit time is

@@ -75,7 +75,7 @@ type Container struct {
 	Created       time.Time      `json:"created"`
 	FirstSeen     time.Time      `json:"firstSeen"`
 	State         ContainerState `json:"state"`
-	Pid           uint32         `json:"pid,omitempty"`
+	Pid           uint32         `json:"pid,omitempty"` // of the current or last run
 	StartedAt     time.Time      `json:"startedAt"`
 	ExitedAt      time.Time      `json:"exitedAt"`
 	ExitStatus    uint32         `json:"exitStatus"`
@@ -165,7 +165,11 @@ func (s *State) Apply(ev events.Event) {
 	case events.ContainerDeleted:
 		s.deleteContainer(e)
 	case events.TaskStarted:
-		if c := s.Containers[e.ContainerID]; c != nil {
+		c := s.Containers[e.ContainerID]
+		// The daemon stamps starts and the shim stamps exits, so their order
+		// is unreliable: the pid says which run an event belongs to. A start
+		// of a process already seen exiting is late, not a new run.
+		if c != nil && !(c.State == StateExited && e.Pid != 0 && c.Pid == e.Pid) {
 			c.State, c.Pid, c.StartedAt = StateRunning, e.Pid, e.At
 			c.ExitedAt, c.ExitStatus = time.Time{}, 0
 		}
@@ -265,14 +269,17 @@ func (s *State) taskExited(e events.TaskExited) {
 	if c == nil || c.State == StateExited {
 		return
 	}
+	if c.State == StateRunning && e.Pid != 0 && c.Pid != 0 && e.Pid != c.Pid {
+		return // the exit of an earlier run
+	}
 	exitedAt := e.ExitedAt
 	if exitedAt.IsZero() {
 		exitedAt = e.At
 	}
-	if c.State == StateRunning && exitedAt.Before(c.StartedAt) {
-		return // a late exit of an earlier run
+	c.State, c.ExitedAt, c.ExitStatus = StateExited, exitedAt, e.ExitStatus
+	if e.Pid != 0 {
+		c.Pid = e.Pid
 	}
-	c.State, c.ExitedAt, c.ExitStatus, c.Pid = StateExited, exitedAt, e.ExitStatus, 0
 }
 
 func (s *State) use(digest, id string, at time.Time) {

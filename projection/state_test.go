@@ -80,18 +80,33 @@ func TestContainerLifecycle(t *testing.T) {
 		t.Fatalf("never started must not be dead: %+v", c)
 	}
 	s.Apply(events.TaskStarted{At: at(1), ContainerID: "c", Pid: 7})
-	s.Apply(events.TaskExited{At: at(3), ContainerID: "c", ExitedAt: at(2), ExitStatus: 3})
+	s.Apply(events.TaskExited{At: at(3), ContainerID: "c", Pid: 7, ExitedAt: at(2), ExitStatus: 3})
 	if !c.Dead() || !c.ExitedAt.Equal(at(2)) || c.ExitStatus != 3 {
 		t.Fatalf("exit: %+v", c)
 	}
 	// /tasks/delete repeats the exit: the first exit time stays.
-	s.Apply(events.TaskExited{At: at(4), ContainerID: "c", ExitedAt: at(4)})
+	s.Apply(events.TaskExited{At: at(4), ContainerID: "c", Pid: 7, ExitedAt: at(4)})
 	if !c.ExitedAt.Equal(at(2)) {
 		t.Fatalf("duplicate exit moved exit time to %v", c.ExitedAt)
 	}
+	// An exit that overtook its own start (shim and daemon clocks differ):
+	// the late start, even stamped after the exit, changes nothing.
+	s.Apply(events.ContainerUpserted{At: at(0), ID: "quick", Image: "x"})
+	s.Apply(events.TaskExited{At: at(2), ContainerID: "quick", Pid: 9, ExitedAt: at(1), ExitStatus: 3})
+	s.Apply(events.TaskStarted{At: at(3), ContainerID: "quick", Pid: 9})
+	if q := s.Containers["quick"]; q.State != StateExited || q.ExitStatus != 3 {
+		t.Fatalf("late start resurrected %+v", q)
+	}
+	// A start stamped later than its own exit, arriving first.
+	s.Apply(events.ContainerUpserted{At: at(0), ID: "skew", Image: "x"})
+	s.Apply(events.TaskStarted{At: at(5), ContainerID: "skew", Pid: 11})
+	s.Apply(events.TaskExited{At: at(6), ContainerID: "skew", Pid: 11, ExitedAt: at(4)})
+	if k := s.Containers["skew"]; k.State != StateExited {
+		t.Fatalf("exit lost to clock skew: %+v", k)
+	}
 	// Restarted, then a stale exit of the previous run arrives.
 	s.Apply(events.TaskStarted{At: at(10), ContainerID: "c", Pid: 8})
-	s.Apply(events.TaskExited{At: at(11), ContainerID: "c", ExitedAt: at(2)})
+	s.Apply(events.TaskExited{At: at(11), ContainerID: "c", Pid: 7, ExitedAt: at(2)})
 	if c.State != StateRunning {
 		t.Fatalf("stale exit applied: %+v", c)
 	}

@@ -67,8 +67,13 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return fmt.Errorf("containerd client: %w", err)
 	}
 	defer cl.Close()
+	cri, criConn, err := events.DialCRI(cfg.ContainerdAddress)
+	if err != nil {
+		return err
+	}
+	defer criConn.Close()
 	src := events.NewSource(events.Options{
-		Client: cl, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
+		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
 		KnownSize: func(digest string) (n int64) {
 			live.View(func(s *projection.State) {
 				if img := s.Images[digest]; img != nil {

@@ -1,0 +1,165 @@
+package testenv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	agentBin  string
+	buildErr  error
+)
+
+// AgentBinary builds cmd/gcagent once per test process and returns its path.
+func AgentBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "gcagent-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		agentBin = filepath.Join(dir, "gcagent")
+		out, err := exec.Command("go", "build", "-o", agentBin, "github.com/gcagent/gcagent/cmd/gcagent").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return agentBin
+}
+
+// Agent is a running gcagent process.
+type Agent struct {
+	Addr     string // metrics address
+	StateDir string
+	LogFile  string
+	t        testing.TB
+	cmd      *exec.Cmd
+	done     chan struct{}
+}
+
+// FreeAddr returns a loopback address with a port that was free just now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// StartAgent runs `gcagent run` against the daemon with stateDir and extra
+// flags; it is killed when the test ends.
+func StartAgent(t testing.TB, c *Containerd, stateDir string, extra ...string) *Agent {
+	t.Helper()
+	a := &Agent{Addr: FreeAddr(t), StateDir: stateDir, t: t}
+	a.LogFile = filepath.Join(stateDir, fmt.Sprintf("agent-%d.log", time.Now().UnixNano()))
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"run",
+		"--containerd-address", c.Address, "--namespace", Namespace, "--state-dir", stateDir,
+		"--metrics-address", a.Addr, "--image-fs", c.Root, "--log-dir", c.LogDir, "--pod-log-dir", c.PodLogDir,
+		"--node-name", "test-node", "--log-level", "debug",
+	}, extra...)
+	logf, err := os.Create(a.LogFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.cmd = exec.Command(AgentBinary(t), args...)
+	a.cmd.Stdout, a.cmd.Stderr = logf, logf
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logf.Close()
+	a.done = make(chan struct{})
+	go func() { _ = a.cmd.Wait(); close(a.done) }()
+	t.Cleanup(func() {
+		a.Kill()
+		if t.Failed() {
+			t.Logf("agent log tail:\n%s", a.LogTail(40))
+		}
+	})
+	return a
+}
+
+// Kill sends SIGKILL (kill -9) and waits for the process to end.
+func (a *Agent) Kill() {
+	if a.cmd.ProcessState != nil {
+		return
+	}
+	_ = a.cmd.Process.Kill()
+	<-a.done
+}
+
+// Stop sends SIGTERM and waits for a clean exit.
+func (a *Agent) Stop() {
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(15 * time.Second):
+		a.t.Errorf("agent did not stop on SIGTERM")
+		a.Kill()
+	}
+}
+
+// LogTail returns the last n lines the agent logged.
+func (a *Agent) LogTail(n int) string {
+	b, _ := os.ReadFile(a.LogFile)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Get fetches path from the agent's HTTP server and decodes JSON into v (if
+// non-nil). It returns the status code.
+func (a *Agent) Get(path string, v any) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if v != nil && resp.StatusCode == http.StatusOK {
+		return resp.StatusCode, json.NewDecoder(resp.Body).Decode(v)
+	}
+	return resp.StatusCode, nil
+}
+
+// Eventually polls cond every 50ms until it returns "" or the deadline
+// passes, then fails with cond's last explanation.
+func Eventually(t testing.TB, within time.Duration, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		why := cond()
+		if why == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not after %s: %s", within, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
