@@ -106,6 +106,7 @@ func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) Conta
 		case it.Reason == ReasonTooYoung:
 			earliest(&plan.NextEligible, it.EligibleAt)
 		case it.Reason != "":
+			// kept whatever the caps
 		case c.CRIKind == projection.KindSandbox:
 			sandboxes = append(sandboxes, c)
 		default:

@@ -174,8 +174,10 @@ func PlanImages(s *projection.State, disk DiskStats, p ImagePolicy, now time.Tim
 			continue
 		case ReasonTooYoung, ReasonNotNeeded:
 			if p.MaxAge > 0 {
-				// Strictly older than MaxAge, like the kubelet, and never before MinAge.
-				earliest(&plan.NextAgeOut, later(idleSince(it).Add(p.MaxAge+time.Nanosecond), it.FirstSeen.Add(p.MinAge)))
+				// Strictly older than MaxAge, like the kubelet. Idle time starts
+				// no earlier than first seen and MaxAge > MinAge, so by then the
+				// image is no longer too young.
+				earliest(&plan.NextAgeOut, idleSince(it).Add(p.MaxAge+time.Nanosecond))
 			}
 		}
 		plan.Keep = append(plan.Keep, it)

@@ -1,0 +1,343 @@
+package gc
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/projection"
+)
+
+func TestContainerPolicyValidate(t *testing.T) {
+	ok := ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneNative}
+	tests := []struct {
+		name string
+		mod  func(*ContainerPolicy)
+		want string // substring of the error; empty for valid
+	}{
+		{"defaults", func(*ContainerPolicy) {}, ""},
+		{"zero caps", func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers = 0, 0 }, ""},
+		{"prune all", func(p *ContainerPolicy) { p.Prune = PruneAll }, ""},
+		{"prune off", func(p *ContainerPolicy) { p.Prune = PruneOff }, ""},
+		{"negative min age", func(p *ContainerPolicy) { p.MinAge = -time.Second }, "minimum container age -1s"},
+		{"per unit below -1", func(p *ContainerPolicy) { p.MaxPerEvictUnit = -2 }, "per container -2"},
+		{"global below -1", func(p *ContainerPolicy) { p.MaxContainers = -2 }, "dead containers -2"},
+		{"empty prune mode", func(p *ContainerPolicy) { p.Prune = "" }, `prune mode ""`},
+		{"unknown prune mode", func(p *ContainerPolicy) { p.Prune = "cri" }, `prune mode "cri"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := ok
+			tt.mod(&p)
+			err := p.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("Validate() = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanContainers(t *testing.T) {
+	tests := []struct {
+		name   string
+		evs    []events.Event
+		mod    func(*ContainerPolicy) // applied to the defaults: 0s, 1 per unit, no global cap, native
+		now    time.Duration          // since t0; 10h when zero
+		remove []string               // "id reason", in plan order
+		keep   []string               // "id reason", by id
+		check  func(*testing.T, ContainerPlan)
+	}{
+		{
+			name: "per-unit cap keeps the newest of each unit, oldest go first",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"),
+				criDead(h, 5*h, "c3", "app:1", "u1", "app", "s1"), // created first, exits last
+				criDead(2*h, m, "c2", "app:1", "u1", "app", "s1"),
+				criDead(3*h, m, "c1", "app:1", "u1", "app", "s1"),
+				criDead(h, m, "side", "side:1", "u1", "sidecar", "s1"),
+				dead(h, m, "n1", "tool:1"), dead(h, m, "n2", "tool:1"),
+			),
+			mod:    func(p *ContainerPolicy) { p.Prune = PruneAll },
+			remove: []string{"c2 per-unit-cap", "c1 per-unit-cap"},
+			keep:   []string{"c3 within-cap", "n1 within-cap", "n2 within-cap", "s1 running", "side within-cap"},
+		},
+		{
+			name:   "per-unit cap 0 removes every dead container",
+			evs:    flat(dead(h, m, "n1", "tool:1"), dead(0, m, "n2", "tool:1")),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit = 0 },
+			remove: []string{"n2 per-unit-cap", "n1 per-unit-cap"},
+		},
+		{
+			name: "no limits keep every dead container",
+			evs: flat(
+				criDead(h, m, "c1", "app:1", "u1", "app", "s1"), criDead(2*h, m, "c2", "app:1", "u1", "app", "s1"),
+				dead(h, m, "n1", "tool:1"),
+			),
+			mod:  func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.Prune = -1, PruneAll },
+			keep: []string{"c1 within-cap", "c2 within-cap", "n1 within-cap"},
+		},
+		{
+			name: "global cap over many units: each keeps at least one, then the oldest go",
+			evs: flat(
+				dead(1*h, m, "n1", "tool:1"), dead(2*h, m, "n2", "tool:1"), dead(3*h, m, "n3", "tool:1"),
+				dead(4*h, m, "n4", "tool:1"), dead(5*h, m, "n5", "tool:1"),
+				criDead(0, m, "c1", "app:1", "u1", "app", "s1"), criDead(6*h, m, "c2", "app:1", "u1", "app", "s1"),
+				criDead(7*h, m, "c3", "app:1", "u1", "app", "s1"),
+			),
+			mod: func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = -1, 3, PruneAll },
+			// 6 units for 3 slots: 1 per unit (floor 1) drops c1 and c2, then
+			// the oldest of the 6 left go until 3 remain.
+			remove: []string{"c1 global-cap", "n1 global-cap", "n2 global-cap", "n3 global-cap", "c2 global-cap"},
+			keep:   []string{"c3 within-cap", "n4 within-cap", "n5 within-cap"},
+		},
+		{
+			name: "global cap split evenly between units",
+			evs: flat(
+				criDead(1*h, m, "a1", "app:1", "u1", "a", "s1"), criDead(2*h, m, "a2", "app:1", "u1", "a", "s1"),
+				criDead(3*h, m, "a3", "app:1", "u1", "a", "s1"), criDead(4*h, m, "a4", "app:1", "u1", "a", "s1"),
+				criDead(5*h, m, "b1", "app:1", "u2", "b", "s2"), criDead(6*h, m, "b2", "app:1", "u2", "b", "s2"),
+				criDead(7*h, m, "b3", "app:1", "u2", "b", "s2"), criDead(8*h, m, "b4", "app:1", "u2", "b", "s2"),
+			),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = -1, 4, PruneAll },
+			remove: []string{"a1 global-cap", "a2 global-cap", "b1 global-cap", "b2 global-cap"},
+			keep:   []string{"a3 within-cap", "a4 within-cap", "b3 within-cap", "b4 within-cap"},
+		},
+		{
+			name: "per-unit cap then global cap",
+			evs: flat(
+				dead(1*h, m, "n1", "tool:1"),
+				criDead(2*h, m, "a1", "app:1", "u1", "a", "s1"), criDead(3*h, m, "a2", "app:1", "u1", "a", "s1"),
+			),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = 1, 1, PruneAll },
+			remove: []string{"n1 global-cap", "a1 per-unit-cap"},
+			keep:   []string{"a2 within-cap"},
+		},
+		{
+			name:   "global cap 0 removes every dead container",
+			evs:    flat(dead(1*h, m, "n1", "tool:1"), dead(2*h, m, "n2", "tool:1")),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers = -1, 0 },
+			remove: []string{"n1 global-cap", "n2 global-cap"},
+		},
+		{
+			name: "min age counts from the exit, and young containers do not count towards caps",
+			evs: flat(
+				dead(0, 10*h-10*time.Second, "late", "tool:1"), // created long ago, exited 10s ago
+				dead(9*h, h-30*time.Second, "later", "tool:1"),
+				criDead(h, m, "old", "app:1", "u1", "app", "s1"),
+				criDead(2*h, 8*h-5*time.Second, "young", "app:1", "u1", "app", "s1"),
+			),
+			mod:  func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit, p.Prune = m, 1, PruneAll },
+			keep: []string{"late too-young", "later too-young", "old within-cap", "young too-young"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if want := at(10*h + 30*time.Second); !p.NextEligible.Equal(want) {
+					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
+				}
+				if want := at(10*h + 50*time.Second); !p.Keep[0].EligibleAt.Equal(want) {
+					t.Errorf("late eligible at %v, want %v", p.Keep[0].EligibleAt, want)
+				}
+			},
+		},
+		{
+			name:   "min age passed exactly",
+			evs:    flat(dead(0, 10*h-m, "n1", "tool:1")),
+			mod:    func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit = m, 0 },
+			remove: []string{"n1 per-unit-cap"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if !p.NextEligible.IsZero() {
+					t.Errorf("next eligible = %v, want zero", p.NextEligible)
+				}
+			},
+		},
+		{
+			name: "running, restarted and never-started containers are kept",
+			evs: flat(
+				native(0, "created", "tool:1"),
+				native(0, "running", "tool:1"), start(h, "running"),
+				dead(0, h, "restarted", "tool:1"), start(2*h, "restarted"),
+				criContainer(0, "cri-created", "app:1", "u1", "app", "s1"),
+			),
+			mod:  func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = 0, 0, PruneAll },
+			keep: []string{"created never-started", "cri-created never-started", "restarted running", "running running"},
+		},
+		{
+			name: "prune native leaves CRI containers and sandboxes",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), exit(h, "s1"),
+				criDead(0, m, "c1", "app:1", "u1", "app", "s1"),
+				dead(0, m, "n1", "tool:1"),
+			),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit = 0 },
+			remove: []string{"n1 per-unit-cap"},
+			keep:   []string{"c1 prune-mode", "s1 prune-mode"},
+		},
+		{
+			name: "prune off leaves every container",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), exit(h, "s1"),
+				dead(0, m, "n1", "tool:1"), native(0, "n2", "tool:1"), start(0, "n2"),
+			),
+			mod:  func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = 0, 0, PruneOff },
+			keep: []string{"n1 prune-mode", "n2 running", "s1 prune-mode"},
+		},
+		{
+			name: "prune all: a sandbox goes once its pod has no container left",
+			evs: flat(
+				// u1: the kubelet already removed the containers.
+				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"),
+				exit(h, "s1"), remove(2*h, "c1"),
+				// u2: a dead container within the cap keeps the sandbox.
+				sandbox(0, "s2", "u2"), start(0, "s2"), criDead(0, m, "c2", "app:1", "u2", "app", "s2"), exit(h, "s2"),
+				// u3: the cap removes one container, the other keeps the sandbox.
+				sandbox(0, "s3", "u3"), start(0, "s3"), exit(h, "s3"),
+				criDead(0, m, "c3a", "app:1", "u3", "app", "s3"), criDead(m, m, "c3b", "app:1", "u3", "app", "s3"),
+				// u4: the sandbox runs.
+				sandbox(0, "s4", "u4"), start(0, "s4"),
+				// u5: a container that names the sandbox but not the pod.
+				sandbox(0, "s5", "u5"), start(0, "s5"), exit(h, "s5"),
+				criContainer(0, "c5", "app:1", "", "", "s5"),
+				// u6: an old exited sandbox and a new running one, no containers.
+				sandbox(0, "s6old", "u6"), start(0, "s6old"), exit(m, "s6old"), sandbox(m, "s6new", "u6"), start(m, "s6new"),
+				// u7: an old exited sandbox; the pod's container runs in the new one.
+				sandbox(0, "s7old", "u7"), start(0, "s7old"), exit(m, "s7old"), sandbox(m, "s7new", "u7"), start(m, "s7new"),
+				criContainer(m, "c7", "app:1", "u7", "app", "s7new"), start(m, "c7"),
+				// A sandbox without a pod uid is not held by c5, which has none either.
+				sandbox(0, "s8", ""), start(0, "s8"), exit(h, "s8"),
+			),
+			mod:    func(p *ContainerPolicy) { p.Prune = PruneAll },
+			remove: []string{"c3a per-unit-cap", "s6old sandbox-orphaned", "s1 sandbox-orphaned", "s8 sandbox-orphaned"},
+			keep: []string{
+				"c2 within-cap", "c3b within-cap", "c5 never-started", "c7 running", "s2 pod-has-containers", "s3 pod-has-containers", "s4 running", "s5 pod-has-containers",
+				"s6new running", "s7new running", "s7old pod-has-containers",
+			},
+			check: func(t *testing.T, p ContainerPlan) {
+				for _, it := range p.Keep {
+					if it.ID == "s3" && !slices.Equal(it.Containers, []string{"c3b"}) {
+						t.Errorf("s3 kept by %q, want [c3b]", it.Containers)
+					}
+				}
+			},
+		},
+		{
+			name: "prune all: a sandbox goes with the last containers this plan removes, after them",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, h, "c1", "app:1", "u1", "app", "s1"), exit(m, "s1"),
+			),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.Prune = 0, PruneAll },
+			remove: []string{"c1 per-unit-cap", "s1 sandbox-orphaned"},
+		},
+		{
+			name: "prune all: min age applies to sandboxes",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), exit(10*h-time.Second, "s1"),
+				sandbox(0, "s2", "u2"),
+			),
+			mod:  func(p *ContainerPolicy) { p.MinAge, p.Prune = m, PruneAll },
+			keep: []string{"s1 too-young", "s2 never-started"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if want := at(10*h + m - time.Second); !p.NextEligible.Equal(want) {
+					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneNative}
+			if tt.mod != nil {
+				tt.mod(&p)
+			}
+			if err := p.Validate(); err != nil {
+				t.Fatalf("test policy: %v", err)
+			}
+			s := build(tt.evs...)
+			before := s.Clone()
+			plan := PlanContainers(s, p, at(cmp.Or(tt.now, 10*h)))
+
+			if got := containerSummary(plan.Remove); !slices.Equal(got, tt.remove) {
+				t.Errorf("remove:\n got %q\nwant %q", got, tt.remove)
+			}
+			if got := containerSummary(plan.Keep); !slices.Equal(got, tt.keep) {
+				t.Errorf("keep:\n got %q\nwant %q", got, tt.keep)
+			}
+			checkContainerPlan(t, s, p, plan)
+			if !sameJSON(t, before, s) {
+				t.Error("PlanContainers modified the state")
+			}
+			if tt.check != nil {
+				tt.check(t, plan)
+			}
+		})
+	}
+}
+
+// checkContainerPlan asserts what holds for every plan: each container
+// appears once, nothing running or never started is removed, nothing the
+// prune mode excludes is removed, no sandbox goes while a container of its
+// pod stays, NextEligible is in the future.
+func checkContainerPlan(t *testing.T, s *projection.State, p ContainerPolicy, plan ContainerPlan) {
+	t.Helper()
+	seen := map[string]int{}
+	removed := map[string]bool{}
+	for _, it := range plan.Remove {
+		seen[it.ID]++
+		removed[it.ID] = true
+		c := s.Containers[it.ID]
+		if !removes(it.Reason) {
+			t.Errorf("remove %s with keep reason %q", it.ID, it.Reason)
+		}
+		if !c.Dead() {
+			t.Errorf("remove %s in state %s", it.ID, c.State)
+		}
+		if p.Prune == PruneOff || (p.Prune == PruneNative && c.CRIKind != "") {
+			t.Errorf("remove %s (kind %q) under prune %s", it.ID, c.CRIKind, p.Prune)
+		}
+		if now := plan.Now; now.Sub(deadSince(c)) < p.MinAge {
+			t.Errorf("remove %s dead for %s, min age %s", it.ID, now.Sub(deadSince(c)), p.MinAge)
+		}
+	}
+	for _, it := range plan.Keep {
+		seen[it.ID]++
+		if removes(it.Reason) || it.Reason == "" {
+			t.Errorf("keep %s with reason %q", it.ID, it.Reason)
+		}
+	}
+	for id := range s.Containers {
+		if seen[id] != 1 {
+			t.Errorf("container %s appears %d times in the plan, want 1", id, seen[id])
+		}
+	}
+	if len(seen) != len(s.Containers) {
+		t.Errorf("plan has %d containers, state %d", len(seen), len(s.Containers))
+	}
+	for id := range removed {
+		sb := s.Containers[id]
+		if sb.CRIKind != projection.KindSandbox {
+			continue
+		}
+		for _, c := range s.Containers {
+			if c.CRIKind == projection.KindContainer && !removed[c.ID] && (c.SandboxID == sb.ID || (sb.PodUID != "" && c.PodUID == sb.PodUID)) {
+				t.Errorf("sandbox %s removed while its container %s stays", sb.ID, c.ID)
+			}
+		}
+	}
+	if !plan.NextEligible.IsZero() && !plan.NextEligible.After(plan.Now) {
+		t.Errorf("next eligible %v is not after now %v", plan.NextEligible, plan.Now)
+	}
+	if plan.Remove == nil || plan.Keep == nil {
+		t.Error("nil lists: JSON would say null, not []")
+	}
+}
+
+func containerSummary(items []ContainerItem) []string {
+	var out []string
+	for _, it := range items {
+		out = append(out, it.ID+" "+string(it.Reason))
+	}
+	return out
+}

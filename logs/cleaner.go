@@ -1,0 +1,462 @@
+// Package logs removes the kubelet's dead log symlinks (LogDir,
+// /var/log/containers) and orphaned pod log directories (PodLogDir,
+// /var/log/pods), reacting to fsnotify events, projection changes and
+// grace deadlines instead of polling.
+//
+// PlanLogs is the pure planner; the Cleaner scans, plans and applies. Every
+// delete is relative to an open directory (unlinkat with fstatat and statx
+// under AT_SYMLINK_NOFOLLOW, openat with O_NOFOLLOW|O_DIRECTORY when
+// descending): no symlink is ever followed for a delete, no mount point is
+// crossed, and nothing outside the two configured directories is touched.
+package logs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+)
+
+// Publisher receives one call per removal, and in a dry run one per entry
+// that would be removed. It must not block on the network (natsbus puts the
+// event in its durable outbox); an error is logged and counted, never
+// retried here.
+type Publisher interface {
+	PublishRemoval(ctx context.Context, r Removal) error
+}
+
+// Removal describes one removed entry.
+type Removal struct {
+	Kind      Kind      `json:"kind"`
+	Dir       string    `json:"dir"`  // the configured directory
+	Name      string    `json:"name"` // raw name relative to Dir
+	Reason    Reason    `json:"reason"`
+	Container string    `json:"container,omitempty"`
+	UID       string    `json:"uid,omitempty"`
+	Bytes     int64     `json:"bytes"` // allocated bytes of the files removed, an estimate (hard links)
+	At        time.Time `json:"at"`
+	DryRun    bool      `json:"dryRun,omitempty"`
+}
+
+// Options carries the Cleaner's collaborators; all are optional.
+type Options struct {
+	Publisher Publisher        // nil: nothing published
+	Metrics   *Metrics         // nil: nothing recorded
+	Logger    zerolog.Logger   // the zero Logger logs nothing
+	Now       func() time.Time // nil: time.Now
+}
+
+// Cleaner applies PlanLogs to the configured directories. Its methods are
+// safe for concurrent use; passes are serialized.
+type Cleaner struct {
+	cfg     Config
+	state   State
+	pub     Publisher
+	metrics *Metrics
+	log     zerolog.Logger
+	now     func() time.Time
+	kick    chan struct{}
+
+	last atomic.Pointer[Plan] // of the last Clean, for Status
+
+	mu   sync.Mutex // serializes passes; guards seen
+	seen map[key]*tracked
+}
+
+type key struct {
+	kind Kind
+	name string
+}
+
+// tracked is what the Cleaner remembers of an entry while it exists.
+type tracked struct {
+	firstSeen time.Time
+	noted     Reason // last reason logged for a kept entry
+	dryRun    bool   // dry-run removal already reported
+}
+
+// notable are the keep reasons an operator should hear about, once.
+var notable = map[Reason]bool{
+	ReasonBadName: true, ReasonTargetError: true, ReasonTruncatedName: true, ReasonMountPoint: true,
+}
+
+// New returns a Cleaner; it fails if cfg is invalid or st is nil.
+func New(cfg Config, st State, opts Options) (*Cleaner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, errors.New("logs: nil State")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Cleaner{
+		cfg: cfg, state: st, pub: opts.Publisher, metrics: opts.Metrics, now: opts.Now,
+		log:  opts.Logger.With().Str("component", "logs").Logger(),
+		kick: make(chan struct{}, 1),
+		seen: map[key]*tracked{},
+	}, nil
+}
+
+// Notify asks Run for a new pass, e.g. because the projection changed. It
+// never blocks; calls before the pass starts coalesce into one.
+func (c *Cleaner) Notify() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Status returns the plan of the last pass of Clean (zero before the
+// first). It does not wait for a running pass.
+func (c *Cleaner) Status() Plan {
+	p := c.last.Load()
+	if p == nil {
+		return Plan{}
+	}
+	cp := *p
+	cp.Decisions = slices.Clone(p.Decisions)
+	return cp
+}
+
+// Plan scans both directories and plans, deleting nothing and changing no
+// state (for `gcagent plan`). Entries the Cleaner has not seen before count
+// as first seen now.
+func (c *Cleaner) Plan() (Plan, error) {
+	return c.pass(context.Background(), false)
+}
+
+// Clean runs one full pass: scan both directories, plan, and remove what
+// the plan says, re-checking each entry right before removing it. It
+// returns the plan and the per-item errors joined; an error on one item
+// does not stop the others. Run calls it; tests call it after moving their
+// clock.
+func (c *Cleaner) Clean(ctx context.Context) (Plan, error) {
+	return c.pass(ctx, true)
+}
+
+func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	roots, entries, scanErr := c.scan()
+	defer func() {
+		for _, fd := range roots {
+			unix.Close(fd)
+		}
+	}()
+	c.track(entries, now, apply)
+
+	plan := PlanLogs(entries, c.state, c.cfg.PodLogGrace, now)
+	plan.DryRun = c.cfg.DryRun
+	if !apply {
+		return plan, scanErr
+	}
+	errs := []error{scanErr}
+	if scanErr != nil {
+		c.metrics.error("scan")
+	}
+	last := plan
+	last.Decisions = slices.Clone(plan.Decisions)
+	c.last.Store(&last)
+	c.metrics.pass(plan)
+
+	byKey := make(map[key]Entry, len(entries))
+	for _, e := range entries {
+		byKey[key{e.Kind, e.Name}] = e
+	}
+	for _, d := range plan.Decisions {
+		if d.Action != ActionRemove {
+			c.note(d)
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		dir := c.cfg.LogDir
+		if d.Kind == KindPodDir {
+			dir = c.cfg.PodLogDir
+		}
+		if err := c.remove(ctx, roots[d.Kind], dir, byKey[key{d.Kind, d.Name}], d); err != nil {
+			c.metrics.error("remove")
+			errs = append(errs, err)
+		}
+	}
+	return plan, errors.Join(errs...)
+}
+
+// scan opens both configured directories (the caller closes the fds in
+// roots; a missing directory has none) and scans them. Errors are joined;
+// what could be scanned is returned.
+func (c *Cleaner) scan() (roots map[Kind]int, entries []Entry, err error) {
+	roots = map[Kind]int{}
+	var errs []error
+	for kind, dir := range map[Kind]string{KindSymlink: c.cfg.LogDir, KindPodDir: c.cfg.PodLogDir} {
+		fd, err := openRoot(dir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if fd < 0 {
+			continue
+		}
+		roots[kind] = fd
+		es, err := scanDir(fd, dir, kind)
+		errs = append(errs, err)
+		if kind == KindPodDir {
+			mounted, err := mountedNames(fd)
+			errs = append(errs, err)
+			for i := range es {
+				es[i].Mounted = mounted[es[i].Name]
+			}
+		}
+		entries = append(entries, es...)
+	}
+	return roots, entries, errors.Join(errs...)
+}
+
+// track fills in FirstSeen and, when apply, remembers new entries and
+// forgets vanished ones.
+func (c *Cleaner) track(entries []Entry, now time.Time, apply bool) {
+	present := make(map[key]bool, len(entries))
+	for i := range entries {
+		k := key{entries[i].Kind, entries[i].Name}
+		present[k] = true
+		t := c.seen[k]
+		if t == nil {
+			t = &tracked{firstSeen: now}
+			if apply {
+				c.seen[k] = t
+			}
+		}
+		entries[i].FirstSeen = t.firstSeen
+	}
+	if apply {
+		for k := range c.seen {
+			if !present[k] {
+				delete(c.seen, k)
+			}
+		}
+	}
+}
+
+// note logs a kept entry once per notable reason it is kept for.
+func (c *Cleaner) note(d Decision) {
+	t := c.seen[key{d.Kind, d.Name}]
+	if t == nil || t.noted == d.Reason || !notable[d.Reason] {
+		return
+	}
+	t.noted = d.Reason
+	ev := c.log.Warn().Str("path", c.path(d)).Str("kind", string(d.Kind)).Str("reason", string(d.Reason))
+	if d.Detail != "" {
+		ev = ev.Str("detail", d.Detail)
+	}
+	ev.Msg("kept")
+}
+
+func (c *Cleaner) path(d Decision) string {
+	if d.Kind == KindPodDir {
+		return display(c.cfg.PodLogDir, d.Name)
+	}
+	return display(c.cfg.LogDir, d.Name)
+}
+
+// remove re-checks one entry the plan said to remove, removes it (or, in a
+// dry run, reports it once), logs, publishes and records it.
+func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, planned Decision) error {
+	path := c.path(planned)
+	fresh, gone, err := scanEntry(root, e.Kind, e.Name)
+	if err != nil {
+		return fmt.Errorf("re-check %s: %w", path, err)
+	}
+	if gone {
+		return nil
+	}
+	fresh.Mounted, fresh.FirstSeen = e.Mounted, e.FirstSeen
+	d := decide(fresh, c.state, c.cfg.PodLogGrace, c.now())
+	if d.Action != ActionRemove {
+		c.log.Info().Str("path", path).Str("reason", string(d.Reason)).Msg("kept on re-check")
+		return nil
+	}
+	t := c.seen[key{e.Kind, e.Name}]
+	if c.cfg.DryRun && t.dryRun {
+		return nil
+	}
+
+	var freed int64
+	if e.Kind == KindPodDir {
+		freed, err = removePodDir(root, dir, e.Name, c.cfg.DryRun)
+	} else {
+		err = removeLink(root, dir, e.Name, c.cfg.DryRun)
+	}
+	if errors.Is(err, errMount) {
+		if t.noted != ReasonMountPoint {
+			t.noted = ReasonMountPoint
+			c.log.Warn().Str("path", path).Str("kind", string(d.Kind)).Str("reason", string(ReasonMountPoint)).
+				Err(err).Msg("kept")
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", path, err)
+	}
+
+	at := c.now()
+	ev := c.log.Info().Str("path", path).Str("kind", string(d.Kind)).Str("reason", string(d.Reason))
+	if d.Container != "" {
+		ev = ev.Str("container", d.Container)
+	}
+	if d.UID != "" {
+		ev = ev.Str("uid", d.UID)
+	}
+	ev = ev.Int64("bytes", freed).Dur("latency", at.Sub(planned.EligibleAt))
+	if c.cfg.DryRun {
+		t.dryRun = true
+		ev.Bool("dryRun", true).Msg("would remove")
+	} else {
+		c.metrics.removal(d, at.Sub(planned.EligibleAt).Seconds())
+		ev.Msg("removed")
+	}
+	if c.pub != nil {
+		r := Removal{Kind: d.Kind, Dir: dir, Name: d.Name, Reason: d.Reason, Container: d.Container,
+			UID: d.UID, Bytes: freed, At: at, DryRun: c.cfg.DryRun}
+		if err := c.pub.PublishRemoval(ctx, r); err != nil {
+			c.metrics.error("publish")
+			c.log.Warn().Str("path", path).Err(err).Msg("publish removal")
+		}
+	}
+	return nil
+}
+
+// Run watches both directories and runs a pass at start, on every change in
+// them, on watcher errors and overflows (the pass is always a full rescan),
+// on Notify, and when the earliest grace deadline expires. A directory that
+// is missing or whose watch is lost (deleted, moved, unmounted) is watched
+// again as soon as it is back, retrying with backoff meanwhile. Run returns
+// nil when ctx is done, and an error only if the watcher cannot work.
+func (c *Cleaner) Run(ctx context.Context) error {
+	w, err := fsnotify.NewBufferedWatcher(1024)
+	if err != nil {
+		return fmt.Errorf("logs: new watcher: %w", err)
+	}
+	defer w.Close()
+
+	armed := map[string]bool{}
+	var retry time.Duration
+	timer := time.NewTimer(0) // first pass now
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("logs: watcher closed")
+			}
+			c.log.Debug().Str("event", ev.String()).Msg("fsnotify")
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("logs: watcher closed")
+			}
+			c.watchError(err)
+		case <-c.kick:
+		case <-timer.C:
+		}
+		c.drain(w)
+
+		// Watch first, then scan: nothing changed between is missed.
+		missing := c.arm(w, armed)
+		plan, err := c.Clean(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			c.log.Error().Err(err).Msg("pass")
+		}
+
+		wait := time.Duration(-1)
+		if !plan.Next.IsZero() {
+			wait = max(plan.Next.Sub(c.now()), 0)
+		}
+		if missing {
+			retry = min(max(2*retry, time.Second), time.Minute)
+			if wait < 0 || retry < wait {
+				wait = retry
+			}
+		} else {
+			retry = 0
+		}
+		if wait >= 0 {
+			timer.Reset(wait)
+		} else {
+			timer.Stop()
+		}
+	}
+}
+
+// drain swallows what is already queued: the coming pass covers it.
+func (c *Cleaner) drain(w *fsnotify.Watcher) {
+	for {
+		select {
+		case _, ok := <-w.Events:
+			if !ok {
+				return
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			c.watchError(err)
+		case <-c.kick:
+		default:
+			return
+		}
+	}
+}
+
+func (c *Cleaner) watchError(err error) {
+	c.metrics.error("watch")
+	if errors.Is(err, fsnotify.ErrEventOverflow) {
+		c.log.Warn().Err(err).Msg("watcher overflow, full rescan")
+		return
+	}
+	c.log.Error().Err(err).Msg("watcher error, full rescan")
+}
+
+// arm watches each configured directory not watched yet and reports whether
+// one could not be. armed remembers the last outcome per directory, so that
+// only changes are logged.
+func (c *Cleaner) arm(w *fsnotify.Watcher, armed map[string]bool) (missing bool) {
+	list := w.WatchList()
+	for _, dir := range []string{c.cfg.LogDir, c.cfg.PodLogDir} {
+		if slices.Contains(list, dir) {
+			continue
+		}
+		err := w.Add(dir)
+		if prev, logged := armed[dir]; !logged || prev != (err == nil) {
+			if err == nil {
+				c.log.Info().Str("path", dir).Msg("watching")
+			} else {
+				c.log.Warn().Str("path", dir).Err(err).Msg("cannot watch, retrying")
+			}
+		}
+		armed[dir] = err == nil
+		if err != nil {
+			missing = true
+			if !errors.Is(err, fs.ErrNotExist) {
+				c.metrics.error("watch")
+			}
+		}
+	}
+	return missing
+}

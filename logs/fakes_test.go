@@ -1,0 +1,238 @@
+package logs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	_ State     = (*fakeState)(nil)
+	_ Publisher = (*fakePublisher)(nil)
+)
+
+// fakeState is a hand-written projection.
+type fakeState struct {
+	mu         sync.Mutex
+	synced     bool
+	containers map[string]bool // id -> running
+	pods       map[string]fakePod
+}
+
+type fakePod struct {
+	alive     bool
+	goneSince time.Time
+}
+
+func newFakeState() *fakeState {
+	return &fakeState{synced: true, containers: map[string]bool{}, pods: map[string]fakePod{}}
+}
+
+func (s *fakeState) Synced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced
+}
+
+func (s *fakeState) ContainerState(id string) (running, known bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	running, known = s.containers[id]
+	return running, known
+}
+
+func (s *fakeState) PodState(uid string) (alive bool, goneSince time.Time, known bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, known := s.pods[uid]
+	return p.alive, p.goneSince, known
+}
+
+func (s *fakeState) setContainer(id string, running bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.containers[id] = running
+}
+
+func (s *fakeState) setPod(uid string, p fakePod) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pods[uid] = p
+}
+
+// fakeClock is stepped by tests; nothing sleeps.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+type fakePublisher struct {
+	mu       sync.Mutex
+	removals []Removal
+}
+
+func (p *fakePublisher) PublishRemoval(_ context.Context, r Removal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.removals = append(p.removals, r)
+	return nil
+}
+
+func (p *fakePublisher) all() []Removal {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Removal(nil), p.removals...)
+}
+
+// snapshot describes every entry under root without following symlinks:
+// type and mode, link target, sha256 of file contents. It reads through
+// mount points, so mounted content is covered too.
+func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		desc := info.Mode().String()
+		switch {
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			desc += " -> " + target
+		case info.Mode().IsRegular():
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256(data)
+			desc += " " + hex.EncodeToString(sum[:])
+		}
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("snapshot %s: %v", root, err)
+	}
+	return out
+}
+
+// without returns snap minus the given entries and everything under them.
+func without(snap map[string]string, gone ...string) map[string]string {
+	out := map[string]string{}
+next:
+	for k, v := range snap {
+		for _, g := range gone {
+			if k == g || strings.HasPrefix(k, g+"/") {
+				continue next
+			}
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func diffSnap(want, got map[string]string) string {
+	var b strings.Builder
+	for k, v := range want {
+		if g, ok := got[k]; !ok {
+			fmt.Fprintf(&b, "missing %q (%s)\n", k, v)
+		} else if g != v {
+			fmt.Fprintf(&b, "changed %q: %s -> %s\n", k, v, g)
+		}
+	}
+	for k, v := range got {
+		if _, ok := want[k]; !ok {
+			fmt.Fprintf(&b, "unexpected %q (%s)\n", k, v)
+		}
+	}
+	return b.String()
+}
+
+// canMount reports whether mount tests can run: as root they do; otherwise
+// they are skipped, except under CI=true where that is a failure.
+func canMount(t *testing.T) bool {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return true
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("mount tests need root and CI=true forbids skipping them: run `make test` as root")
+	}
+	t.Log("not root: skipping the bind-mount parts (run `make test` as root)")
+	return false
+}
+
+// bindMount bind-mounts src on dst and unmounts it at cleanup.
+func bindMount(t *testing.T, src, dst string) {
+	t.Helper()
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("mount --bind %s %s: %v", src, dst, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dst, unix.MNT_DETACH); err != nil {
+			t.Errorf("umount %s: %v", dst, err)
+		}
+	})
+}
+
+func mkdirAll(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	mkdirAll(t, filepath.Dir(path))
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func symlink(t *testing.T, target, path string) {
+	t.Helper()
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// cid returns a 64-hex container id that starts with prefix (hex digits).
+func cid(prefix string) string {
+	return prefix + strings.Repeat("0", 64-len(prefix))
+}

@@ -1,0 +1,78 @@
+package logs
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the Cleaner's Prometheus metrics. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	removed *prometheus.CounterVec   // kind, reason
+	skipped *prometheus.GaugeVec     // kind, reason
+	errors  *prometheus.CounterVec   // op
+	latency *prometheus.HistogramVec // kind
+	passes  prometheus.Counter
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: not
+// registered). It fails if reg already holds them.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_logs_removed_total",
+			Help: "Log symlinks and pod log dirs removed, by kind and reason (dry runs excluded).",
+		}, []string{"kind", "reason"}),
+		skipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gcagent_logs_skipped",
+			Help: "Entries kept by the last pass, by kind and reason (waiting ones have reason grace).",
+		}, []string{"kind", "reason"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_logs_errors_total",
+			Help: "Errors, by operation: scan, remove, publish, watch.",
+		}, []string{"op"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gcagent_logs_removal_latency_seconds",
+			Help:    "Time from an entry becoming removable to its removal.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10), // 10ms .. ~44min
+		}, []string{"kind"}),
+		passes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gcagent_logs_passes_total",
+			Help: "Full scan-plan-apply passes over both directories.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.removed, m.skipped, m.errors, m.latency, m.passes} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) pass(p Plan) {
+	if m == nil {
+		return
+	}
+	m.passes.Inc()
+	m.skipped.Reset()
+	for _, d := range p.Decisions {
+		if d.Action != ActionRemove {
+			m.skipped.WithLabelValues(string(d.Kind), string(d.Reason)).Inc()
+		}
+	}
+}
+
+func (m *Metrics) removal(d Decision, seconds float64) {
+	if m == nil {
+		return
+	}
+	m.removed.WithLabelValues(string(d.Kind), string(d.Reason)).Inc()
+	m.latency.WithLabelValues(string(d.Kind)).Observe(seconds)
+}
+
+func (m *Metrics) error(op string) {
+	if m != nil {
+		m.errors.WithLabelValues(op).Inc()
+	}
+}

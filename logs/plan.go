@@ -1,0 +1,277 @@
+package logs
+
+import (
+	"cmp"
+	"errors"
+	"io/fs"
+	"slices"
+	"strings"
+	"time"
+)
+
+// State is what the planner needs to know about the runtime. Implementations
+// must be safe for concurrent use; the projection owner provides one.
+type State interface {
+	// Synced reports whether the projection has listed the runtime at least
+	// once. Nothing is removed before it has.
+	Synced() bool
+	// ContainerState reports whether a container may still write its log
+	// (running: true for any container whose task is not known to have
+	// exited, created ones included, as the kubelet keeps the link of any
+	// container that is not exited) and whether the container is known at
+	// all. id is the id parsed from a link name: the full id, except for a
+	// name the kubelet truncated to 255 bytes, where it may be a prefix.
+	ContainerState(id string) (running, known bool)
+	// PodState reports whether a sandbox of pod uid exists, since when the
+	// last one is gone (zero while alive or unknown), and whether the uid is
+	// known at all.
+	PodState(uid string) (alive bool, goneSince time.Time, known bool)
+}
+
+// Kind names the rule that applies to an entry: KindSymlink for the entries
+// of LogDir, KindPodDir for the entries of PodLogDir.
+type Kind string
+
+// Entry kinds.
+const (
+	KindSymlink Kind = "symlink"
+	KindPodDir  Kind = "poddir"
+)
+
+// Action is what the planner decided for an entry.
+type Action string
+
+// Actions. Wait is a keep with a deadline after which the entry is
+// removable if nothing else changed.
+const (
+	ActionRemove Action = "remove"
+	ActionKeep   Action = "keep"
+	ActionWait   Action = "wait"
+)
+
+// Reason explains a decision; it is a metric label, so the set is closed.
+type Reason string
+
+// Reasons to remove.
+const (
+	ReasonContainerExited  Reason = "container-exited"  // dangling link, container known and exited
+	ReasonContainerUnknown Reason = "container-unknown" // dangling link, container unknown for the grace
+	ReasonPodGone          Reason = "pod-gone"          // no sandbox of the uid for the grace
+	ReasonPodUnknown       Reason = "pod-unknown"       // uid never known, dir seen for the grace
+)
+
+// Reasons to keep or wait.
+const (
+	ReasonNotLog           Reason = "not-log"           // LogDir entry not named *.log
+	ReasonNotSymlink       Reason = "not-symlink"       // LogDir *.log entry that is not a symlink
+	ReasonTargetExists     Reason = "target-exists"     // the link's target exists
+	ReasonTargetError      Reason = "target-error"      // stat through the link failed, not with ENOENT (ELOOP, EACCES, ...)
+	ReasonNotDirectory     Reason = "not-directory"     // PodLogDir entry that is not a directory (a symlink to one included)
+	ReasonBadName          Reason = "bad-name"          // no valid container id or pod uid in the name
+	ReasonNotSynced        Reason = "not-synced"        // projection not synced yet
+	ReasonContainerRunning Reason = "container-running" // container not exited (log rotation window)
+	ReasonTruncatedName    Reason = "truncated-name"    // unknown container but the id may be a prefix
+	ReasonPodAlive         Reason = "pod-alive"         // a sandbox of the uid exists
+	ReasonMountPoint       Reason = "mount-point"       // a mount point is at or under the pod dir
+	ReasonGrace            Reason = "grace"             // removable at EligibleAt
+)
+
+// Entry is one scanned directory entry, the planner's whole view of it.
+type Entry struct {
+	Kind Kind
+	// Name is the raw entry name (any bytes but '/' and NUL).
+	Name string
+	// Type holds the type bits of lstat: 0 for a regular file,
+	// fs.ModeSymlink, fs.ModeDir, ...
+	Type fs.FileMode
+	// TargetErr is, for a *.log symlink of LogDir, the error of stat through
+	// the link: nil when the target exists; ENOENT means dangling.
+	TargetErr error
+	// Mounted is, for a pod dir, whether a mount point is at or under it.
+	Mounted bool
+	// FirstSeen is when the agent first saw the entry; the grace of objects
+	// the projection does not know counts from it.
+	FirstSeen time.Time
+}
+
+// Decision is the planner's verdict on one entry.
+type Decision struct {
+	Kind      Kind   `json:"kind"`
+	Name      string `json:"name"` // relative to its directory; JSON replaces invalid UTF-8
+	Action    Action `json:"action"`
+	Reason    Reason `json:"reason"`
+	Detail    string `json:"detail,omitempty"`
+	Container string `json:"container,omitempty"`
+	UID       string `json:"uid,omitempty"`
+	// EligibleAt is when the entry became (or, waiting, becomes) removable.
+	EligibleAt time.Time `json:"eligibleAt,omitzero"`
+}
+
+// Plan lists a decision for every scanned entry, sorted by kind and name.
+type Plan struct {
+	At        time.Time  `json:"at"`
+	Synced    bool       `json:"synced"`
+	DryRun    bool       `json:"dryRun"`
+	Decisions []Decision `json:"decisions"`
+	// Next is the earliest deadline of a waiting entry; zero if none.
+	Next time.Time `json:"next,omitzero"`
+}
+
+// maxNameLen is the kubelet's ext4MaxFileNameLen: longer link names are
+// truncated to it, cutting into the container id.
+const maxNameLen = 255
+
+// PlanLogs decides, for every entry, whether to remove it now, keep it or
+// wait for a deadline, following the kubelet's rules (KUBELET-GC.md 2.4 and
+// 2.5) made conservative. It does no I/O besides calling st.
+func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Plan {
+	p := Plan{At: now, Synced: st.Synced(), Decisions: make([]Decision, 0, len(entries))}
+	for _, e := range entries {
+		d := decide(e, st, grace, now)
+		if d.Action == ActionWait && (p.Next.IsZero() || d.EligibleAt.Before(p.Next)) {
+			p.Next = d.EligibleAt
+		}
+		p.Decisions = append(p.Decisions, d)
+	}
+	slices.SortFunc(p.Decisions, func(a, b Decision) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Name, b.Name))
+	})
+	return p
+}
+
+func decide(e Entry, st State, grace time.Duration, now time.Time) Decision {
+	if e.Kind == KindPodDir {
+		return decidePodDir(e, st, grace, now)
+	}
+	return decideLink(e, st, grace, now)
+}
+
+func decideLink(e Entry, st State, grace time.Duration, now time.Time) Decision {
+	d := Decision{Kind: KindSymlink, Name: e.Name, Action: ActionKeep}
+	switch {
+	case !strings.HasSuffix(e.Name, ".log"):
+		d.Reason = ReasonNotLog
+		return d
+	case e.Type != fs.ModeSymlink:
+		d.Reason = ReasonNotSymlink
+		return d
+	case e.TargetErr == nil:
+		d.Reason = ReasonTargetExists
+		return d
+	case !errors.Is(e.TargetErr, fs.ErrNotExist):
+		// ELOOP, ENOTDIR, EACCES...: the kubelet's os.IsNotExist is false for
+		// them too, so the link is not dangling.
+		d.Reason, d.Detail = ReasonTargetError, e.TargetErr.Error()
+		return d
+	}
+	id, ok := ContainerID(e.Name)
+	if !ok {
+		// The kubelet removes such a link anyway; it is not one of its links,
+		// so it is not ours to remove.
+		d.Reason = ReasonBadName
+		return d
+	}
+	d.Container = id
+	if !st.Synced() {
+		d.Reason = ReasonNotSynced
+		return d
+	}
+	running, known := st.ContainerState(id)
+	switch {
+	case running:
+		d.Reason = ReasonContainerRunning
+	case known:
+		d.Action, d.Reason, d.EligibleAt = ActionRemove, ReasonContainerExited, now
+	case len(e.Name) >= maxNameLen:
+		d.Reason = ReasonTruncatedName
+	default:
+		d.Reason = ReasonContainerUnknown
+		waitOrRemove(&d, e.FirstSeen.Add(grace), now)
+	}
+	return d
+}
+
+func decidePodDir(e Entry, st State, grace time.Duration, now time.Time) Decision {
+	d := Decision{Kind: KindPodDir, Name: e.Name, Action: ActionKeep}
+	if e.Type != fs.ModeDir {
+		d.Reason = ReasonNotDirectory
+		return d
+	}
+	uid, ok := PodUID(e.Name)
+	if !ok {
+		d.Reason = ReasonBadName
+		return d
+	}
+	d.UID = uid
+	if !st.Synced() {
+		d.Reason = ReasonNotSynced
+		return d
+	}
+	alive, goneSince, known := st.PodState(uid)
+	if alive {
+		d.Reason = ReasonPodAlive
+		return d
+	}
+	if e.Mounted {
+		d.Reason = ReasonMountPoint
+		return d
+	}
+	since, reason := e.FirstSeen, ReasonPodUnknown
+	if known {
+		reason = ReasonPodGone
+		if !goneSince.IsZero() {
+			since = goneSince
+		}
+	}
+	d.Reason = reason
+	waitOrRemove(&d, since.Add(grace), now)
+	return d
+}
+
+// waitOrRemove turns d into a removal at deadline, or a wait until it.
+func waitOrRemove(d *Decision, deadline, now time.Time) {
+	d.EligibleAt = deadline
+	if now.Before(deadline) {
+		d.Action, d.Reason = ActionWait, ReasonGrace
+		return
+	}
+	d.Action = ActionRemove
+}
+
+// ContainerID parses the container id out of a kubelet log link name
+// (<pod>_<namespace>_<container>-<id>.log): the last '-' field without
+// ".log". It must be at least 6 characters (the kubelet's rule) of letters
+// and digits only (runtime ids are hex); ok is false otherwise.
+func ContainerID(name string) (id string, ok bool) {
+	base, found := strings.CutSuffix(name, ".log")
+	if !found {
+		return "", false
+	}
+	id = base[strings.LastIndexByte(base, '-')+1:]
+	if len(id) < 6 || !isToken(id, false) {
+		return "", false
+	}
+	return id, true
+}
+
+// PodUID parses the pod uid out of a pod log dir name
+// (<namespace>_<name>_<uid>, or a plain <uid>): the last '_' field. It must
+// be letters, digits and '-' only (UUIDs, and hex hashes for static pods), so
+// lost+found and the like are never taken for pods; ok is false otherwise.
+func PodUID(name string) (uid string, ok bool) {
+	uid = name[strings.LastIndexByte(name, '_')+1:]
+	if uid == "" || !isToken(uid, true) {
+		return "", false
+	}
+	return uid, true
+}
+
+func isToken(s string, dash bool) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || dash && c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,182 @@
+package logs
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// openRoot opens a configured directory. The configured path itself may go
+// through symlinks (it is configuration); nothing below it is followed.
+// A missing directory is not an error: fd is -1.
+func openRoot(path string) (fd int, err error) {
+	fd, err = unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return -1, nil
+	}
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+// readNames lists the entry names of an open directory as raw bytes, "." and
+// ".." excluded. The fd must not have been read before.
+func readNames(fd int) ([]string, error) {
+	var names []string
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := unix.ReadDirent(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return names, err
+		}
+		if n <= 0 {
+			return names, nil
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+	}
+}
+
+// fileType maps st_mode to the type bits of fs.FileMode.
+func fileType(mode uint32) fs.FileMode {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return 0
+	case unix.S_IFDIR:
+		return fs.ModeDir
+	case unix.S_IFLNK:
+		return fs.ModeSymlink
+	case unix.S_IFIFO:
+		return fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		return fs.ModeSocket
+	case unix.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		return fs.ModeDevice
+	}
+	return fs.ModeIrregular
+}
+
+// scanEntry looks at one entry of root without following it, and for a
+// *.log symlink of LogDir also stats through it. gone is true when the
+// entry does not exist (any more).
+func scanEntry(root int, kind Kind, name string) (e Entry, gone bool, err error) {
+	var st unix.Stat_t
+	err = unix.Fstatat(root, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	if errors.Is(err, unix.ENOENT) {
+		return Entry{}, true, nil
+	}
+	if err != nil {
+		return Entry{}, false, err
+	}
+	e = Entry{Kind: kind, Name: name, Type: fileType(st.Mode)}
+	if kind == KindSymlink && e.Type == fs.ModeSymlink && strings.HasSuffix(name, ".log") {
+		var target unix.Stat_t
+		// Following is a read: it tells dangling from not. No automount.
+		if err := unix.Fstatat(root, name, &target, unix.AT_NO_AUTOMOUNT); err != nil {
+			e.TargetErr = err
+		}
+	}
+	return e, false, nil
+}
+
+// scanDir scans every entry of root. Per-entry errors are collected and the
+// scan goes on; path is for messages only.
+func scanDir(root int, path string, kind Kind) ([]Entry, error) {
+	names, err := readNames(root)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	entries := make([]Entry, 0, len(names))
+	var errs []error
+	for _, name := range names {
+		e, gone, err := scanEntry(root, kind, name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("lstat %s: %w", display(path, name), err))
+			continue
+		}
+		if !gone {
+			entries = append(entries, e)
+		}
+	}
+	return entries, errors.Join(errs...)
+}
+
+// mountedNames returns the names of the entries of the directory open as
+// root that are, or contain, a mount point according to
+// /proc/self/mountinfo. The walk before a removal checks again with statx;
+// this makes the plan say why.
+func mountedNames(root int) (map[string]bool, error) {
+	dir, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(root))
+	if err != nil {
+		return nil, fmt.Errorf("resolve pod log dir: %w", err)
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	return parseMountinfo(data, dir), nil
+}
+
+// parseMountinfo returns the first path component below dir of every mount
+// point under dir.
+func parseMountinfo(data []byte, dir string) map[string]bool {
+	prefix := strings.TrimSuffix(dir, "/") + "/"
+	names := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options...
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeOctal(fields[4])
+		if rest, ok := strings.CutPrefix(mp, prefix); ok && rest != "" {
+			name, _, _ := strings.Cut(rest, "/")
+			names[name] = true
+		}
+	}
+	return names
+}
+
+// unescapeOctal undoes the kernel's \ooo escaping of space, tab, newline and
+// backslash in mountinfo paths.
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// display renders dir/name for logs and errors, quoting names that are not
+// valid UTF-8 or hold control characters so that every byte stays visible.
+func display(dir, name string) string {
+	q := strconv.Quote(name)
+	if q[1:len(q)-1] != name {
+		name = q
+	}
+	return dir + "/" + name
+}
