@@ -54,8 +54,9 @@ func criContainer(d time.Duration, id, image, uid, name, sb string) events.Conta
 		PodUID: uid, PodName: "pod-" + uid, PodNamespace: "default", ContainerName: name, SandboxID: sb, Created: at(d)}
 }
 
+// start starts a run; each run gets its own pid, as on a real node.
 func start(d time.Duration, id string) events.TaskStarted {
-	return events.TaskStarted{At: at(d), ContainerID: id, Pid: 42}
+	return events.TaskStarted{At: at(d), ContainerID: id, Pid: 1000 + uint32(d/time.Second)}
 }
 
 func exit(d time.Duration, id string) events.TaskExited {
