@@ -1,0 +1,16 @@
+package gc
+
+import (
+	"github.com/containerd/containerd/v2/client"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Runtime is the node's containerd and its CRI plugin: the concrete side of
+// the executors' small interfaces. CRI-managed objects are deleted through
+// CRI so that CRI keeps no stale state; everything else through containerd.
+type Runtime struct {
+	Client    *client.Client
+	CRI       runtime.RuntimeServiceClient
+	CRIImages runtime.ImageServiceClient
+	Namespace string
+}
