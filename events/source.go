@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -453,13 +452,14 @@ func (s *Source) criExits(ctx context.Context, l *Listing) {
 	}
 }
 
-// DialCRI opens a CRI runtime client on containerd's socket.
-func DialCRI(address string) (runtime.RuntimeServiceClient, io.Closer, error) {
+// DialCRI opens a gRPC connection for CRI clients on containerd's socket.
+// It does not dial until the first call.
+func DialCRI(address string) (*grpc.ClientConn, error) {
 	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, nil, fmt.Errorf("cri %s: %w", address, err)
+		return nil, fmt.Errorf("cri %s: %w", address, err)
 	}
-	return runtime.NewRuntimeServiceClient(conn), conn, nil
+	return conn, nil
 }
 
 func taskStatus(st tasktypes.Status) TaskStatus {

@@ -14,12 +14,14 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 func newLogger(cfg Config, w io.Writer) zerolog.Logger {
@@ -33,11 +35,16 @@ func newLogger(cfg Config, w io.Writer) zerolog.Logger {
 	return zerolog.New(w).Level(level).With().Timestamp().Str("node", cfg.NodeName).Logger()
 }
 
-// agent is the running daemon's parts, for the HTTP handlers.
+// agent is the running daemon's parts. Each component (image GC, container
+// GC, logs, NATS) adds its field and starts from run.
 type agent struct {
-	cfg    Config
-	live   *projection.Live
-	source *events.Source
+	cfg     Config
+	log     zerolog.Logger
+	reg     *prometheus.Registry
+	live    *projection.Live
+	source  *events.Source
+	runtime gc.Runtime
+	pub     gc.Publisher
 }
 
 // run is the daemon: it returns when ctx ends or a part fails for good.
@@ -67,11 +74,12 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return fmt.Errorf("containerd client: %w", err)
 	}
 	defer cl.Close()
-	cri, criConn, err := events.DialCRI(cfg.ContainerdAddress)
+	criConn, err := events.DialCRI(cfg.ContainerdAddress)
 	if err != nil {
 		return err
 	}
 	defer criConn.Close()
+	cri := runtimeapi.NewRuntimeServiceClient(criConn)
 	src := events.NewSource(events.Options{
 		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
 		KnownSize: func(digest string) (n int64) {
@@ -84,7 +92,8 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
-	a := &agent{cfg: cfg, live: live, source: src}
+	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{},
+		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
 
 	ln, err := net.Listen("tcp", cfg.MetricsAddress)
 	if err != nil {
@@ -99,6 +108,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	evs := make(chan events.Event, 1024)
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
+	// Components that act on the projection start here, one g.Go each.
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
