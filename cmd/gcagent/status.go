@@ -72,7 +72,7 @@ func printReport(w io.Writer, rep projection.Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tUSERS\tPINNED")
 	for _, img := range rep.Images {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%v\n", strings.Join(img.Names, ","), projection.ShortDigest(img.Digest),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%v\n", displayNames(img.Names), projection.ShortDigest(img.Digest),
 			humanBytes(img.Size), ago(img.FirstSeen), ago(img.LastUsed), len(img.Users), img.Pinned)
 	}
 	tw.Flush()
@@ -94,6 +94,21 @@ func printReport(w io.Writer, rep projection.Report) {
 		fmt.Fprintf(tw, "%s\t%s/%s\t%v\t%d\n", p.UID, p.Namespace, p.Name, p.Alive, len(p.Sandboxes))
 	}
 	tw.Flush()
+}
+
+// displayNames joins an image's names, leaving out CRI's sha256:<config>
+// id name when the image has another.
+func displayNames(names []string) string {
+	var shown []string
+	for _, n := range names {
+		if !strings.HasPrefix(n, "sha256:") {
+			shown = append(shown, n)
+		}
+	}
+	if len(shown) == 0 {
+		shown = names
+	}
+	return strings.Join(shown, ",")
 }
 
 func short(id string) string {
