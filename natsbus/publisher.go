@@ -1,0 +1,612 @@
+package natsbus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// Publisher defaults; a zero field in PublisherOptions takes these.
+const (
+	DefaultCluster = "default"
+	DefaultStream  = "GCAGENT_EVT"
+	// DefaultMaxAge is how long an event may wait in the outbox for NATS: the
+	// longest retry horizon.
+	DefaultMaxAge = 24 * time.Hour
+	// DefaultDuplicateWindow equals DefaultMaxAge, so that any retry the outbox
+	// still makes falls inside JetStream's duplicate window.
+	DefaultDuplicateWindow = DefaultMaxAge
+	DefaultMaxEntries      = 100_000
+	DefaultMaxBytes        = 64 << 20
+	DefaultStreamMaxAge    = 7 * 24 * time.Hour
+	DefaultStreamMaxBytes  = 1 << 30
+	DefaultAckTimeout      = 5 * time.Second
+	DefaultCloseTimeout    = 5 * time.Second
+)
+
+const (
+	batchSize       = 256                    // events in flight per round
+	retryMin        = 100 * time.Millisecond // first wait after a failed round
+	retryMax        = 5 * time.Second        // longest wait after failed rounds
+	reprobeInterval = 30 * time.Second       // how often core mode checks whether JetStream appeared
+)
+
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("natsbus: publisher closed")
+
+var errNotConnected = errors.New("natsbus: not connected to NATS")
+
+// PublisherOptions configures a Publisher; zero fields take the defaults.
+type PublisherOptions struct {
+	// Cluster is the cluster name in subjects and the event source. Default "default".
+	Cluster string
+	// Node is the node name in subjects, the event source and the Gcagent-Node header. Required.
+	Node string
+	// StateDir holds the outbox file (StateDir/outbox.db). Required.
+	StateDir string
+
+	// Stream is the JetStream stream that stores the events. Default "GCAGENT_EVT".
+	Stream string
+	// NoCreateStream means the stream is managed elsewhere and must already exist. Default false.
+	NoCreateStream bool
+	// DuplicateWindow is the created stream's dedupe window; it must be at least MaxAge. Default 24h.
+	DuplicateWindow time.Duration
+	// StreamMaxAge bounds the age of events in a created stream. Default 7 days.
+	StreamMaxAge time.Duration
+	// StreamMaxBytes bounds the size of a created stream. Default 1 GiB.
+	StreamMaxBytes int64
+
+	// MaxEntries bounds the outbox's event count; the oldest are dropped beyond it. Default 100000.
+	MaxEntries int
+	// MaxBytes bounds the outbox's stored bytes; the oldest are dropped beyond it. Default 64 MiB.
+	MaxBytes int64
+	// MaxAge is how long an event may wait in the outbox before it is dropped unsent. Default 24h.
+	MaxAge time.Duration
+	// AckTimeout bounds the wait for one JetStream ack or core flush. Default 5s.
+	AckTimeout time.Duration
+	// CloseTimeout bounds how long Close keeps sending what is left. Default 5s.
+	CloseTimeout time.Duration
+
+	// Logger receives the publisher's logs (component=natsbus is added). Default: no logs.
+	Logger zerolog.Logger
+	// Metrics receives the publisher's metrics. Default: unregistered metrics.
+	Metrics *Metrics
+	// Now is the clock for event times and outbox ages. Default time.Now.
+	Now func() time.Time
+}
+
+func (o *PublisherOptions) setDefaults() {
+	if o.Cluster == "" {
+		o.Cluster = DefaultCluster
+	}
+	if o.Stream == "" {
+		o.Stream = DefaultStream
+	}
+	if o.MaxAge == 0 {
+		o.MaxAge = DefaultMaxAge
+	}
+	if o.DuplicateWindow == 0 {
+		o.DuplicateWindow = max(DefaultDuplicateWindow, o.MaxAge)
+	}
+	if o.StreamMaxAge == 0 {
+		o.StreamMaxAge = max(DefaultStreamMaxAge, o.DuplicateWindow)
+	}
+	if o.StreamMaxBytes == 0 {
+		o.StreamMaxBytes = DefaultStreamMaxBytes
+	}
+	if o.MaxEntries == 0 {
+		o.MaxEntries = DefaultMaxEntries
+	}
+	if o.MaxBytes == 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.AckTimeout == 0 {
+		o.AckTimeout = DefaultAckTimeout
+	}
+	if o.CloseTimeout == 0 {
+		o.CloseTimeout = DefaultCloseTimeout
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Validate reports the first invalid field of o, after defaults, as one clear error.
+func (o PublisherOptions) Validate() error {
+	o.setDefaults()
+	switch {
+	case o.Node == "":
+		return errors.New("natsbus: node name is required")
+	case !printable(o.Node) || !printable(o.Cluster):
+		return fmt.Errorf("natsbus: cluster %q and node %q must be printable", o.Cluster, o.Node)
+	case o.StateDir == "":
+		return errors.New("natsbus: state dir is required")
+	case SafeToken(o.Stream) != o.Stream || strings.ContainsAny(o.Stream, "/\\"):
+		return fmt.Errorf("natsbus: invalid stream name %q", o.Stream)
+	case o.MaxEntries < 0 || o.MaxBytes < 0 || o.MaxAge < 0 || o.AckTimeout < 0 || o.CloseTimeout < 0 ||
+		o.DuplicateWindow < 0 || o.StreamMaxAge < 0 || o.StreamMaxBytes < 0:
+		return errors.New("natsbus: outbox and stream bounds and timeouts must not be negative")
+	case o.DuplicateWindow < o.MaxAge:
+		return fmt.Errorf("natsbus: duplicate window %s is shorter than the outbox max age %s: a retry after a long outage could store an event twice", o.DuplicateWindow, o.MaxAge)
+	case o.StreamMaxAge < o.DuplicateWindow:
+		return fmt.Errorf("natsbus: stream max age %s is shorter than the duplicate window %s", o.StreamMaxAge, o.DuplicateWindow)
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// Publisher publishes actions as CloudEvents through a durable outbox: Publish
+// stores the event and returns, a sender goroutine delivers stored events in
+// order and removes each only after JetStream acked it (or, without
+// JetStream, after a core flush). It is safe for concurrent use.
+type Publisher struct {
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	ob   *outbox
+	opts PublisherOptions
+	log  zerolog.Logger
+	m    *Metrics
+
+	mode       atomic.Value // string: last mode the sender established
+	connected  atomic.Bool  // the connection's state, kept by watch without taking the connection's lock
+	maxPayload atomic.Int64 // the server's max payload, learned by the sender; 0 until known
+	status     chan nats.Status
+	wake       chan struct{} // nudges the sender after Publish
+	statusWake chan struct{} // nudges the sender after a connection status change
+	closing    chan struct{} // closed by Close
+	closeOnce  sync.Once
+	closeErr   error
+	cancel     context.CancelFunc
+	done       chan struct{} // closed when the sender has returned
+
+	// Owned by the sender goroutine.
+	sendMode   string // ModeJetStream or ModeCore once probed; "" means probe before sending
+	reconnects uint64 // nc reconnect count at the last probe
+	lastProbe  time.Time
+	maxSent    uint64 // highest outbox sequence this process has sent
+	lastErr    string // last error logged by the sender, to log each one once
+	warnedDup  bool
+}
+
+// NewPublisher opens the outbox under opts.StateDir and starts the sender on
+// nc, which the caller keeps owning and closes after Close; events left in the
+// outbox by an earlier Publisher are sent first. It fails on invalid options
+// or when the outbox cannot be opened (for example, another process holds it).
+func NewPublisher(nc *nats.Conn, opts PublisherOptions) (*Publisher, error) {
+	if nc == nil {
+		return nil, errors.New("natsbus: nil NATS connection")
+	}
+	opts.setDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	m := opts.Metrics
+	if m == nil {
+		m, _ = NewMetrics(nil) // never fails without a registerer
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
+		jetstream.WithPublishAsyncMaxPending(2*batchSize))
+	if err != nil {
+		return nil, fmt.Errorf("natsbus: jetstream: %w", err)
+	}
+	ob, err := openOutbox(filepath.Join(opts.StateDir, OutboxFile), limits{
+		maxEntries: opts.MaxEntries, maxBytes: opts.MaxBytes, maxAge: opts.MaxAge,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{
+		nc: nc, js: js, ob: ob, opts: opts, m: m,
+		log:        opts.Logger.With().Str("component", "natsbus").Logger(),
+		status:     nc.StatusChanged(),
+		wake:       make(chan struct{}, 1),
+		statusWake: make(chan struct{}, 1),
+		closing:    make(chan struct{}),
+		cancel:     cancel,
+		done:       make(chan struct{}),
+	}
+	p.connected.Store(nc.IsConnected()) // after subscribing to changes, so none is missed
+	p.mode.Store(ModeDisconnected)
+	m.setMode(ModeDisconnected)
+	n, _ := ob.depth()
+	m.depth.Set(float64(n))
+	if n > 0 {
+		p.log.Info().Int("depth", n).Msg("outbox holds events from an earlier run; sending them first")
+	}
+	go p.watch()
+	go p.run(ctx)
+	return p, nil
+}
+
+// Publish stores the action's event in the outbox (fsync'd) and returns
+// without waiting for NATS; it fails only when the action is invalid, its
+// event is larger than the outbox or NATS allow, the outbox cannot be written,
+// or the Publisher is closed. When the outbox is over a bound it drops its
+// oldest events, logs one error line and counts them.
+func (p *Publisher) Publish(a Action) error {
+	select {
+	case <-p.closing:
+		return ErrClosed
+	default:
+	}
+	if a.Key == "" {
+		a.Key = randomKey()
+	}
+	now := p.opts.Now()
+	ev, err := NewEvent(p.opts.Cluster, p.opts.Node, a, now)
+	if err != nil {
+		return err
+	}
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("natsbus: marshal event %s: %w", ev.ID, err)
+	}
+	// Not nc.MaxPayload(): it takes the connection's lock, which a reconnect attempt holds while it dials.
+	if mp := p.maxPayload.Load(); mp > 0 && int64(len(payload)) > mp {
+		return fmt.Errorf("natsbus: event %s is %d bytes, more than the NATS max payload %d", ev.ID, len(payload), mp)
+	}
+	d, err := p.ob.append(entry{
+		at: now, ID: ev.ID, Kind: a.Kind, Node: p.opts.Node, Event: payload,
+		Subject: Subject(p.opts.Cluster, p.opts.Node, a.Kind, a.Action),
+	})
+	if err != nil {
+		return err
+	}
+	p.reportDrop(d)
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Mode returns how events are delivered now: ModeJetStream, ModeCore or
+// ModeDisconnected (also before the first check of the server). The sender
+// updates it on every connection status change; Mode never waits for NATS.
+func (p *Publisher) Mode() string {
+	if !p.connected.Load() {
+		return ModeDisconnected
+	}
+	return p.mode.Load().(string)
+}
+
+// Depth returns the number of events waiting in the outbox.
+func (p *Publisher) Depth() int {
+	n, _ := p.ob.depth()
+	return n
+}
+
+// Close stops accepting events, keeps sending what is left for at most
+// CloseTimeout, then closes the outbox; events not yet acked stay in it for
+// the next Publisher. It never hangs (it returns within CloseTimeout plus at
+// most one NATS dial timeout), and later calls return the first result.
+func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() {
+		close(p.closing)
+		t := time.NewTimer(p.opts.CloseTimeout)
+		select {
+		case <-p.done:
+		case <-t.C:
+			p.cancel()
+			<-p.done
+		}
+		t.Stop()
+		p.cancel()
+		p.js.CleanupPublisher()
+		p.nc.RemoveStatusListener(p.status) // ends watch
+		if n := p.Depth(); n > 0 {
+			p.log.Warn().Int("depth", n).Msg("closing with events in the outbox; they are sent at the next start")
+		}
+		p.closeErr = p.ob.close()
+	})
+	return p.closeErr
+}
+
+// watch keeps the connected flag and wakes the sender on every connection
+// status change, also while the sender waits for acks; it returns when Close
+// removes the status listener.
+func (p *Publisher) watch() {
+	for st := range p.status {
+		p.connected.Store(st == nats.CONNECTED)
+		select {
+		case p.statusWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run is the sender: it delivers outbox entries until Close, waking on
+// Publish, on connection status changes and on its retry timer.
+func (p *Publisher) run(ctx context.Context) {
+	defer close(p.done)
+	closing := p.closing
+	backoff := retryMin
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		n, err := p.flush(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		p.noteErr(err)
+		stopping := closing == nil
+		wake := p.wake
+		var wait time.Duration
+		switch {
+		case err != nil:
+			if stopping {
+				return
+			}
+			wake = nil // back off: new events must not turn a failure into a busy loop
+			wait, backoff = backoff, min(2*backoff, retryMax)
+		case n > 0:
+			backoff = retryMin
+			continue
+		default:
+			backoff = retryMin
+			if stopping {
+				return
+			}
+			wait = reprobeInterval
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-closing:
+			closing = nil
+		case <-wake:
+		case <-p.statusWake:
+		case <-timer.C:
+		}
+	}
+}
+
+// flush makes one delivery round: drop expired entries, check the server if
+// needed, send up to batchSize entries and remove the acked ones. It returns
+// how many entries it removed and the first error.
+func (p *Publisher) flush(ctx context.Context) (int, error) {
+	d, err := p.ob.expire(p.opts.Now())
+	if err != nil {
+		return 0, err
+	}
+	p.reportDrop(d)
+	if !p.connected.Load() {
+		p.sendMode = ""
+		p.setMode(ModeDisconnected)
+		return 0, errNotConnected
+	}
+	if p.needProbe() {
+		mode, err := p.probe(ctx)
+		if err != nil {
+			return 0, err
+		}
+		p.sendMode = mode
+		p.maxPayload.Store(p.nc.MaxPayload())
+		p.setMode(mode)
+	}
+	entries, err := p.ob.peek(batchSize)
+	if err != nil || len(entries) == 0 {
+		return 0, err
+	}
+	var done []uint64
+	if p.sendMode == ModeCore {
+		done, err = p.sendCore(ctx, entries)
+	} else {
+		done, err = p.sendJetStream(ctx, entries)
+	}
+	if rerr := p.ob.remove(done); rerr != nil {
+		return 0, errors.Join(err, rerr) // the acked entries are sent again: JetStream drops them as duplicates
+	}
+	n, _ := p.ob.depth()
+	p.m.depth.Set(float64(n))
+	return len(done), err
+}
+
+func (p *Publisher) needProbe() bool {
+	return p.sendMode == "" ||
+		p.nc.Stats().Reconnects != p.reconnects ||
+		(p.sendMode == ModeCore && p.opts.Now().Sub(p.lastProbe) >= reprobeInterval)
+}
+
+// probe asks the server whether it has JetStream and ensures the stream:
+// ModeCore when JetStream is not enabled or the stream does not exist (and
+// may not be created), ModeJetStream when the stream is there.
+func (p *Publisher) probe(ctx context.Context) (string, error) {
+	p.reconnects = p.nc.Stats().Reconnects
+	p.lastProbe = p.opts.Now()
+	ctx, cancel := context.WithTimeout(ctx, p.opts.AckTimeout)
+	defer cancel()
+	_, err := p.js.AccountInfo(ctx)
+	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+		return ModeCore, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("natsbus: ask the server for JetStream: %w", err)
+	}
+	var s jetstream.Stream
+	if p.opts.NoCreateStream {
+		s, err = p.js.Stream(ctx, p.opts.Stream)
+	} else {
+		s, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:        p.opts.Stream,
+			Description: "gcagent events, one CloudEvent per action",
+			Subjects:    []string{EventPrefix + ".>"},
+			Storage:     jetstream.FileStorage,
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      p.opts.StreamMaxAge,
+			MaxBytes:    p.opts.StreamMaxBytes,
+			Duplicates:  p.opts.DuplicateWindow,
+		})
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // exists with another config: use it as it is
+			s, err = p.js.Stream(ctx, p.opts.Stream)
+		}
+	}
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return ModeCore, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("natsbus: ensure stream %s: %w", p.opts.Stream, err)
+	}
+	if w := s.CachedInfo().Config.Duplicates; w < p.opts.MaxAge && !p.warnedDup {
+		p.warnedDup = true
+		p.log.Warn().Str("stream", p.opts.Stream).Dur("duplicate_window", w).Dur("max_age", p.opts.MaxAge).
+			Msg("stream duplicate window is shorter than the outbox max age: a retry after a longer outage may store an event twice")
+	}
+	return ModeJetStream, nil
+}
+
+// sendJetStream publishes entries asynchronously, in order, then waits for
+// their acks; it returns the acked sequences and the first error.
+func (p *Publisher) sendJetStream(ctx context.Context, entries []entry) ([]uint64, error) {
+	futures := make([]jetstream.PubAckFuture, 0, len(entries))
+	sent := make([]entry, 0, len(entries))
+	var done []uint64
+	var err error
+	for _, e := range entries {
+		f, perr := p.js.PublishMsgAsync(newMsg(e.Subject, e.Node, e.ID, e.Event))
+		if errors.Is(perr, nats.ErrMaxPayload) {
+			done = append(done, e.seq)
+			p.dropPoison(e, perr)
+			continue
+		}
+		if perr != nil {
+			err = perr
+			break
+		}
+		p.noteSent(e)
+		futures = append(futures, f)
+		sent = append(sent, e)
+	}
+	for i, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			done = append(done, sent[i].seq)
+			p.m.acks.Inc()
+			if ack.Duplicate {
+				p.m.duplicates.Inc()
+			}
+			p.m.published.WithLabelValues(sent[i].Kind).Inc()
+		case ferr := <-f.Err():
+			if err == nil {
+				err = ferr
+			}
+		case <-ctx.Done():
+			return done, ctx.Err()
+		}
+	}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		p.sendMode = "" // the stream or JetStream went away: check again before the next round
+	}
+	return done, err
+}
+
+// sendCore publishes entries with core NATS and flushes; it returns the
+// sequences the server has received.
+func (p *Publisher) sendCore(ctx context.Context, entries []entry) ([]uint64, error) {
+	var done []uint64
+	for _, e := range entries {
+		err := p.nc.PublishMsg(newMsg(e.Subject, e.Node, e.ID, e.Event))
+		if errors.Is(err, nats.ErrMaxPayload) {
+			done = append(done, e.seq)
+			p.dropPoison(e, err)
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		p.noteSent(e)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opts.AckTimeout)
+	defer cancel()
+	if err := p.nc.FlushWithContext(ctx); err != nil {
+		return nil, fmt.Errorf("natsbus: flush: %w", err)
+	}
+	for _, e := range entries {
+		done = append(done, e.seq)
+		p.m.published.WithLabelValues(e.Kind).Inc()
+	}
+	return done, nil
+}
+
+func (p *Publisher) noteSent(e entry) {
+	if e.seq <= p.maxSent {
+		p.m.republishes.Inc()
+		return
+	}
+	p.maxSent = e.seq
+}
+
+func (p *Publisher) dropPoison(e entry, err error) {
+	p.m.dropped.Inc()
+	p.log.Error().Err(err).Str("event_id", e.ID).Str("subject", e.Subject).Int("bytes", len(e.Event)).
+		Msg("NATS refuses this event: dropped it from the outbox")
+}
+
+func (p *Publisher) reportDrop(d drop) {
+	if d.n == 0 {
+		return
+	}
+	p.m.dropped.Add(float64(d.n))
+	n, _ := p.ob.depth()
+	p.m.depth.Set(float64(n))
+	p.log.Error().Int("dropped", d.n).Str("oldest_id", d.oldest).Int("depth", n).
+		Int("max_entries", p.opts.MaxEntries).Int64("max_bytes", p.opts.MaxBytes).Dur("max_age", p.opts.MaxAge).
+		Msg("outbox over its bound: dropped the oldest events unsent")
+}
+
+// setMode records the delivery mode and logs each change once.
+func (p *Publisher) setMode(mode string) {
+	if p.mode.Swap(mode) == mode {
+		return
+	}
+	p.m.setMode(mode)
+	switch mode {
+	case ModeJetStream:
+		p.log.Info().Str("stream", p.opts.Stream).Msg("publishing events to JetStream")
+	case ModeCore:
+		p.log.Warn().Str("stream", p.opts.Stream).
+			Msg("JetStream or the stream is not available on the server: publishing with core NATS (no persistence, no dedupe)")
+	case ModeDisconnected:
+		n, _ := p.ob.depth()
+		p.log.Warn().Int("depth", n).Msg("NATS is not reachable: events wait in the outbox")
+	}
+}
+
+// noteErr logs a sender error once until it changes or a round succeeds.
+func (p *Publisher) noteErr(err error) {
+	switch {
+	case err == nil:
+		if p.lastErr != "" {
+			p.log.Info().Msg("delivering events again")
+		}
+		p.lastErr = ""
+	case errors.Is(err, errNotConnected):
+		// setMode has logged it
+	case err.Error() != p.lastErr:
+		p.lastErr = err.Error()
+		p.log.Warn().Err(err).Msg("cannot deliver events yet; retrying")
+	}
+}
