@@ -10,6 +10,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/gcagent/gcagent/natsbus"
 )
 
 // Config is everything `gcagent run` can be told. Flag names follow the
@@ -67,6 +69,16 @@ type Config struct {
 	NATSTLSCA, NATSTLSCert, NATSTLSKey                     string
 	// EmbeddedNATSListen is where the embedded NATS server listens. Default 127.0.0.1:4222.
 	EmbeddedNATSListen string
+	// NATSStream is the JetStream stream of events. Default GCAGENT_EVT.
+	NATSStream string
+	// NATSNoCreateStream uses the stream as it is instead of ensuring it. Default false.
+	NATSNoCreateStream bool
+	// OutboxMaxBytes bounds the local outbox of unacked events. Default 64MiB.
+	OutboxMaxBytes int64
+	// OutboxMaxAge drops unacked events older than this, loudly. Default 24h.
+	OutboxMaxAge time.Duration
+	// HeartbeatInterval is the period of agent.heartbeat events. Default 30s.
+	HeartbeatInterval time.Duration
 	// AllowRemoteGC lets NATS control requests run GC. Default false.
 	AllowRemoteGC bool
 	// MetricsAddress serves /metrics, /healthz, /readyz and /status. Default 127.0.0.1:9617.
@@ -101,6 +113,10 @@ func DefaultConfig() Config {
 		NodeName:             host,
 		Cluster:              "default",
 		EmbeddedNATSListen:   "127.0.0.1:4222",
+		NATSStream:           natsbus.DefaultStream,
+		OutboxMaxBytes:       natsbus.DefaultMaxBytes,
+		OutboxMaxAge:         natsbus.DefaultMaxAge,
+		HeartbeatInterval:    30 * time.Second,
 		MetricsAddress:       "127.0.0.1:9617",
 		LogFormat:            "json",
 		LogLevel:             "info",
@@ -156,6 +172,20 @@ func (c Config) Validate() error {
 	case "json", "console":
 	default:
 		checks = append(checks, fmt.Errorf("invalid --log-format %q: must be json or console", c.LogFormat))
+	}
+	if c.HeartbeatInterval < time.Second {
+		checks = append(checks, fmt.Errorf("invalid --heartbeat-interval %s: must be at least 1s", c.HeartbeatInterval))
+	}
+	if c.OutboxMaxBytes <= 0 || c.OutboxMaxAge <= 0 {
+		checks = append(checks, fmt.Errorf("invalid outbox bounds --outbox-max-bytes %d --outbox-max-age %s: must be positive", c.OutboxMaxBytes, c.OutboxMaxAge))
+	}
+	if c.NATSURL != "" {
+		if err := c.connOptions().Validate(); err != nil {
+			checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
+		}
+	}
+	if err := c.publisherOptions().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 	}
 	for _, p := range c.KeepImages {
 		if _, err := path.Match(p, ""); err != nil {
@@ -222,6 +252,11 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.StringVar(&cfg.NATSTLSCert, "nats-tls-cert", cfg.NATSTLSCert, "client certificate for NATS mTLS")
 	fs.StringVar(&cfg.NATSTLSKey, "nats-tls-key", cfg.NATSTLSKey, "client key for NATS mTLS")
 	fs.StringVar(&cfg.EmbeddedNATSListen, "embedded-nats-listen", cfg.EmbeddedNATSListen, "listen address of the embedded NATS server")
+	fs.StringVar(&cfg.NATSStream, "nats-stream", cfg.NATSStream, "JetStream stream of events")
+	fs.BoolVar(&cfg.NATSNoCreateStream, "nats-no-create-stream", cfg.NATSNoCreateStream, "use the stream as it is instead of creating or updating it")
+	fs.Int64Var(&cfg.OutboxMaxBytes, "outbox-max-bytes", cfg.OutboxMaxBytes, "bound of the local outbox of unacked events, in bytes")
+	fs.DurationVar(&cfg.OutboxMaxAge, "outbox-max-age", cfg.OutboxMaxAge, "unacked events older than this are dropped (and logged)")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "period of agent.heartbeat events")
 	fs.BoolVar(&cfg.AllowRemoteGC, "allow-remote-gc", cfg.AllowRemoteGC, "let NATS control requests run GC")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "address of /metrics, /healthz, /readyz and /status")
 	fs.BoolVar(&cfg.DryRun, "dry-run", cfg.DryRun, "plan, log and publish, but delete nothing")

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -45,6 +46,10 @@ type agent struct {
 	source  *events.Source
 	runtime gc.Runtime
 	pub     gc.Publisher
+	bus     *bus
+	// lastGC, set by the image GC component, reports its last pass for
+	// heartbeats and /status.
+	lastGC func() any
 }
 
 // run is the daemon: it returns when ctx ends or a part fails for good.
@@ -95,6 +100,15 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{},
 		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
 
+	b, err := a.startNATS()
+	if err != nil {
+		return err
+	}
+	defer b.close() // after every component has stopped: flushes the outbox
+	a.bus, a.pub = b, natsPublisher{b.pub}
+	boot := time.Now().UTC()
+	_ = a.pub.Publish(a.startedAction(boot))
+
 	ln, err := net.Listen("tcp", cfg.MetricsAddress)
 	if err != nil {
 		return fmt.Errorf("metrics address: %w", err)
@@ -108,6 +122,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	evs := make(chan events.Event, 1024)
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
+	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
 	// Components that act on the projection start here, one g.Go each.
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -137,6 +152,10 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		}
 		if !a.live.Synced() {
 			problems = append(problems, "projection: not synced")
+		}
+		if a.bus != nil && a.bus.pub.Mode() == natsbus.ModeCore {
+			// Not a readiness failure: GC goes on; events lose their dedupe.
+			defer fmt.Fprintln(w, "nats: core publish (the server has no JetStream)")
 		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)

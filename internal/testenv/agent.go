@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -78,6 +79,10 @@ func StartAgent(t testing.TB, c *Containerd, stateDir string, extra ...string) *
 		"--metrics-address", a.Addr, "--image-fs", c.Root, "--log-dir", c.LogDir, "--pod-log-dir", c.PodLogDir,
 		"--node-name", "test-node", "--log-level", "debug",
 	}, extra...)
+	if !slices.ContainsFunc(extra, func(s string) bool { return strings.HasPrefix(s, "--nats-url") }) {
+		// Each agent's embedded NATS server gets its own port.
+		args = append(args, "--embedded-nats-listen", FreeAddr(t))
+	}
 	logf, err := os.Create(a.LogFile)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/projection"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
+)
+
+func (c Config) connOptions() natsbus.ConnOptions {
+	return natsbus.ConnOptions{
+		URL: c.NATSURL, Cluster: c.Cluster, Node: c.NodeName,
+		CredsFile: c.NATSCreds, NkeyFile: c.NATSNKey, User: c.NATSUser, Password: c.NATSPassword, Token: c.NATSToken,
+		TLSCA: c.NATSTLSCA, TLSCert: c.NATSTLSCert, TLSKey: c.NATSTLSKey,
+	}
+}
+
+func (c Config) publisherOptions() natsbus.PublisherOptions {
+	return natsbus.PublisherOptions{
+		Cluster: c.Cluster, Node: c.NodeName, StateDir: c.StateDir, Stream: c.NATSStream,
+		NoCreateStream: c.NATSNoCreateStream, MaxBytes: c.OutboxMaxBytes, MaxAge: c.OutboxMaxAge,
+		DuplicateWindow: max(c.OutboxMaxAge, natsbus.DefaultDuplicateWindow),
+		StreamMaxAge:    max(c.OutboxMaxAge, natsbus.DefaultStreamMaxAge),
+	}
+}
+
+// natsPublisher adapts the outbox publisher to gc's one-method interface.
+type natsPublisher struct{ p *natsbus.Publisher }
+
+func (n natsPublisher) Publish(a gc.Action) error { return n.p.Publish(natsbus.Action(a)) }
+
+// bus is the agent's NATS side: connection, publisher, maybe a server.
+type bus struct {
+	srv *server.Server
+	nc  *nats.Conn
+	pub *natsbus.Publisher
+}
+
+// startNATS starts the embedded server when no --nats-url is given,
+// connects (never giving up), and opens the durable publisher. NATS being
+// down does not stop the agent: events wait in the outbox.
+func (a *agent) startNATS() (*bus, error) {
+	cfg := a.cfg
+	log := a.log.With().Str("component", "natsbus").Logger()
+	b := &bus{}
+	opts := cfg.connOptions()
+	opts.Logger = log
+	if opts.URL == "" {
+		srv, err := natsbus.StartEmbedded(natsbus.EmbeddedOptions{StateDir: cfg.StateDir, Listen: cfg.EmbeddedNATSListen, ServerName: natsbus.SafeToken(cfg.NodeName), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats: %w", err)
+		}
+		b.srv, opts.URL = srv, srv.ClientURL()
+	}
+	nc, err := natsbus.Connect(opts)
+	if err != nil {
+		b.close()
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	b.nc = nc
+	m, err := natsbus.NewMetrics(a.reg)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	po := cfg.publisherOptions()
+	po.Logger, po.Metrics = log, m
+	if b.pub, err = natsbus.NewPublisher(nc, po); err != nil {
+		b.close()
+		return nil, fmt.Errorf("nats publisher: %w", err)
+	}
+	log.Info().Str("url", redactURL(opts.URL)).Bool("embedded", b.srv != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
+	return b, nil
+}
+
+// close flushes what it can, then stops the connection and the server.
+func (b *bus) close() {
+	if b.pub != nil {
+		_ = b.pub.Close()
+	}
+	if b.nc != nil {
+		b.nc.Close()
+	}
+	if b.srv != nil {
+		b.srv.Shutdown()
+		b.srv.WaitForShutdown()
+	}
+}
+
+func redactURL(u string) string {
+	if i := strings.Index(u, "@"); i >= 0 {
+		if j := strings.Index(u, "://"); j >= 0 && j < i {
+			return u[:j+3] + "***" + u[i:]
+		}
+	}
+	return u
+}
+
+// startedAction is the agent.started event of this boot.
+func (a *agent) startedAction(boot time.Time) gc.Action {
+	host, _ := os.Hostname()
+	return gc.Action{Kind: "agent", Action: "started", Subject: a.cfg.NodeName, Key: fmt.Sprint(boot.UnixNano()),
+		Data: map[string]any{"version": version, "hostname": host, "namespace": a.cfg.Namespace, "dryRun": a.cfg.DryRun,
+			"pruneContainers": a.cfg.PruneContainers, "imageGCHighThreshold": a.cfg.ImageGCHighThreshold,
+			"imageGCLowThreshold": a.cfg.ImageGCLowThreshold}}
+}
+
+// Heartbeat is the data of agent.heartbeat.
+type Heartbeat struct {
+	DiskUsagePercent int    `json:"diskUsagePercent"`
+	CapacityBytes    uint64 `json:"capacityBytes"`
+	AvailableBytes   uint64 `json:"availableBytes"`
+	Images           int    `json:"images"`
+	Containers       int    `json:"containers"`
+	ReclaimableBytes int64  `json:"reclaimableBytes"` // sizes of images no rule protects
+	Synced           bool   `json:"synced"`
+	Outbox           int    `json:"outbox"`
+	NATSMode         string `json:"natsMode"`
+	LastGC           any    `json:"lastGC,omitempty"`
+}
+
+// heartbeat builds the current heartbeat from the projection and the disk.
+func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
+	var hb Heartbeat
+	disk, err := statDisk(a.cfg.ImageFS)
+	if err == nil {
+		hb.CapacityBytes, hb.AvailableBytes = disk.CapacityBytes, disk.AvailableBytes
+		if disk.CapacityBytes > 0 {
+			hb.DiskUsagePercent = 100 - int(min(disk.AvailableBytes, disk.CapacityBytes)*100/disk.CapacityBytes)
+		}
+	}
+	a.live.View(func(s *projection.State) {
+		hb.Images, hb.Containers, hb.Synced = len(s.Images), len(s.Containers), s.Synced
+		// Reclaimable: what GC could delete if the disk were full.
+		p := a.imagePolicy()
+		p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
+		plan := gc.PlanImages(s, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
+		for _, it := range plan.Delete {
+			hb.ReclaimableBytes += it.Size
+		}
+		for _, it := range plan.Keep {
+			if it.Reason == gc.ReasonNotNeeded {
+				hb.ReclaimableBytes += it.Size
+			}
+		}
+	})
+	hb.Outbox, hb.NATSMode = b.pub.Depth(), b.pub.Mode()
+	if a.lastGC != nil {
+		hb.LastGC = a.lastGC()
+	}
+	return hb
+}
+
+// runHeartbeat publishes agent.heartbeat every interval, the first one
+// splayed randomly over the interval so a fleet does not beat in step.
+func (a *agent) runHeartbeat(ctx context.Context, b *bus, boot time.Time) error {
+	every := a.cfg.HeartbeatInterval
+	t := time.NewTimer(rand.N(every))
+	defer t.Stop()
+	for seq := 1; ; seq++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		now := time.Now().UTC()
+		_ = a.pub.Publish(gc.Action{Kind: "agent", Action: "heartbeat", Subject: a.cfg.NodeName,
+			Key: fmt.Sprintf("%d/%d", boot.UnixNano(), seq), Data: a.heartbeat(now, b)})
+		t.Reset(every)
+	}
+}
+
+// statDisk measures the filesystem that holds dir.
+func statDisk(dir string) (gc.DiskStats, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return gc.DiskStats{}, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	bs := uint64(st.Bsize)
+	return gc.DiskStats{CapacityBytes: st.Blocks * bs, AvailableBytes: st.Bavail * bs}, nil
+}
+
+// imagePolicy is the image GC policy of the configuration.
+func (a *agent) imagePolicy() gc.ImagePolicy {
+	p := gc.ImagePolicy{
+		HighThresholdPercent: a.cfg.ImageGCHighThreshold, LowThresholdPercent: a.cfg.ImageGCLowThreshold,
+		MinAge: a.cfg.MinimumImageTTL, MaxAge: a.cfg.ImageMaximumGCAge, KeepPatterns: a.cfg.KeepImages,
+	}
+	if a.cfg.SandboxImage != "" {
+		p.SandboxImages = []string{a.cfg.SandboxImage}
+	}
+	return p
+}
