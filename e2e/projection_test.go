@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -310,4 +311,43 @@ func mustMetrics(t *testing.T, a *testenv.Agent) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// TestPeriodicResync: listings repeat on their own, jittered around
+// --resync-interval, and a listing that finds nothing new applies exactly
+// one event, its Synced marker.
+func TestPeriodicResync(t *testing.T) {
+	c := testenv.StartContainerd(t, testenv.Options{Version: testenv.Versions()[0]})
+	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--resync-interval=1s")
+	c.Import(t, testenv.Image{Name: "example.test/one:1", Layers: []testenv.Layer{{Seed: "one", Size: 1024}}})
+	first := converge(t, c, a)
+	listings0 := listings(t, a)
+	testenv.Eventually(t, 10*time.Second, func() string {
+		if n := listings(t, a) - listings0; n < 3 {
+			return fmt.Sprintf("%d periodic listings so far", n)
+		}
+		return ""
+	})
+	var rep projection.Report
+	if _, err := a.Get("/status", &rep); err != nil {
+		t.Fatal(err)
+	}
+	n := listings(t, a) - listings0
+	// A listing may be in flight between the two reads: allow one.
+	if d := int(rep.Seq - first.Seq); d < n-1 || d > n {
+		t.Errorf("%d idle listings applied %d events, want one Synced marker each", n, d)
+	}
+}
+
+// listings sums gcagent_events_listings_total over its reasons.
+func listings(t *testing.T, a *testenv.Agent) int {
+	total := 0
+	for _, l := range strings.Split(mustMetrics(t, a), "\n") {
+		if strings.HasPrefix(l, "gcagent_events_listings_total{") {
+			f := strings.Fields(l)
+			v, _ := strconv.Atoi(f[len(f)-1])
+			total += v
+		}
+	}
+	return total
 }
