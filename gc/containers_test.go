@@ -61,7 +61,7 @@ func TestPlanContainers(t *testing.T) {
 				criDead(2*h, m, "c2", "app:1", "u1", "app", "s1"),
 				criDead(3*h, m, "c1", "app:1", "u1", "app", "s1"),
 				criDead(h, m, "side", "side:1", "u1", "sidecar", "s1"),
-				dead(h, m, "n1", "tool:1"), dead(h, m, "n2", "tool:1"),
+				solo(h, m, "n1", "tool:1"), solo(h, m, "n2", "tool:1"),
 			),
 			mod:    func(p *ContainerPolicy) { p.Prune = PruneAll },
 			remove: []string{"c2 per-unit-cap", "c1 per-unit-cap"},
@@ -69,24 +69,42 @@ func TestPlanContainers(t *testing.T) {
 		},
 		{
 			name:   "per-unit cap 0 removes every dead container",
-			evs:    flat(dead(h, m, "n1", "tool:1"), dead(0, m, "n2", "tool:1")),
-			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit = 0 },
+			evs:    flat(solo(h, m, "n1", "tool:1"), solo(0, m, "n2", "tool:1")),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.Prune = 0, PruneAll },
 			remove: []string{"n2 per-unit-cap", "n1 per-unit-cap"},
 		},
 		{
 			name: "no limits keep every dead container",
 			evs: flat(
 				criDead(h, m, "c1", "app:1", "u1", "app", "s1"), criDead(2*h, m, "c2", "app:1", "u1", "app", "s1"),
-				dead(h, m, "n1", "tool:1"),
+				solo(h, m, "n1", "tool:1"),
 			),
 			mod:  func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.Prune = -1, PruneAll },
 			keep: []string{"c1 within-cap", "c2 within-cap", "n1 within-cap"},
 		},
 		{
+			// Default flags (cap 1 per unit, no global cap, native): the
+			// per-unit cap keeps a CRI container's earlier run for the
+			// kubelet; a plain container has no one to keep it for.
+			name: "plain containers go at their TTL whatever the caps",
+			evs: flat(
+				dead(0, h, "old", "tool:1"), dead(0, 10*h-10*time.Second, "fresh", "tool:1"),
+				native(0, "idle", "tool:1"),
+			),
+			mod:    func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit, p.MaxContainers = m, 5, 5 },
+			remove: []string{"old ttl-expired"},
+			keep:   []string{"fresh too-young", "idle never-started"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if want := at(10*h + 50*time.Second); !p.NextEligible.Equal(want) {
+					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
+				}
+			},
+		},
+		{
 			name: "global cap over many units: each keeps at least one, then the oldest go",
 			evs: flat(
-				dead(1*h, m, "n1", "tool:1"), dead(2*h, m, "n2", "tool:1"), dead(3*h, m, "n3", "tool:1"),
-				dead(4*h, m, "n4", "tool:1"), dead(5*h, m, "n5", "tool:1"),
+				solo(1*h, m, "n1", "tool:1"), solo(2*h, m, "n2", "tool:1"), solo(3*h, m, "n3", "tool:1"),
+				solo(4*h, m, "n4", "tool:1"), solo(5*h, m, "n5", "tool:1"),
 				criDead(0, m, "c1", "app:1", "u1", "app", "s1"), criDead(6*h, m, "c2", "app:1", "u1", "app", "s1"),
 				criDead(7*h, m, "c3", "app:1", "u1", "app", "s1"),
 			),
@@ -111,7 +129,7 @@ func TestPlanContainers(t *testing.T) {
 		{
 			name: "per-unit cap then global cap",
 			evs: flat(
-				dead(1*h, m, "n1", "tool:1"),
+				solo(1*h, m, "n1", "tool:1"),
 				criDead(2*h, m, "a1", "app:1", "u1", "a", "s1"), criDead(3*h, m, "a2", "app:1", "u1", "a", "s1"),
 			),
 			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = 1, 1, PruneAll },
@@ -120,8 +138,8 @@ func TestPlanContainers(t *testing.T) {
 		},
 		{
 			name:   "global cap 0 removes every dead container",
-			evs:    flat(dead(1*h, m, "n1", "tool:1"), dead(2*h, m, "n2", "tool:1")),
-			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers = -1, 0 },
+			evs:    flat(solo(1*h, m, "n1", "tool:1"), solo(2*h, m, "n2", "tool:1")),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = -1, 0, PruneAll },
 			remove: []string{"n1 global-cap", "n2 global-cap"},
 		},
 		{
@@ -144,10 +162,10 @@ func TestPlanContainers(t *testing.T) {
 			},
 		},
 		{
-			name:   "min age passed exactly",
+			name:   "min age passed exactly: a plain container goes at its TTL",
 			evs:    flat(dead(0, 10*h-m, "n1", "tool:1")),
-			mod:    func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit = m, 0 },
-			remove: []string{"n1 per-unit-cap"},
+			mod:    func(p *ContainerPolicy) { p.MinAge = m },
+			remove: []string{"n1 ttl-expired"},
 			check: func(t *testing.T, p ContainerPlan) {
 				if !p.NextEligible.IsZero() {
 					t.Errorf("next eligible = %v, want zero", p.NextEligible)
@@ -172,8 +190,7 @@ func TestPlanContainers(t *testing.T) {
 				criDead(0, m, "c1", "app:1", "u1", "app", "s1"),
 				dead(0, m, "n1", "tool:1"),
 			),
-			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit = 0 },
-			remove: []string{"n1 per-unit-cap"},
+			remove: []string{"n1 ttl-expired"},
 			keep:   []string{"c1 prune-mode", "s1 prune-mode"},
 		},
 		{

@@ -73,6 +73,12 @@ func dead(d, ran time.Duration, id, image string) []events.Event {
 	return []events.Event{native(d, id, image), start(d, id), exit(d+ran, id)}
 }
 
+// solo is a dead CRI container alone in its evict unit: the caps' unit of
+// one, now that plain containers go by their TTL instead.
+func solo(d, ran time.Duration, id, image string) []events.Event {
+	return criDead(d, ran, id, image, "u-"+id, "app", "")
+}
+
 // flat joins event groups.
 func flat(groups ...any) []events.Event {
 	var out []events.Event

@@ -66,6 +66,9 @@ type PublisherOptions struct {
 	StreamMaxAge time.Duration
 	// StreamMaxBytes bounds the size of a created stream. Default 1 GiB.
 	StreamMaxBytes int64
+	// Replicas is the created stream's replica count (3 on a NATS cluster, so
+	// losing a server loses no event). Default 1.
+	Replicas int
 
 	// MaxEntries bounds the outbox's event count; the oldest are dropped beyond it. Default 100000.
 	MaxEntries int
@@ -105,6 +108,9 @@ func (o *PublisherOptions) setDefaults() {
 	if o.StreamMaxBytes == 0 {
 		o.StreamMaxBytes = DefaultStreamMaxBytes
 	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
 	if o.MaxEntries == 0 {
 		o.MaxEntries = DefaultMaxEntries
 	}
@@ -137,6 +143,8 @@ func (o PublisherOptions) Validate() error {
 	case o.MaxEntries < 0 || o.MaxBytes < 0 || o.MaxAge < 0 || o.AckTimeout < 0 || o.CloseTimeout < 0 ||
 		o.DuplicateWindow < 0 || o.StreamMaxAge < 0 || o.StreamMaxBytes < 0:
 		return errors.New("natsbus: outbox and stream bounds and timeouts must not be negative")
+	case o.Replicas < 1 || o.Replicas > 5:
+		return fmt.Errorf("natsbus: stream replicas %d: must be within 1..5", o.Replicas)
 	case o.DuplicateWindow < o.MaxAge:
 		return fmt.Errorf("natsbus: duplicate window %s is shorter than the outbox max age %s: a retry after a long outage could store an event twice", o.DuplicateWindow, o.MaxAge)
 	case o.StreamMaxAge < o.DuplicateWindow:
@@ -274,6 +282,8 @@ func (p *Publisher) Publish(a Action) error {
 		return err
 	}
 	p.reportDrop(d)
+	n, _ := p.ob.depth()
+	p.m.depth.Set(float64(n)) // also while disconnected, when the sender does not run
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -459,6 +469,7 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 			MaxAge:      p.opts.StreamMaxAge,
 			MaxBytes:    p.opts.StreamMaxBytes,
 			Duplicates:  p.opts.DuplicateWindow,
+			Replicas:    p.opts.Replicas,
 		})
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // exists with another config: use it as it is
 			s, err = p.js.Stream(ctx, p.opts.Stream)

@@ -1,0 +1,489 @@
+package gc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gcagent/gcagent/projection"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// nativeContainers reads and deletes plain containerd containers (no
+// io.cri-containerd.kind): Runtime talks to containerd.
+type nativeContainers interface {
+	// NativeLiveness re-reads the container's task; LiveGone if the
+	// container is not found.
+	NativeLiveness(ctx context.Context, id string) (Liveness, error)
+	// DeleteNative deletes the stopped task and the container with its
+	// snapshot. It must never kill a task; NotFound is success.
+	DeleteNative(ctx context.Context, id string) error
+}
+
+// criContainers reads and deletes CRI containers and sandboxes, only
+// through the CRI API, so that CRI keeps no stale state.
+type criContainers interface {
+	// CRIContainerLiveness asks CRI for the container's state.
+	CRIContainerLiveness(ctx context.Context, id string) (Liveness, error)
+	// RemoveCRIContainer removes an exited container; NotFound is success.
+	RemoveCRIContainer(ctx context.Context, id string) error
+	// CRISandboxLiveness is LiveDead only for a sandbox that is not ready
+	// and holds no container.
+	CRISandboxLiveness(ctx context.Context, id string) (Liveness, error)
+	// RemoveCRISandbox stops and removes the sandbox; NotFound is success.
+	RemoveCRISandbox(ctx context.Context, id string) error
+}
+
+// containerRuntime is what the container executor needs; Runtime is the
+// real one.
+type containerRuntime interface {
+	nativeContainers
+	criContainers
+}
+
+var _ containerRuntime = Runtime{}
+
+// Container kinds as logged, published and used as metric labels.
+const (
+	ContainerKindNative    = "native"
+	ContainerKindContainer = projection.KindContainer
+	ContainerKindSandbox   = projection.KindSandbox
+)
+
+// containerKind names the kind of a planned item.
+func containerKind(it ContainerItem) string {
+	if it.CRIKind == "" {
+		return ContainerKindNative
+	}
+	return it.CRIKind
+}
+
+// ContainerOutcome says what the executor did with one planned removal.
+type ContainerOutcome string
+
+// Outcomes of ContainerExecutor.Apply.
+const (
+	ContainerRemoved     ContainerOutcome = "removed"      // deleted now
+	ContainerWouldRemove ContainerOutcome = "would-remove" // dry run: dead, not deleted
+	ContainerGone        ContainerOutcome = "gone"         // already deleted by someone else (or an earlier pass)
+	ContainerKept        ContainerOutcome = "kept"         // the re-check found it not dead
+	ContainerFailed      ContainerOutcome = "failed"       // the re-check or the delete failed
+)
+
+// ContainerResult is the executor's account of one planned removal.
+type ContainerResult struct {
+	ContainerItem
+	Kind    string           `json:"kind"` // native, container or sandbox
+	Outcome ContainerOutcome `json:"outcome"`
+	Live    Liveness         `json:"liveness,omitempty"` // what the re-check found
+	Error   string           `json:"error,omitempty"`
+	At      time.Time        `json:"at"`
+	// EligibleAt is when the container became removable under the policy
+	// (exit plus MinAge, later if a cap or an emptied pod made it so).
+	EligibleAt time.Time `json:"eligibleAt,omitzero"`
+}
+
+// ContainerRemoval is the data of a published container.removed action.
+type ContainerRemoval struct {
+	ID            string    `json:"id"`
+	Kind          string    `json:"kind"`
+	EvictUnit     string    `json:"evictUnit"`
+	PodUID        string    `json:"podUID,omitempty"`
+	PodName       string    `json:"podName,omitempty"`
+	PodNamespace  string    `json:"podNamespace,omitempty"`
+	ContainerName string    `json:"containerName,omitempty"`
+	Image         string    `json:"image,omitempty"`
+	ExitedAt      time.Time `json:"exitedAt,omitzero"`
+	EligibleAt    time.Time `json:"eligibleAt,omitzero"`
+	Reason        Reason    `json:"reason"`
+	Rule          string    `json:"rule"`
+	At            time.Time `json:"at"`
+	LatencySecs   float64   `json:"latencySeconds"`
+	DryRun        bool      `json:"dryRun,omitempty"`
+}
+
+// ContainerRemovalKey is the deterministic key of the removal of container
+// id after the exit at exitedAt: the same run removed twice (a retry after
+// a crash) gets the same key, a later run of the same id another.
+func ContainerRemovalKey(id string, exitedAt time.Time) string {
+	return id + "@" + strconv.FormatInt(exitedAt.UnixNano(), 10)
+}
+
+// ContainerMetrics are the container GC's Prometheus metrics. A nil
+// *ContainerMetrics records nothing.
+type ContainerMetrics struct {
+	removed *prometheus.CounterVec   // kind, reason
+	kept    *prometheus.CounterVec   // liveness
+	errors  *prometheus.CounterVec   // op
+	latency *prometheus.HistogramVec // kind
+	passes  prometheus.Counter
+	next    prometheus.Gauge
+}
+
+// NewContainerMetrics creates the metrics and registers them with reg (nil:
+// not registered). It fails if reg already holds them.
+func NewContainerMetrics(reg prometheus.Registerer) (*ContainerMetrics, error) {
+	m := &ContainerMetrics{
+		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_containers_removed_total",
+			Help: "Dead containers and sandboxes removed, by kind (native, container, sandbox) and reason (dry runs excluded).",
+		}, []string{"kind", "reason"}),
+		kept: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_containers_kept_on_recheck_total",
+			Help: "Planned removals the runtime re-check refused, by what the runtime said (running, created, has-containers, unknown).",
+		}, []string{"liveness"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_container_gc_errors_total",
+			Help: "Container GC errors, by operation: recheck, remove, publish.",
+		}, []string{"op"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gcagent_container_removal_latency_seconds",
+			Help:    "Time from a dead container becoming removable under the policy to its removal.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12), // 5ms .. ~5min
+		}, []string{"kind"}),
+		passes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gcagent_container_gc_passes_total",
+			Help: "Container GC passes (plan and apply) run.",
+		}),
+		next: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gcagent_container_gc_next_eligible_timestamp_seconds",
+			Help: "When the timer fires next for a container passing its TTL (0: none armed).",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.removed, m.kept, m.errors, m.latency, m.passes, m.next} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *ContainerMetrics) error(op string) {
+	if m != nil {
+		m.errors.WithLabelValues(op).Inc()
+	}
+}
+
+func (m *ContainerMetrics) pass(next time.Time) {
+	if m == nil {
+		return
+	}
+	m.passes.Inc()
+	if next.IsZero() {
+		m.next.Set(0)
+	} else {
+		m.next.Set(float64(next.UnixNano()) / 1e9)
+	}
+}
+
+// ContainerExecutorOptions carries the executor's collaborators; all are
+// optional.
+type ContainerExecutorOptions struct {
+	// DryRun re-checks, logs and publishes, and deletes nothing.
+	DryRun    bool
+	Publisher Publisher         // nil: nothing published
+	Metrics   *ContainerMetrics // nil: nothing recorded
+	Logger    zerolog.Logger    // the zero Logger logs nothing
+	Now       func() time.Time  // nil: time.Now
+	// Parallelism is how many removals run at once. Default 4: deletes
+	// wait on the shim and the snapshotter, and a burst of exits must not
+	// queue behind one another.
+	Parallelism int
+}
+
+// ContainerExecutor applies container plans: for each planned removal it
+// re-reads the container's state from the runtime right before deleting
+// it, and deletes only what is still dead, native containers through
+// containerd and CRI objects through CRI. Apply is not safe for concurrent
+// use: one goroutine (ContainerGC.Run) applies plans.
+type ContainerExecutor struct {
+	rt      containerRuntime
+	opts    ContainerExecutorOptions
+	log     zerolog.Logger
+	mu      sync.Mutex           // guards the maps below while Apply's workers run
+	dryRuns map[string]bool      // keys reported in a dry run
+	noted   map[string]Liveness  // last re-check refusal logged per id
+	emptied map[string]time.Time // pod uid -> when its last container was removed
+}
+
+// NewContainerExecutor returns an executor deleting through rt (a Runtime,
+// or a fake in tests).
+func NewContainerExecutor(rt containerRuntime, opts ContainerExecutorOptions) *ContainerExecutor {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Publisher == nil {
+		opts.Publisher = Discard{}
+	}
+	if opts.Parallelism <= 0 {
+		opts.Parallelism = 4
+	}
+	return &ContainerExecutor{
+		rt: rt, opts: opts,
+		log:     opts.Logger.With().Str("component", "containergc").Logger(),
+		dryRuns: map[string]bool{},
+		noted:   map[string]Liveness{},
+		emptied: map[string]time.Time{},
+	}
+}
+
+// Apply removes plan.Remove, re-checking each right before its delete:
+// first the containers, then the sandboxes (so a sandbox is re-checked only
+// once its pod's containers are handled), each group on up to Parallelism
+// workers; policy is the one the plan was made with (its MinAge dates
+// eligibility). It returns one result per planned removal, in plan order,
+// and the per-item errors joined: an error on one item does not stop the
+// others. It stops early only when ctx ends.
+func (e *ContainerExecutor) Apply(ctx context.Context, plan ContainerPlan, policy ContainerPolicy) ([]ContainerResult, error) {
+	n := len(plan.Remove)
+	results := make([]ContainerResult, n)
+	errs := make([]error, n+1)
+	done := make([]bool, n)
+	planned := make(map[string]bool, n)
+	var containers, sandboxes []int
+	for i, it := range plan.Remove {
+		planned[it.ID] = true
+		if containerKind(it) == ContainerKindSandbox {
+			sandboxes = append(sandboxes, i)
+		} else {
+			containers = append(containers, i)
+		}
+	}
+	for _, group := range [][]int{containers, sandboxes} {
+		e.each(ctx, group, func(i int) {
+			results[i], errs[i] = e.one(ctx, plan, policy, plan.Remove[i])
+			done[i] = true
+		})
+	}
+	if err := ctx.Err(); err != nil && slices.Contains(done, false) {
+		errs[n] = err
+	}
+	out := make([]ContainerResult, 0, n)
+	for i := range results {
+		if done[i] {
+			out = append(out, results[i])
+		}
+	}
+	e.forget(planned)
+	return out, errors.Join(errs...)
+}
+
+// each calls fn for each index on up to Parallelism goroutines, and no more
+// once ctx is done.
+func (e *ContainerExecutor) each(ctx context.Context, idx []int, fn func(i int)) {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(e.opts.Parallelism, len(idx)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				fn(i)
+			}
+		}()
+	}
+	for _, i := range idx {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy ContainerPolicy, it ContainerItem) (ContainerResult, error) {
+	kind := containerKind(it)
+	e.mu.Lock()
+	r := ContainerResult{ContainerItem: it, Kind: kind, EligibleAt: e.eligibleAt(plan, policy, it)}
+	e.mu.Unlock()
+	live, err := e.liveness(ctx, kind, it.ID)
+	if err != nil {
+		e.opts.Metrics.error("recheck")
+		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.opts.Now()
+		return r, fmt.Errorf("re-check %s %s: %w", kind, it.ID, err)
+	}
+	r.Live = live
+	switch live {
+	case LiveGone:
+		r.Outcome, r.At = ContainerGone, e.opts.Now()
+		return r, nil
+	case LiveDead:
+	default:
+		r.Outcome, r.At = ContainerKept, e.opts.Now()
+		if e.opts.Metrics != nil {
+			e.opts.Metrics.kept.WithLabelValues(string(live)).Inc()
+		}
+		e.mu.Lock()
+		first := e.noted[it.ID] != live
+		e.noted[it.ID] = live
+		e.mu.Unlock()
+		if first {
+			e.event(e.log.Info(), it, kind).Str("liveness", string(live)).Msg("kept on re-check")
+		}
+		return r, nil
+	}
+
+	key := ContainerRemovalKey(it.ID, it.ExitedAt)
+	if e.opts.DryRun {
+		r.Outcome, r.At = ContainerWouldRemove, e.opts.Now()
+		key += "#dry-run"
+		e.mu.Lock()
+		reported := e.dryRuns[key]
+		e.dryRuns[key] = true
+		e.mu.Unlock()
+		if reported {
+			return r, nil
+		}
+	} else {
+		var err error
+		switch kind {
+		case ContainerKindNative:
+			err = e.rt.DeleteNative(ctx, it.ID)
+		case ContainerKindSandbox:
+			err = e.rt.RemoveCRISandbox(ctx, it.ID)
+		default:
+			err = e.rt.RemoveCRIContainer(ctx, it.ID)
+		}
+		r.At = e.opts.Now()
+		if err != nil {
+			e.opts.Metrics.error("remove")
+			r.Outcome, r.Error = ContainerFailed, err.Error()
+			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
+		}
+		r.Outcome = ContainerRemoved
+		if kind == ContainerKindContainer && it.PodUID != "" {
+			e.mu.Lock()
+			e.emptied[it.PodUID] = r.At
+			e.mu.Unlock()
+		}
+	}
+
+	latency := r.At.Sub(r.EligibleAt)
+	ev := e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Dur("latency", latency)
+	if e.opts.DryRun {
+		ev.Bool("dryRun", true).Msg("would remove")
+	} else {
+		if m := e.opts.Metrics; m != nil {
+			m.removed.WithLabelValues(kind, string(it.Reason)).Inc()
+			if !r.EligibleAt.IsZero() {
+				m.latency.WithLabelValues(kind).Observe(max(latency, 0).Seconds())
+			}
+		}
+		ev.Msg("removed")
+	}
+	if err := e.opts.Publisher.Publish(Action{
+		Kind: "container", Action: "removed", Subject: it.ID, Key: key,
+		Data: ContainerRemoval{
+			ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
+			PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image,
+			ExitedAt: it.ExitedAt, EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy),
+			At: r.At, LatencySecs: latency.Seconds(), DryRun: e.opts.DryRun,
+		},
+	}); err != nil {
+		e.opts.Metrics.error("publish")
+		e.log.Warn().Str("container", it.ID).Err(err).Msg("publish removal")
+	}
+	return r, nil
+}
+
+func (e *ContainerExecutor) liveness(ctx context.Context, kind, id string) (Liveness, error) {
+	switch kind {
+	case ContainerKindNative:
+		return e.rt.NativeLiveness(ctx, id)
+	case ContainerKindSandbox:
+		return e.rt.CRISandboxLiveness(ctx, id)
+	case ContainerKindContainer:
+		return e.rt.CRIContainerLiveness(ctx, id)
+	}
+	// A kind this agent does not know: never touch it.
+	return LiveUnknown, nil
+}
+
+func (e *ContainerExecutor) event(ev *zerolog.Event, it ContainerItem, kind string) *zerolog.Event {
+	ev = ev.Str("container", it.ID).Str("kind", kind).Str("reason", string(it.Reason))
+	if it.PodUID != "" {
+		ev = ev.Str("pod", it.PodNamespace+"/"+it.PodName).Str("pod_uid", it.PodUID)
+	}
+	if it.ContainerName != "" {
+		ev = ev.Str("name", it.ContainerName)
+	}
+	return ev
+}
+
+// forget drops what is remembered of containers no longer planned, so the
+// executor's memory stays bounded by the plan.
+func (e *ContainerExecutor) forget(planned map[string]bool) {
+	for id := range e.noted {
+		if !planned[id] {
+			delete(e.noted, id)
+		}
+	}
+	for key := range e.dryRuns {
+		if !planned[key[:strings.LastIndexByte(key, '@')]] {
+			delete(e.dryRuns, key)
+		}
+	}
+	horizon := e.opts.Now().Add(-time.Hour)
+	for uid, t := range e.emptied {
+		if t.Before(horizon) {
+			delete(e.emptied, uid)
+		}
+	}
+}
+
+// eligibleAt dates when it became removable: its exit plus MinAge; for a
+// per-unit cap, no earlier than when the newer sibling that pushed it over
+// the cap passed MinAge; for a sandbox, no earlier than when the last
+// container of its pod was removed. Zero if the exit time is unknown.
+func (e *ContainerExecutor) eligibleAt(plan ContainerPlan, policy ContainerPolicy, it ContainerItem) time.Time {
+	if it.ExitedAt.IsZero() {
+		return time.Time{}
+	}
+	at := it.ExitedAt.Add(policy.MinAge)
+	switch it.Reason {
+	case ReasonPerUnitCap:
+		if n := policy.MaxPerEvictUnit; n > 0 {
+			var newer []time.Time
+			for _, list := range [][]ContainerItem{plan.Keep, plan.Remove} {
+				for _, o := range list {
+					if o.EvictUnit == it.EvictUnit && o.ID != it.ID && o.State == projection.StateExited &&
+						o.Reason != ReasonTooYoung && o.ExitedAt.After(it.ExitedAt) {
+						newer = append(newer, o.ExitedAt)
+					}
+				}
+			}
+			if len(newer) >= n {
+				// The n-th newer sibling, counting from it, became eligible last.
+				slices.SortFunc(newer, time.Time.Compare)
+				at = later(at, newer[n-1].Add(policy.MinAge))
+			}
+		}
+	case ReasonSandboxOrphaned:
+		if t, ok := e.emptied[it.PodUID]; ok && it.PodUID != "" {
+			at = later(at, t)
+		}
+	}
+	return at
+}
+
+// containerRule names the policy rule behind a removal, for the published action.
+func containerRule(r Reason, p ContainerPolicy) string {
+	switch r {
+	case ReasonPerUnitCap:
+		return fmt.Sprintf("maximum-dead-containers-per-container=%d", p.MaxPerEvictUnit)
+	case ReasonGlobalCap:
+		return fmt.Sprintf("maximum-dead-containers=%d", p.MaxContainers)
+	case ReasonSandboxOrphaned:
+		return "sandbox-of-empty-pod"
+	}
+	return string(r)
+}

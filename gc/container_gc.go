@@ -1,0 +1,277 @@
+package gc
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/gcagent/gcagent/projection"
+	"github.com/rs/zerolog"
+)
+
+// ContainerClock is the container GC's time source. Tests pass a fake that
+// they step; nothing sleeps.
+type ContainerClock interface {
+	Now() time.Time
+	// NewTimer returns a stopped-or-armed timer firing once after d.
+	NewTimer(d time.Duration) ContainerTimer
+}
+
+// ContainerTimer is the one timer of a ContainerGC, with time.Timer's
+// semantics (Go 1.23+: after Stop or Reset no stale value is received).
+type ContainerTimer interface {
+	C() <-chan time.Time
+	Reset(d time.Duration)
+	Stop()
+}
+
+type systemContainerClock struct{}
+
+func (systemContainerClock) Now() time.Time { return time.Now() }
+func (systemContainerClock) NewTimer(d time.Duration) ContainerTimer {
+	return systemContainerTimer{time.NewTimer(d)}
+}
+
+type systemContainerTimer struct{ t *time.Timer }
+
+func (r systemContainerTimer) C() <-chan time.Time   { return r.t.C }
+func (r systemContainerTimer) Reset(d time.Duration) { r.t.Reset(d) }
+func (r systemContainerTimer) Stop()                 { r.t.Stop() }
+
+// containerState is the projection as the container GC reads it;
+// projection.Live is the real one.
+type containerState interface {
+	Synced() bool
+	View(fn func(*projection.State))
+}
+
+var _ containerState = (*projection.Live)(nil)
+
+// ContainerGCOptions configures a ContainerGC; all but Policy are optional.
+type ContainerGCOptions struct {
+	// Policy must pass Validate.
+	Policy    ContainerPolicy
+	DryRun    bool
+	Publisher Publisher         // nil: nothing published
+	Metrics   *ContainerMetrics // nil: nothing recorded
+	Logger    zerolog.Logger    // the zero Logger logs nothing
+	Clock     ContainerClock    // nil: the real clock
+	// MaxRetry caps the backoff after failed deletes. Default 1m.
+	MaxRetry time.Duration
+}
+
+// ContainerGC removes dead containers as soon as the policy allows, without
+// polling: it plans on every projection change (a task exit included) and
+// keeps one timer armed at the plan's NextEligible, the instant the next
+// dead container passes MinAge. Failed deletes, and removals the runtime's
+// re-check refused while the projection saw the container die, are retried
+// with backoff through the same timer. Nothing is deleted before the projection is
+// synced. Run, Pass and Status may be called concurrently; passes are
+// serialized.
+type ContainerGC struct {
+	st      containerState
+	changes <-chan struct{}
+	exec    *ContainerExecutor
+	opts    ContainerGCOptions
+	log     zerolog.Logger
+
+	mu    sync.Mutex // serializes passes; guards retry
+	retry map[string]containerRetry
+
+	smu    sync.Mutex // guards status, so /status never waits for a pass
+	status ContainerGCStatus
+}
+
+// keptRetry is the first delay before a re-check refused by the runtime is
+// repeated; it doubles up to MaxRetry.
+const keptRetry = 200 * time.Millisecond
+
+type containerRetry struct {
+	at      time.Time
+	backoff time.Duration
+}
+
+// ContainerGCStatus is what the container GC did last, for /status.
+type ContainerGCStatus struct {
+	Policy ContainerPolicy `json:"policy"`
+	DryRun bool            `json:"dryRun"`
+	Synced bool            `json:"synced"`
+	Passes uint64          `json:"passes"`
+	// Removed counts removals since start (dry runs excluded).
+	Removed uint64 `json:"removed"`
+	// NextTimer is when the timer fires next; zero if not armed.
+	NextTimer time.Time `json:"nextTimer,omitzero"`
+	// Plan is the last pass's plan, Results what became of its removals.
+	Plan    ContainerPlan     `json:"plan"`
+	Results []ContainerResult `json:"results"`
+	Error   string            `json:"error,omitempty"`
+}
+
+// NewContainerGC returns a ContainerGC reading st, woken by changes (from
+// projection.Live.Subscribe, taken before Live runs) and deleting through
+// rt. It fails if the policy is invalid.
+func NewContainerGC(st containerState, changes <-chan struct{}, rt containerRuntime, opts ContainerGCOptions) (*ContainerGC, error) {
+	if err := opts.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Clock == nil {
+		opts.Clock = systemContainerClock{}
+	}
+	if opts.MaxRetry <= 0 {
+		opts.MaxRetry = time.Minute
+	}
+	exec := NewContainerExecutor(rt, ContainerExecutorOptions{
+		DryRun: opts.DryRun, Publisher: opts.Publisher, Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Clock.Now,
+	})
+	return &ContainerGC{
+		st: st, changes: changes, exec: exec, opts: opts,
+		log:    opts.Logger.With().Str("component", "containergc").Logger(),
+		retry:  map[string]containerRetry{},
+		status: ContainerGCStatus{Policy: opts.Policy, DryRun: opts.DryRun, Plan: emptyContainerPlan(), Results: []ContainerResult{}},
+	}, nil
+}
+
+func emptyContainerPlan() ContainerPlan {
+	return ContainerPlan{Remove: []ContainerItem{}, Keep: []ContainerItem{}}
+}
+
+// Run passes at start, on every projection change and when its timer
+// fires, until ctx ends; it returns nil then. Errors of a pass are logged
+// and retried, never returned.
+func (g *ContainerGC) Run(ctx context.Context) error {
+	if g.opts.Policy.Prune == PruneOff {
+		g.log.Info().Msg("container pruning off")
+		<-ctx.Done()
+		return nil
+	}
+	g.log.Info().Str("prune", string(g.opts.Policy.Prune)).Dur("minAge", g.opts.Policy.MinAge).
+		Int("maxPerContainer", g.opts.Policy.MaxPerEvictUnit).Int("maxContainers", g.opts.Policy.MaxContainers).
+		Bool("dryRun", g.opts.DryRun).Msg("container gc started")
+	timer := g.opts.Clock.NewTimer(0) // the first pass now
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-g.changes:
+		case <-timer.C():
+		}
+		next, err := g.Pass(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			g.log.Error().Err(err).Msg("pass")
+		}
+		timer.Stop()
+		if !next.IsZero() {
+			timer.Reset(max(next.Sub(g.opts.Clock.Now()), 0))
+		}
+	}
+}
+
+// Pass plans from the projection now and applies the plan; before the
+// projection is synced it does nothing. It returns when the timer must
+// fire next (zero: only a change can make anything removable) and the
+// per-item errors joined.
+func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.st.Synced() {
+		return time.Time{}, nil
+	}
+	now := g.opts.Clock.Now()
+	var plan ContainerPlan
+	g.st.View(func(s *projection.State) {
+		if s.Synced { // re-read under the same lock as the plan
+			plan = PlanContainers(s, g.opts.Policy, now)
+		}
+	})
+	if plan.Remove == nil {
+		return time.Time{}, nil
+	}
+
+	// Items whose delete failed wait for their backoff; the timer covers them.
+	todo := plan
+	todo.Remove = make([]ContainerItem, 0, len(plan.Remove))
+	planned := make(map[string]bool, len(plan.Remove))
+	next = plan.NextEligible
+	for _, it := range plan.Remove {
+		planned[it.ID] = true
+		if r, ok := g.retry[it.ID]; ok && now.Before(r.at) {
+			earliest(&next, r.at)
+			continue
+		}
+		todo.Remove = append(todo.Remove, it)
+	}
+	for id := range g.retry {
+		if !planned[id] {
+			delete(g.retry, id)
+		}
+	}
+
+	results, err := g.exec.Apply(ctx, todo, g.opts.Policy)
+	var removed uint64
+	for _, r := range results {
+		switch r.Outcome {
+		case ContainerFailed, ContainerKept:
+			// A kept item is one the runtime still calls alive while the
+			// projection saw it die: the runtime lags its own events (CRI
+			// marks a container exited, a sandbox not ready, after the
+			// task exit is published). No event may follow, so look again.
+			first := time.Second
+			if r.Outcome == ContainerKept {
+				first = keptRetry
+			}
+			rs := g.retry[r.ID]
+			rs.backoff = min(max(2*rs.backoff, first), g.opts.MaxRetry)
+			rs.at = r.At.Add(rs.backoff)
+			g.retry[r.ID] = rs
+			earliest(&next, rs.at)
+		case ContainerRemoved:
+			removed++
+			delete(g.retry, r.ID)
+		default:
+			delete(g.retry, r.ID)
+		}
+	}
+	if ctx.Err() != nil {
+		err = errors.Join(err, ctx.Err())
+	}
+	g.opts.Metrics.pass(next)
+	g.smu.Lock()
+	defer g.smu.Unlock()
+	g.status.Synced = true
+	g.status.Passes++
+	g.status.Removed += removed
+	g.status.NextTimer = next
+	g.status.Plan = plan
+	g.status.Results = results
+	g.status.Error = ""
+	if err != nil {
+		g.status.Error = err.Error()
+	}
+	return next, err
+}
+
+// Plan returns the plan the next pass would apply, deleting nothing (for
+// `gcagent plan`). Before the projection is synced it returns ok false.
+func (g *ContainerGC) Plan() (plan ContainerPlan, ok bool) {
+	now := g.opts.Clock.Now()
+	g.st.View(func(s *projection.State) {
+		if ok = s.Synced; ok {
+			plan = PlanContainers(s, g.opts.Policy, now)
+		}
+	})
+	return plan, ok
+}
+
+// Status returns a copy of what the last pass did.
+func (g *ContainerGC) Status() ContainerGCStatus {
+	g.smu.Lock()
+	defer g.smu.Unlock()
+	st := g.status
+	st.Results = append([]ContainerResult{}, st.Results...)
+	return st
+}

@@ -1,0 +1,284 @@
+package gc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gcagent/gcagent/projection"
+)
+
+// Why the image executor did not delete an image the plan named.
+const (
+	ReasonChanged      Reason = "changed"               // its names or targets changed since the plan
+	ReasonGone         Reason = "gone"                  // no name is left: deleted by someone else
+	ReasonDryRun       Reason = "dry-run"               // --dry-run: nothing is deleted
+	ReasonLowReached   Reason = "low-threshold-reached" // the disk is at or below the low threshold
+	ReasonNotSynced    Reason = "not-synced"            // the projection has not seen a full listing yet
+	ReasonDeleteFailed Reason = "error"                 // the delete failed; see Detail
+	ReasonCanceled     Reason = "canceled"              // the agent is stopping
+)
+
+// Image outcome actions, as published.
+const (
+	ActionRemoved = "removed"
+	ActionSkipped = "skipped"
+)
+
+// imageRuntime is what the image executor needs from the node: read the
+// image and its users again right before a delete, and delete all its names.
+type imageRuntime interface {
+	// ImageNames returns every name pointing at the target digest now.
+	ImageNames(ctx context.Context, digest string) ([]ImageName, error)
+	// ImageUsers returns the containers whose image is one of names.
+	ImageUsers(ctx context.Context, names []string) ([]string, error)
+	// RemoveImage deletes all names (of one digest), synchronously, and
+	// says how (cri or native); errImageChanged when a name moved.
+	RemoveImage(ctx context.Context, digest string, names []ImageName) (string, error)
+}
+
+// diskMeter measures the image filesystem.
+type diskMeter interface {
+	Disk() (DiskStats, error)
+}
+
+var (
+	_ imageRuntime = Runtime{}
+	_ diskMeter    = Statfs{}
+)
+
+// ImageOutcome is what a pass did with one image the plan named: removed,
+// or skipped with the reason.
+type ImageOutcome struct {
+	Digest    string    `json:"digest"`
+	Names     []string  `json:"names"`
+	Size      int64     `json:"bytes"` // estimated: the image's size
+	FirstSeen time.Time `json:"firstSeen"`
+	LastUsed  time.Time `json:"lastUsed,omitzero"`
+	// Rule is why the plan (or the measured disk) chose it: max-age or space.
+	Rule   Reason `json:"rule"`
+	Action string `json:"action"` // removed or skipped
+	// Reason is Rule when removed, else why it was skipped.
+	Reason Reason `json:"reason"`
+	Detail string `json:"detail,omitempty"`
+	// Freed is the measured growth of available bytes across the delete.
+	Freed int64     `json:"freedBytes"`
+	Via   string    `json:"via,omitempty"` // cri or native
+	At    time.Time `json:"at"`
+	// Beyond says the plan's estimate had said enough was freed before this
+	// image, but the measured disk was still above the low threshold.
+	Beyond bool `json:"beyondEstimate,omitempty"`
+}
+
+// imageExecResult is what one execution of a plan did.
+type imageExecResult struct {
+	Outcomes       []ImageOutcome
+	Removed        int
+	EstimatedBytes int64 // sum of the sizes of the removed images
+	FreedBytes     int64 // measured: available bytes after minus before
+	Disk           DiskStats
+	Measured       bool // Disk is a statfs sample taken after the last delete
+	FirstDelete    time.Time
+	Err            error // per-image errors, joined
+}
+
+// imageExecutor applies image plans: it re-checks each image against
+// containerd and the projection right before deleting it, deletes all its
+// names, measures the disk after each one and stops at the low threshold.
+type imageExecutor struct {
+	rt     imageRuntime
+	disk   diskMeter
+	users  func(digest string) []string // the projection's users of digest now
+	synced func() bool
+	policy ImagePolicy
+	dryRun bool
+	now    func() time.Time
+	// emit, if set, is called with each outcome as it happens (for logs,
+	// metrics and events), before execute returns.
+	emit func(ImageOutcome)
+}
+
+// execute applies plan. Max-age images are all deleted; space images are
+// deleted least recently used first until the measured disk is at or below
+// the low threshold, going on past the plan's estimate when shared layers
+// made it too optimistic. Without a measurement (dry run, statfs failing)
+// the estimate decides. Per-image errors are joined into Err; the other
+// images are still processed.
+func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecResult {
+	res := imageExecResult{Disk: plan.Disk, Measured: !plan.InvalidCapacity}
+	queue := slices.Clone(plan.Delete)
+	planned := len(queue)
+	if plan.Triggered && !x.dryRun {
+		for _, it := range plan.Keep {
+			if it.Reason == ReasonNotNeeded {
+				queue = append(queue, it)
+			}
+		}
+	}
+	synced := x.synced()
+	var errs []error
+	estimated := int64(0) // bytes the plan's estimate counts as freed so far
+	for i, it := range queue {
+		beyond := i >= planned
+		rule := it.Reason
+		if beyond {
+			rule = ReasonSpace
+		}
+		skip := func(r Reason, detail string) {
+			if beyond {
+				return // never planned: nothing to report
+			}
+			res.add(x, x.outcome(it, rule, ActionSkipped, r, detail))
+		}
+		if rule == ReasonSpace && x.enough(plan, res, estimated) {
+			skip(ReasonLowReached, "")
+			continue
+		}
+		switch {
+		case ctx.Err() != nil:
+			skip(ReasonCanceled, "")
+			continue
+		case !synced:
+			skip(ReasonNotSynced, "")
+			continue
+		}
+		names, why, detail, err := x.recheck(ctx, it)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("re-check image %s: %w", it.Digest, err))
+			skip(ReasonDeleteFailed, err.Error())
+			continue
+		}
+		if why != "" {
+			skip(why, detail)
+			continue
+		}
+		if x.dryRun {
+			estimated += it.Size
+			skip(ReasonDryRun, "would remove ("+string(rule)+")")
+			continue
+		}
+		via, err := x.rt.RemoveImage(ctx, it.Digest, names)
+		if errors.Is(err, errImageChanged) {
+			skip(ReasonChanged, err.Error())
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove image %s %v: %w", it.Digest, it.Names, err))
+			skip(ReasonDeleteFailed, err.Error())
+			continue
+		}
+		o := x.outcome(it, rule, ActionRemoved, rule, "")
+		o.Via, o.Beyond = via, beyond
+		if res.FirstDelete.IsZero() {
+			res.FirstDelete = o.At
+		}
+		if d, err := x.disk.Disk(); err == nil && res.Measured {
+			o.Freed = int64(d.AvailableBytes) - int64(res.Disk.AvailableBytes)
+			res.Disk = d
+		} else {
+			res.Measured = false
+		}
+		estimated += it.Size
+		res.Removed++
+		res.EstimatedBytes += it.Size
+		res.FreedBytes += o.Freed
+		res.add(x, o)
+	}
+	res.Err = errors.Join(errs...)
+	return res
+}
+
+func (res *imageExecResult) add(x *imageExecutor, o ImageOutcome) {
+	res.Outcomes = append(res.Outcomes, o)
+	if x.emit != nil {
+		x.emit(o)
+	}
+}
+
+// enough reports whether threshold GC has freed what it must: measured
+// available bytes at or above the low threshold's, or, without a
+// measurement, the estimate reaching the plan's amount to free.
+func (x *imageExecutor) enough(plan ImagePlan, res imageExecResult, estimated int64) bool {
+	if !res.Measured || x.dryRun {
+		return estimated >= plan.AmountToFree
+	}
+	return lowReached(res.Disk, x.policy.LowThresholdPercent)
+}
+
+// lowReached reports whether usage is at or below low percent, in the
+// kubelet's arithmetic: available at least capacity*(100-low)/100.
+func lowReached(d DiskStats, low int) bool {
+	return d.CapacityBytes > 0 && min(d.AvailableBytes, d.CapacityBytes) >= mulDiv(d.CapacityBytes, uint64(100-low), 100)
+}
+
+// usagePercent is the kubelet's usage: 100 - available*100/capacity,
+// rounded up; ok is false for a zero capacity.
+func usagePercent(d DiskStats) (int, bool) {
+	if d.CapacityBytes == 0 {
+		return 0, false
+	}
+	return 100 - int(mulDiv(min(d.AvailableBytes, d.CapacityBytes), 100, d.CapacityBytes)), true
+}
+
+// recheck reads the image from containerd and its users from containerd and
+// the projection, right before the delete. It returns the names to delete,
+// or why not to.
+func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName, Reason, string, error) {
+	names, err := x.rt.ImageNames(ctx, it.Digest)
+	if err != nil {
+		return nil, "", "", err
+	}
+	if len(names) == 0 {
+		return nil, ReasonGone, "", nil
+	}
+	now := make([]string, len(names))
+	for i, n := range names {
+		now[i] = n.Name
+		if n.Labels[projection.LabelPinned] == projection.LabelPinnedValue {
+			return nil, ReasonPinned, "pinned since the plan: " + n.Name, nil
+		}
+	}
+	if !slices.Equal(now, it.Names) {
+		return nil, ReasonChanged, namesDiff(it.Names, now), nil
+	}
+	if users := x.users(it.Digest); len(users) > 0 {
+		return nil, ReasonInUse, "projection users: " + strings.Join(users, ","), nil
+	}
+	users, err := x.rt.ImageUsers(ctx, now)
+	if err != nil {
+		return nil, "", "", err
+	}
+	if len(users) > 0 {
+		return nil, ReasonInUse, "containerd users: " + strings.Join(users, ","), nil
+	}
+	return names, "", "", nil
+}
+
+func namesDiff(was, now []string) string {
+	in := map[string]bool{}
+	for _, n := range now {
+		in[n] = true
+	}
+	var parts []string
+	for _, n := range was {
+		if !in[n] {
+			parts = append(parts, "-"+n)
+		}
+		delete(in, n)
+	}
+	for _, n := range slices.Sorted(maps.Keys(in)) {
+		parts = append(parts, "+"+n)
+	}
+	return "names changed: " + strings.Join(parts, " ")
+}
+
+func (x *imageExecutor) outcome(it ImageItem, rule Reason, action string, reason Reason, detail string) ImageOutcome {
+	return ImageOutcome{
+		Digest: it.Digest, Names: it.Names, Size: it.Size, FirstSeen: it.FirstSeen, LastUsed: it.LastUsed,
+		Rule: rule, Action: action, Reason: reason, Detail: detail, At: x.now(),
+	}
+}

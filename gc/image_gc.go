@@ -1,0 +1,670 @@
+package gc
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/gcagent/gcagent/projection"
+)
+
+// imageProjection is the projection as image GC reads it; *projection.Live
+// is one.
+type imageProjection interface {
+	View(fn func(*projection.State))
+	Synced() bool
+	Subscribe() <-chan struct{}
+}
+
+// ImageGCOptions configures an ImageGC. Projection, Runtime and Disk are
+// required.
+type ImageGCOptions struct {
+	// Projection is the live projection (a *projection.Live); NewImageGC
+	// subscribes to it, so it must be called before the projection runs.
+	Projection imageProjection
+	// Runtime re-reads and deletes images (a Runtime).
+	Runtime imageRuntime
+	// Disk measures the image filesystem (a Statfs).
+	Disk diskMeter
+	// Policy is the image policy; it must pass Validate. Sandbox images
+	// learned at run time are added to Policy.SandboxImages.
+	Policy ImagePolicy
+	// LearnSandboxImages, if set, asks the runtime for its sandbox images
+	// (Runtime.SandboxImages). It is called before the first pass and again
+	// every RelearnInterval; until it succeeds it is retried before each pass.
+	LearnSandboxImages func(ctx context.Context) ([]string, error)
+	// DryRun plans, logs and publishes but deletes nothing.
+	DryRun bool
+	// DiskInterval is how often the filesystem is sampled. Default 1s.
+	DiskInterval time.Duration
+	// Debounce coalesces projection changes before the disk is sampled.
+	// Default 20ms.
+	Debounce time.Duration
+	// Retry is how soon a pass that could not reach the low threshold runs
+	// again while nothing changes. Default 1m.
+	Retry time.Duration
+	// RelearnInterval is how often the sandbox images are asked again.
+	// Default 5m.
+	RelearnInterval time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Publisher receives one action per image removed or skipped and per
+	// pass. Default Discard.
+	Publisher  Publisher
+	Log        zerolog.Logger
+	Registerer prometheus.Registerer
+}
+
+// ImagePass is the outcome of one image GC pass.
+type ImagePass struct {
+	Start   time.Time `json:"start"`
+	End     time.Time `json:"end"`
+	Trigger string    `json:"trigger"` // disk, max-age, min-age, retry, change, manual
+	DryRun  bool      `json:"dryRun,omitempty"`
+	Synced  bool      `json:"synced"`
+	// Disk, Usage and AmountToFree are the plan's, before any delete.
+	Disk         DiskStats `json:"disk"`
+	Usage        int       `json:"usage"`
+	Triggered    bool      `json:"triggered"`
+	AmountToFree int64     `json:"amountToFree"`
+	// Planned is how many images the plan named for deletion.
+	Planned int `json:"planned"`
+	// Removed and Skipped are in the order processed.
+	Removed        []ImageOutcome `json:"removed"`
+	Skipped        []ImageOutcome `json:"skipped"`
+	EstimatedBytes int64          `json:"estimatedBytes"`
+	FreedBytes     int64          `json:"freedBytes"`
+	// DiskAfter and UsageAfter are measured after the last delete.
+	DiskAfter  DiskStats `json:"diskAfter"`
+	UsageAfter int       `json:"usageAfter"`
+	// LowReached says threshold GC brought usage to the low threshold;
+	// meaningful when Triggered.
+	LowReached bool      `json:"lowReached"`
+	NextAgeOut time.Time `json:"nextAgeOut,omitzero"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// ImageGCStatus is the image GC's state for /status.
+type ImageGCStatus struct {
+	DryRun        bool       `json:"dryRun"`
+	High          int        `json:"highThreshold"`
+	Low           int        `json:"lowThreshold"`
+	Disk          DiskStats  `json:"disk"`
+	Usage         int        `json:"usage"`
+	SampledAt     time.Time  `json:"sampledAt,omitzero"`
+	Above         bool       `json:"aboveHigh"`
+	CrossedAt     time.Time  `json:"crossedAt,omitzero"`
+	NextAgeOut    time.Time  `json:"nextAgeOut,omitzero"`
+	NextWake      time.Time  `json:"nextWake,omitzero"`
+	SandboxImages []string   `json:"sandboxImages"`
+	Passes        int        `json:"passes"`
+	LastPass      *ImagePass `json:"lastPass,omitempty"`
+}
+
+// ImageGC runs image GC: it samples the image filesystem every DiskInterval
+// and on every projection change, runs a pass when usage reaches the high
+// threshold, and another when the earliest max-age or min-age deadline
+// passes. One goroutine (Run) owns the passes, so two never overlap. Status
+// is safe for concurrent use.
+type ImageGC struct {
+	o        ImageGCOptions
+	changes  <-chan struct{}
+	requests chan chan ImagePass // RunNow's requests, answered by Run
+	exec     *imageExecutor
+	m        imageMetrics
+
+	// Owned by the goroutine running passes.
+	trig         imageTrigger
+	learnedAt    time.Time
+	learnOK      bool
+	learned      []string            // from the runtime
+	sandboxSeen  map[string]struct{} // images sandboxes were created from
+	sandboxCache []string
+
+	mu     sync.Mutex
+	status ImageGCStatus
+}
+
+type imageMetrics struct {
+	passes   *prometheus.CounterVec
+	removed  *prometheus.CounterVec
+	bytes    *prometheus.CounterVec
+	skipped  *prometheus.CounterVec
+	reaction prometheus.Histogram
+	usage    prometheus.Gauge
+}
+
+// NewImageGC returns an ImageGC subscribed to the projection; Run starts it.
+// It registers its metrics on o.Registerer (which fails on a second one).
+func NewImageGC(o ImageGCOptions) *ImageGC {
+	if o.DiskInterval <= 0 {
+		o.DiskInterval = time.Second
+	}
+	if o.Debounce <= 0 {
+		o.Debounce = 20 * time.Millisecond
+	}
+	if o.Retry <= 0 {
+		o.Retry = time.Minute
+	}
+	if o.RelearnInterval <= 0 {
+		o.RelearnInterval = 5 * time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Publisher == nil {
+		o.Publisher = Discard{}
+	}
+	g := &ImageGC{o: o, changes: o.Projection.Subscribe(), requests: make(chan chan ImagePass), sandboxSeen: map[string]struct{}{}}
+	g.trig = imageTrigger{policy: o.Policy, retry: o.Retry, minGap: o.DiskInterval, dryRun: o.DryRun}
+	g.exec = &imageExecutor{
+		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
+		synced: o.Projection.Synced,
+		users: func(digest string) (ids []string) {
+			o.Projection.View(func(s *projection.State) { ids = slices.Sorted(maps.Keys(s.Users[digest])) })
+			return ids
+		},
+	}
+	g.m = imageMetrics{
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_image_gc_passes_total", Help: "Image GC passes, by trigger and result (completed, failed).",
+		}, []string{"trigger", "result"}),
+		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_image_gc_images_removed_total", Help: "Images removed, by reason (space, max-age).",
+		}, []string{"reason"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_image_gc_bytes_removed_total", Help: "Bytes of images removed, by reason and measure (estimated: image sizes; measured: statfs).",
+		}, []string{"reason", "measure"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_image_gc_images_skipped_total", Help: "Images a plan named but the executor did not remove, by reason.",
+		}, []string{"reason"}),
+		reaction: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gcagent_image_gc_reaction_seconds", Help: "Time from usage reaching the high threshold to the first image removed.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
+		}),
+		usage: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gcagent_image_gc_disk_usage_percent", Help: "Image filesystem usage, rounded up like the kubelet's.",
+		}),
+	}
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(g.m.passes, g.m.removed, g.m.bytes, g.m.skipped, g.m.reaction, g.m.usage)
+	}
+	g.status = ImageGCStatus{DryRun: o.DryRun, High: o.Policy.HighThresholdPercent, Low: o.Policy.LowThresholdPercent,
+		SandboxImages: slices.Clone(o.Policy.SandboxImages)}
+	return g
+}
+
+// Run evaluates the triggers until ctx ends; it returns nil then.
+func (g *ImageGC) Run(ctx context.Context) error {
+	tick := time.NewTicker(g.o.DiskInterval)
+	defer tick.Stop()
+	wake := time.NewTimer(time.Hour)
+	wake.Stop()
+	defer wake.Stop()
+	var debounce <-chan time.Time
+	g.learn(ctx, g.o.Now())
+	g.evaluate(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case reply := <-g.requests:
+			d, ok := g.sample()
+			g.trig.observe(g.o.Now(), d, ok)
+			reply <- g.Pass(ctx, "manual")
+		case <-tick.C:
+		case <-wake.C:
+		case <-g.changes:
+			if debounce == nil {
+				debounce = time.After(g.o.Debounce)
+			}
+			continue
+		case <-debounce:
+			debounce = nil
+		}
+		g.evaluate(ctx)
+		wake.Stop()
+		if at := g.trig.wake(); !at.IsZero() {
+			wake.Reset(max(at.Sub(g.o.Now()), time.Millisecond))
+		}
+		g.setNextWake(g.trig.wake())
+	}
+}
+
+// RunNow asks Run for a pass now (trigger "manual") and returns it. It
+// waits for a pass in progress to end first; it fails when ctx ends before
+// Run answers (Run not running).
+func (g *ImageGC) RunNow(ctx context.Context) (ImagePass, error) {
+	reply := make(chan ImagePass, 1)
+	select {
+	case g.requests <- reply:
+	case <-ctx.Done():
+		return ImagePass{}, ctx.Err()
+	}
+	select {
+	case p := <-reply:
+		return p, nil
+	case <-ctx.Done():
+		return ImagePass{}, ctx.Err()
+	}
+}
+
+func (g *ImageGC) sample() (DiskStats, bool) {
+	d, err := g.o.Disk.Disk()
+	return d, err == nil
+}
+
+// evaluate samples the disk, decides and runs a pass when one is due.
+func (g *ImageGC) evaluate(ctx context.Context) {
+	now := g.o.Now()
+	disk, err := g.o.Disk.Disk()
+	if err != nil {
+		g.o.Log.Warn().Err(err).Msg("image filesystem not measured")
+	}
+	g.trig.observe(now, disk, err == nil)
+	g.noteDisk(now, disk)
+	var seq uint64
+	var synced bool
+	var plan ImagePlan
+	g.o.Projection.View(func(s *projection.State) {
+		seq, synced = s.Seq, s.Synced
+		if g.o.Policy.MaxAge > 0 && synced && seq != g.trig.planSeq {
+			// The next age-out moves with the state; planning is pure and
+			// cheap, so it is re-read on each change.
+			g.observeSandboxes(s)
+			plan = PlanImages(s, disk, g.policy(), now)
+		}
+	})
+	if g.o.Policy.MaxAge > 0 && synced && seq != g.trig.planSeq {
+		g.trig.planned(seq, plan)
+		g.setNextAgeOut(plan.NextAgeOut)
+	}
+	if trigger, ok := g.trig.due(now, seq, synced); ok {
+		g.Pass(ctx, trigger)
+	}
+}
+
+// Pass runs one pass now: plan against the projection and a fresh disk
+// sample, then execute (or, in a dry run, only report). Run calls it; a tool
+// may call it when Run is not running, never concurrently with Run.
+func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
+	start := g.o.Now()
+	g.learn(ctx, start)
+	disk, derr := g.o.Disk.Disk()
+	var plan ImagePlan
+	var seq uint64
+	synced := false
+	g.o.Projection.View(func(s *projection.State) {
+		g.observeSandboxes(s)
+		plan = PlanImages(s, disk, g.policy(), start)
+		seq, synced = s.Seq, s.Synced
+	})
+	if derr != nil {
+		g.o.Log.Warn().Err(derr).Msg("image filesystem not measured: only max-age GC runs")
+	}
+	pass := ImagePass{Start: start, Trigger: trigger, DryRun: g.o.DryRun, Synced: synced, Disk: plan.Disk,
+		Usage: plan.Usage, Triggered: plan.Triggered, AmountToFree: plan.AmountToFree, Planned: len(plan.Delete),
+		Removed: []ImageOutcome{}, Skipped: []ImageOutcome{}, NextAgeOut: plan.NextAgeOut}
+	key := "image@" + strconv.FormatInt(start.UnixNano(), 10)
+	log := g.o.Log.With().Str("pass", key).Logger()
+	log.Info().Str("trigger", trigger).Int("usage", plan.Usage).Int("high", g.o.Policy.HighThresholdPercent).
+		Int("low", g.o.Policy.LowThresholdPercent).Bool("triggered", plan.Triggered).Int64("amount_to_free", plan.AmountToFree).
+		Int("planned", len(plan.Delete)).Int64("bytes", plan.EstimatedBytes).Bool("dry_run", g.o.DryRun).Msg("image gc pass started")
+	g.publish(Action{Kind: "gc", Action: "started", Subject: "image", Key: key, Data: passData(pass)}, log)
+	for _, it := range plan.Keep {
+		log.Debug().Str("image", firstName(it.Names)).Str("digest", it.Digest).Strs("names", it.Names).Int64("bytes", it.Size).
+			Str("reason", string(it.Reason)).Str("rule", it.Rule).Msg("image kept")
+	}
+
+	g.exec.emit = func(o ImageOutcome) { g.handle(o, &pass, log) }
+	res := g.exec.execute(ctx, plan)
+	g.exec.emit = nil
+
+	pass.End = g.o.Now()
+	pass.EstimatedBytes, pass.FreedBytes = res.EstimatedBytes, res.FreedBytes
+	pass.DiskAfter = res.Disk
+	if !res.Measured {
+		if d, err := g.o.Disk.Disk(); err == nil {
+			pass.DiskAfter = d
+		}
+	}
+	pass.UsageAfter, _ = usagePercent(pass.DiskAfter)
+	pass.LowReached = lowReached(pass.DiskAfter, g.o.Policy.LowThresholdPercent)
+	g.trig.passed(pass.End, seq, plan, pass)
+	result := "completed"
+	ev := log.Info()
+	if res.Err != nil {
+		result, pass.Error, ev = "failed", res.Err.Error(), log.Error().Err(res.Err)
+	}
+	g.m.passes.WithLabelValues(trigger, result).Inc()
+	ev.Str("trigger", trigger).Int("removed", len(pass.Removed)).Int("skipped", len(pass.Skipped)).
+		Int64("bytes", pass.EstimatedBytes).Int64("freed", pass.FreedBytes).Int("usage", pass.UsageAfter).
+		Bool("low_reached", pass.LowReached).Dur("took", pass.End.Sub(pass.Start)).Msg("image gc pass " + result)
+	g.publish(Action{Kind: "gc", Action: result, Subject: "image", Key: key, Data: passData(pass)}, log)
+	g.mu.Lock()
+	g.status.Passes++
+	p := pass
+	g.status.LastPass = &p
+	g.status.NextAgeOut = plan.NextAgeOut
+	g.mu.Unlock()
+	return pass
+}
+
+// handle logs, counts and publishes one outcome as it happens.
+func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, log zerolog.Logger) {
+	key := o.Digest + "@" + strconv.FormatInt(o.FirstSeen.UnixNano(), 10)
+	var ev *zerolog.Event
+	if o.Action == ActionRemoved {
+		pass.Removed = append(pass.Removed, o)
+		g.m.removed.WithLabelValues(string(o.Rule)).Inc()
+		g.m.bytes.WithLabelValues(string(o.Rule), "estimated").Add(float64(o.Size))
+		g.m.bytes.WithLabelValues(string(o.Rule), "measured").Add(float64(max(o.Freed, 0)))
+		if g.trig.reacted(o.At) {
+			g.m.reaction.Observe(o.At.Sub(g.trig.crossedAt).Seconds())
+		}
+		ev = log.Info().Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
+	} else {
+		pass.Skipped = append(pass.Skipped, o)
+		g.m.skipped.WithLabelValues(string(o.Reason)).Inc()
+		// A skip recurs each pass; the pass start keeps its event distinct.
+		key += "/" + strconv.FormatInt(pass.Start.UnixNano(), 10)
+		ev = log.Info()
+		if o.Reason == ReasonDeleteFailed {
+			ev = log.Warn()
+		}
+	}
+	ev.Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("bytes", o.Size).
+		Int64("freed", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
+		Msg("image " + o.Action)
+	g.publish(Action{Kind: "image", Action: o.Action, Subject: o.Digest, Key: key, Data: imageData{ImageOutcome: o, DryRun: g.o.DryRun}}, log)
+}
+
+// imageData is the payload of an image action.
+type imageData struct {
+	ImageOutcome
+	DryRun bool `json:"dryRun,omitempty"`
+}
+
+// passSummary is the payload of a pass action: the pass without the
+// per-image lists, which are published one event each.
+type passSummary struct {
+	Start          time.Time `json:"start"`
+	End            time.Time `json:"end,omitzero"`
+	Trigger        string    `json:"trigger"`
+	DryRun         bool      `json:"dryRun,omitempty"`
+	Usage          int       `json:"usage"`
+	AmountToFree   int64     `json:"amountToFree"`
+	Planned        int       `json:"planned"`
+	Removed        int       `json:"removed"`
+	Skipped        int       `json:"skipped"`
+	EstimatedBytes int64     `json:"bytes"`
+	FreedBytes     int64     `json:"freedBytes"`
+	UsageAfter     int       `json:"usageAfter"`
+	Error          string    `json:"error,omitempty"`
+}
+
+func passData(p ImagePass) passSummary {
+	return passSummary{Start: p.Start, End: p.End, Trigger: p.Trigger, DryRun: p.DryRun, Usage: p.Usage,
+		AmountToFree: p.AmountToFree, Planned: p.Planned, Removed: len(p.Removed), Skipped: len(p.Skipped),
+		EstimatedBytes: p.EstimatedBytes, FreedBytes: p.FreedBytes, UsageAfter: p.UsageAfter, Error: p.Error}
+}
+
+func (g *ImageGC) publish(a Action, log zerolog.Logger) {
+	if err := g.o.Publisher.Publish(a); err != nil {
+		log.Warn().Err(err).Str("kind", a.Kind).Str("action", a.Action).Msg("publish failed")
+	}
+}
+
+func firstName(names []string) string {
+	// Prefer a readable name over CRI's sha256: id.
+	for _, n := range names {
+		if len(n) < 7 || n[:7] != "sha256:" {
+			return n
+		}
+	}
+	if len(names) > 0 {
+		return names[0]
+	}
+	return ""
+}
+
+// policy is the configured policy plus the sandbox images learned so far.
+func (g *ImageGC) policy() ImagePolicy {
+	p := g.o.Policy
+	if len(g.sandboxCache) > 0 {
+		p.SandboxImages = g.sandboxCache
+	}
+	return p
+}
+
+// learn asks the runtime for its sandbox images when due.
+func (g *ImageGC) learn(ctx context.Context, now time.Time) {
+	if g.o.LearnSandboxImages == nil || (g.learnOK && now.Sub(g.learnedAt) < g.o.RelearnInterval) {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	imgs, err := g.o.LearnSandboxImages(lctx)
+	cancel()
+	g.learnedAt = now
+	if err != nil {
+		g.learnOK = false
+		g.o.Log.Warn().Err(err).Msg("sandbox image not learned from CRI; will retry")
+		return
+	}
+	if !g.learnOK || !slices.Equal(imgs, g.learned) {
+		g.o.Log.Info().Strs("sandbox_images", imgs).Msg("sandbox images learned from CRI")
+	}
+	g.learnOK, g.learned = true, imgs
+	g.refreshSandboxes()
+}
+
+// observeSandboxes remembers the image (name and digest) of every sandbox
+// container in the state: whatever CRI's config says, an image pods were
+// started from is a sandbox image, and stays protected after the pods go.
+func (g *ImageGC) observeSandboxes(s *projection.State) {
+	added := false
+	for _, ref := range SandboxImagesOf(s) {
+		if _, ok := g.sandboxSeen[ref]; !ok {
+			g.sandboxSeen[ref], added = struct{}{}, true
+		}
+	}
+	if added {
+		g.refreshSandboxes()
+	}
+}
+
+// SandboxImagesOf returns the image names and digests the sandbox
+// containers in s were created from, sorted: images to keep as sandbox
+// images whatever the runtime's configuration says.
+func SandboxImagesOf(s *projection.State) []string {
+	var out []string
+	for _, c := range s.Containers {
+		if c.CRIKind != projection.KindSandbox {
+			continue
+		}
+		for _, ref := range []string{c.Image, c.ImageDigest} {
+			if ref != "" {
+				out = append(out, ref)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func (g *ImageGC) refreshSandboxes() {
+	all := append(slices.Clone(g.o.Policy.SandboxImages), g.learned...)
+	all = append(all, slices.Collect(maps.Keys(g.sandboxSeen))...)
+	slices.Sort(all)
+	g.sandboxCache = slices.Compact(all)
+	g.mu.Lock()
+	g.status.SandboxImages = slices.Clone(g.sandboxCache)
+	g.mu.Unlock()
+}
+
+// Status returns the current state; safe for concurrent use.
+func (g *ImageGC) Status() ImageGCStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.status
+	st.SandboxImages = slices.Clone(st.SandboxImages)
+	if st.SandboxImages == nil {
+		st.SandboxImages = []string{}
+	}
+	if st.LastPass != nil {
+		p := *st.LastPass
+		st.LastPass = &p
+	}
+	return st
+}
+
+func (g *ImageGC) noteDisk(now time.Time, d DiskStats) {
+	usage, _ := usagePercent(d)
+	g.m.usage.Set(float64(usage))
+	g.mu.Lock()
+	g.status.Disk, g.status.Usage, g.status.SampledAt = d, usage, now
+	g.status.Above, g.status.CrossedAt = g.trig.above, g.trig.crossedAt
+	g.mu.Unlock()
+}
+
+func (g *ImageGC) setNextAgeOut(t time.Time) {
+	g.mu.Lock()
+	g.status.NextAgeOut = t
+	g.mu.Unlock()
+}
+
+func (g *ImageGC) setNextWake(t time.Time) {
+	g.mu.Lock()
+	g.status.NextWake = t
+	g.mu.Unlock()
+}
+
+// imageTrigger decides when a pass is due. It is pure: it holds what was
+// observed and what the last pass found, and every method takes the time.
+type imageTrigger struct {
+	policy ImagePolicy
+	retry  time.Duration // rerun a pass this soon while still above the high threshold
+	minGap time.Duration // at most one pass per minGap on projection changes alone
+	dryRun bool
+
+	above     bool      // the last sample was at or above the high threshold
+	crossedAt time.Time // when usage reached the high threshold; zero below it
+	didReact  bool      // a delete happened since crossedAt
+
+	passAt       time.Time // end of the last pass; zero before the first
+	passSeq      uint64    // projection seq the last pass planned from
+	passShort    bool      // the last pass was triggered and did not reach low
+	nextEligible time.Time // earliest too-young image passing MinAge, when short
+
+	planSeq    uint64    // seq the next age-out was computed at
+	nextAgeOut time.Time // earliest max-age deadline; zero when none
+}
+
+// observe takes a disk sample (ok false when statfs failed).
+func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
+	usage, valid := usagePercent(d)
+	above := ok && valid && tr.policy.HighThresholdPercent < 100 && usage >= tr.policy.HighThresholdPercent
+	if above && !tr.above {
+		tr.crossedAt, tr.didReact = now, false
+	}
+	if !above {
+		tr.crossedAt = time.Time{}
+	}
+	tr.above = above
+}
+
+// planned records the next age-out of a plan made at projection seq. Max-age
+// images in the plan are due now, but no sooner than minGap (retry in a dry
+// run, which deletes nothing) after the last pass, so that a failing delete
+// does not spin.
+func (tr *imageTrigger) planned(seq uint64, plan ImagePlan) {
+	tr.planSeq, tr.nextAgeOut = seq, plan.NextAgeOut
+	for _, it := range plan.Delete {
+		if it.Reason == ReasonMaxAge {
+			gap := tr.minGap
+			if tr.dryRun {
+				gap = tr.retry
+			}
+			tr.nextAgeOut = plan.Now
+			if !tr.passAt.IsZero() {
+				tr.nextAgeOut = later(plan.Now, tr.passAt.Add(gap))
+			}
+			break
+		}
+	}
+}
+
+// due reports whether a pass should run now, and its trigger.
+func (tr *imageTrigger) due(now time.Time, seq uint64, synced bool) (string, bool) {
+	switch {
+	case !synced:
+		return "", false
+	case !tr.nextAgeOut.IsZero() && !now.Before(tr.nextAgeOut):
+		return "max-age", true
+	case !tr.above:
+		return "", false
+	case tr.passAt.IsZero() || tr.crossedAt.After(tr.passAt):
+		return "disk", true // a new crossing since the last pass
+	case !tr.nextEligible.IsZero() && !now.Before(tr.nextEligible):
+		return "min-age", true
+	case seq != tr.passSeq && !now.Before(tr.passAt.Add(tr.minGap)):
+		return "change", true
+	case !now.Before(tr.passAt.Add(tr.retry)):
+		return "retry", true // still above: something else may have become deletable
+	}
+	return "", false
+}
+
+// passed records a finished pass that planned from projection seq. Max-age
+// images it could not delete (and, in a dry run, all of them) are retried
+// when the projection changes.
+func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p ImagePass) {
+	tr.passAt, tr.passSeq = now, seq
+	tr.passShort = plan.Triggered && !p.LowReached
+	tr.planSeq, tr.nextAgeOut = seq, plan.NextAgeOut
+	tr.nextEligible = time.Time{}
+	if tr.passShort {
+		for _, it := range plan.Keep {
+			if it.Reason == ReasonTooYoung {
+				earliest(&tr.nextEligible, it.EligibleAt)
+			}
+		}
+	}
+}
+
+// reacted reports whether a delete at t is the first since usage crossed
+// the high threshold, and records it.
+func (tr *imageTrigger) reacted(t time.Time) bool {
+	if tr.crossedAt.IsZero() || tr.didReact {
+		return false
+	}
+	tr.didReact = true
+	return !t.Before(tr.crossedAt)
+}
+
+// wake returns the next instant a timer must evaluate at (zero for none):
+// the next age-out, and while above the high threshold after a short pass,
+// the end of min-age protection and the retry.
+func (tr *imageTrigger) wake() time.Time {
+	var t time.Time
+	earliest(&t, tr.nextAgeOut)
+	if tr.above && !tr.passAt.IsZero() {
+		earliest(&t, tr.nextEligible)
+		earliest(&t, tr.passAt.Add(tr.retry))
+	}
+	return t
+}
+
+// String renders the trigger state for debugging.
+func (tr *imageTrigger) String() string {
+	return fmt.Sprintf("above=%v crossed=%s pass=%s seq=%d short=%v eligible=%s ageout=%s",
+		tr.above, tr.crossedAt.Format(time.RFC3339Nano), tr.passAt.Format(time.RFC3339Nano), tr.passSeq,
+		tr.passShort, tr.nextEligible.Format(time.RFC3339Nano), tr.nextAgeOut.Format(time.RFC3339Nano))
+}

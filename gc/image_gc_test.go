@@ -1,0 +1,397 @@
+package gc
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/projection"
+)
+
+// fakeProjection serves a State the test mutates between calls.
+type fakeProjection struct {
+	state *projection.State
+	subs  int
+}
+
+var (
+	_ imageProjection = (*fakeProjection)(nil)
+	_ imageProjection = (*projection.Live)(nil)
+)
+
+func (p *fakeProjection) View(fn func(*projection.State)) { fn(p.state) }
+func (p *fakeProjection) Synced() bool                    { return p.state.Synced }
+func (p *fakeProjection) Subscribe() <-chan struct{} {
+	p.subs++
+	return make(chan struct{})
+}
+
+// imagePublisher records actions.
+type imagePublisher struct {
+	mu      sync.Mutex
+	actions []Action
+}
+
+func (p *imagePublisher) Publish(a Action) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.actions = append(p.actions, a)
+	return nil
+}
+
+func (p *imagePublisher) keys(kind, action string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, a := range p.actions {
+		if a.Kind == kind && a.Action == action {
+			out = append(out, a.Key)
+		}
+	}
+	return out
+}
+
+// fakeClock is a settable clock.
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time                  { return c.now }
+func (c *fakeClock) Step(d time.Duration)            { c.now = c.now.Add(d) }
+func (c *fakeClock) Set(t time.Time)                 { c.now = t }
+func (c *fakeClock) Since(d time.Duration) time.Time { return c.now.Add(-d) }
+
+func newImageGC(t *testing.T, n *node, p ImagePolicy, mod func(*ImageGCOptions)) (*ImageGC, *imagePublisher, *fakeClock, *prometheus.Registry) {
+	t.Helper()
+	pub, clk, reg := &imagePublisher{}, &fakeClock{now: at(time.Hour)}, prometheus.NewRegistry()
+	o := ImageGCOptions{Projection: &fakeProjection{state: n.state}, Runtime: n.rt, Disk: n.disk, Policy: p,
+		Now: clk.Now, Publisher: pub, Registerer: reg}
+	if mod != nil {
+		mod(&o)
+	}
+	return NewImageGC(o), pub, clk, reg
+}
+
+func TestImageGCPassPublishesAndCounts(t *testing.T) {
+	n := newNode()
+	g, pub, clk, reg := newImageGC(t, n, policy8070, nil)
+	pass := g.Pass(context.Background(), "disk")
+
+	wantRemoved := []string{digestOf("a"), digestOf("b")}
+	var got []string
+	for _, o := range pass.Removed {
+		got = append(got, o.Digest)
+	}
+	if !slices.Equal(got, wantRemoved) {
+		t.Fatalf("removed %v, want %v", got, wantRemoved)
+	}
+	if !pass.Triggered || !pass.LowReached || pass.UsageAfter != 74 || pass.FreedBytes != 16*mib || pass.EstimatedBytes != 8*mib {
+		t.Errorf("pass %+v", pass)
+	}
+	// Keys: digest@firstSeen for a removal; plus the pass start for a skip.
+	first := strconv.FormatInt(at(0).UnixNano(), 10)
+	if k := pub.keys("image", ActionRemoved); !slices.Equal(k, []string{digestOf("a") + "@" + first, digestOf("b") + "@" + first}) {
+		t.Errorf("removed keys %v", k)
+	}
+	passKey := "image@" + strconv.FormatInt(clk.now.UnixNano(), 10)
+	if k := pub.keys("image", ActionSkipped); !slices.Equal(k, []string{digestOf("c") + "@" + first + "/" + strconv.FormatInt(clk.now.UnixNano(), 10)}) {
+		t.Errorf("skipped keys %v", k)
+	}
+	if s, c := pub.keys("gc", "started"), pub.keys("gc", "completed"); !slices.Equal(s, []string{passKey}) || !slices.Equal(c, []string{passKey}) {
+		t.Errorf("pass keys started %v completed %v, want %s", s, c, passKey)
+	}
+	if v := testutil.ToFloat64(g.m.removed.WithLabelValues("space")); v != 2 {
+		t.Errorf("images removed metric = %v", v)
+	}
+	if v := testutil.ToFloat64(g.m.bytes.WithLabelValues("space", "measured")); v != 16*mib {
+		t.Errorf("measured bytes metric = %v", v)
+	}
+	if v := testutil.ToFloat64(g.m.skipped.WithLabelValues(string(ReasonLowReached))); v != 1 {
+		t.Errorf("skips metric = %v", v)
+	}
+	if n, err := testutil.GatherAndCount(reg, "gcagent_image_gc_passes_total"); err != nil || n != 1 {
+		t.Errorf("passes series %d %v", n, err)
+	}
+	st := g.Status()
+	if st.Passes != 1 || st.LastPass == nil || len(st.LastPass.Removed) != 2 {
+		t.Errorf("status %+v", st)
+	}
+
+	// The same pass again (a retry after a crash) publishes the same keys.
+	n2 := newNode()
+	g2, pub2, _, _ := newImageGC(t, n2, policy8070, nil)
+	g2.Pass(context.Background(), "disk")
+	if !slices.Equal(pub.keys("image", ActionRemoved), pub2.keys("image", ActionRemoved)) {
+		t.Errorf("keys not deterministic: %v vs %v", pub.keys("image", ActionRemoved), pub2.keys("image", ActionRemoved))
+	}
+}
+
+func TestImageGCFailedPass(t *testing.T) {
+	n := newNode()
+	n.rt.InjectError("remove", digestOf("a"), errors.New("boom"))
+	g, pub, _, _ := newImageGC(t, n, policy8070, nil)
+	pass := g.Pass(context.Background(), "disk")
+	if pass.Error == "" || len(pub.keys("gc", "failed")) != 1 || len(pub.keys("gc", "completed")) != 0 {
+		t.Fatalf("pass error %q, failed %v", pass.Error, pub.keys("gc", "failed"))
+	}
+}
+
+func TestImageGCSandboxImages(t *testing.T) {
+	t.Run("learned from CRI", func(t *testing.T) {
+		n := newNode() // a is the least recently used
+		calls := 0
+		g, _, _, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) {
+			o.LearnSandboxImages = func(context.Context) ([]string, error) {
+				calls++
+				return []string{"example.test/a:1"}, nil
+			}
+		})
+		pass := g.Pass(context.Background(), "disk")
+		if slices.Contains(n.rt.Removed(), digestOf("a")) {
+			t.Fatalf("removed the sandbox image: %v", n.rt.Removed())
+		}
+		if len(pass.Removed) == 0 {
+			t.Fatalf("removed nothing")
+		}
+		if st := g.Status(); !slices.Equal(st.SandboxImages, []string{"example.test/a:1"}) {
+			t.Errorf("status sandbox images %v", st.SandboxImages)
+		}
+		g.Pass(context.Background(), "disk")
+		if calls != 1 {
+			t.Errorf("asked CRI %d times within the relearn interval", calls)
+		}
+	})
+	t.Run("retried until CRI answers", func(t *testing.T) {
+		n := newNode()
+		calls := 0
+		g, _, _, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) {
+			o.LearnSandboxImages = func(context.Context) ([]string, error) {
+				calls++
+				return nil, errors.New("cri: unavailable")
+			}
+		})
+		g.Pass(context.Background(), "disk")
+		g.Pass(context.Background(), "disk")
+		if calls != 2 {
+			t.Errorf("asked CRI %d times, want once per pass until it answers", calls)
+		}
+	})
+	t.Run("image of a sandbox that is gone", func(t *testing.T) {
+		n := newNode()
+		// A pod ran on b's image as its sandbox, then went away.
+		n.state.Apply(sandbox(2*h, "sb1", "uid-1"))
+		n.state.Apply(events.ContainerUpserted{At: at(2 * h), ID: "sb1", Image: "example.test/b:1",
+			CRIKind: projection.KindSandbox, PodUID: "uid-1", Created: at(2 * h)})
+		g, _, _, _ := newImageGC(t, n, policy8070, nil)
+		g.Pass(context.Background(), "disk") // sees the sandbox: in use anyway
+		n.state.Apply(remove(3*h, "sb1"))
+		n.disk.available = 0
+		g.Pass(context.Background(), "disk")
+		if slices.Contains(n.rt.Removed(), digestOf("b")) {
+			t.Fatalf("removed an image pods were started from: %v", n.rt.Removed())
+		}
+	})
+}
+
+func TestImageGCDryRunDeletesNothing(t *testing.T) {
+	n := newNode()
+	g, pub, _, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) { o.DryRun = true })
+	pass := g.Pass(context.Background(), "disk")
+	if len(n.rt.Removed()) != 0 || len(pass.Removed) != 0 {
+		t.Fatalf("dry run removed %v", n.rt.Removed())
+	}
+	if got := len(pub.keys("image", ActionSkipped)); got != 3 {
+		t.Errorf("published %d skips, want one per planned image (3)", got)
+	}
+}
+
+func TestImageGCSubscribesAtConstruction(t *testing.T) {
+	n := newNode()
+	p := &fakeProjection{state: n.state}
+	NewImageGC(ImageGCOptions{Projection: p, Runtime: n.rt, Disk: n.disk, Policy: policy8070})
+	if p.subs != 1 {
+		t.Fatalf("subscribed %d times", p.subs)
+	}
+}
+
+// disk returns a 100-byte disk at usage percent.
+func disk(usage int) DiskStats {
+	return DiskStats{CapacityBytes: 100, AvailableBytes: uint64(100 - usage)}
+}
+
+func TestImageTrigger(t *testing.T) {
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80, MinAge: 2 * m}
+	newTrig := func() *imageTrigger { return &imageTrigger{policy: p, retry: time.Minute, minGap: time.Second} }
+	s := time.Second
+	reachedLow := ImagePass{LowReached: true}
+	short := ImagePass{}
+	triggered := ImagePlan{Triggered: true}
+
+	type step struct {
+		at     time.Duration
+		usage  int
+		seq    uint64
+		synced bool
+		want   string // trigger, "" for none
+		pass   *ImagePass
+		plan   ImagePlan
+	}
+	tests := []struct {
+		name  string
+		high  int // overrides 85
+		steps []step
+	}{
+		{"waits for sync, then runs", 0, []step{
+			{at: 0, usage: 90, seq: 1, want: ""},
+			{at: s, usage: 90, seq: 2, synced: true, want: "disk", pass: &reachedLow, plan: triggered},
+		}},
+		{"below high: nothing", 0, []step{
+			{at: 0, usage: 84, seq: 1, synced: true, want: ""},
+			{at: time.Hour, usage: 84, seq: 9, synced: true, want: ""},
+		}},
+		{"high 100 disables threshold GC", 100, []step{
+			{at: 0, usage: 100, seq: 1, synced: true, want: ""},
+		}},
+		{"one pass per crossing once low is reached", 0, []step{
+			{at: 0, usage: 86, seq: 1, synced: true, want: "disk", pass: &reachedLow, plan: triggered},
+			{at: s, usage: 80, seq: 3, synced: true, want: ""},
+			{at: 2 * s, usage: 86, seq: 4, synced: true, want: "disk", pass: &reachedLow, plan: triggered},
+		}},
+		{"short pass: reruns on a change, not faster than minGap", 0, []step{
+			{at: 0, usage: 95, seq: 1, synced: true, want: "disk", pass: &short, plan: triggered},
+			{at: 500 * time.Millisecond, usage: 95, seq: 2, synced: true, want: ""},
+			{at: s, usage: 95, seq: 2, synced: true, want: "change", pass: &short, plan: triggered},
+			{at: 2 * s, usage: 95, seq: 2, synced: true, want: ""},
+			{at: 30 * s, usage: 95, seq: 2, synced: true, want: ""},
+			{at: 61 * s, usage: 95, seq: 2, synced: true, want: "retry", pass: &short, plan: triggered},
+		}},
+		{"short pass with too-young images: when they come of age", 0, []step{
+			{at: 0, usage: 95, seq: 1, synced: true, want: "disk", pass: &short, plan: ImagePlan{Triggered: true,
+				Keep: []ImageItem{{Reason: ReasonTooYoung, EligibleAt: at(30 * s)}, {Reason: ReasonTooYoung, EligibleAt: at(20 * s)}}}},
+			{at: 19 * s, usage: 95, seq: 1, synced: true, want: ""},
+			{at: 20 * s, usage: 95, seq: 1, synced: true, want: "min-age", pass: &short, plan: triggered},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := newTrig()
+			if tt.high != 0 {
+				tr.policy.HighThresholdPercent = tt.high
+			}
+			for i, st := range tt.steps {
+				now := at(st.at)
+				tr.observe(now, disk(st.usage), true)
+				got, ok := tr.due(now, st.seq, st.synced)
+				if ok != (st.want != "") || got != st.want {
+					t.Fatalf("step %d (%s): due = %q %v, want %q (%s)", i, st.at, got, ok, st.want, tr)
+				}
+				if ok && st.pass != nil {
+					tr.passed(now, st.seq, st.plan, *st.pass)
+				}
+			}
+		})
+	}
+}
+
+func TestImageTriggerWake(t *testing.T) {
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80, MinAge: 2 * m, MaxAge: time.Hour}
+	tr := &imageTrigger{policy: p, retry: time.Minute, minGap: time.Second}
+	tr.observe(at(0), disk(10), true)
+	if !tr.wake().IsZero() {
+		t.Fatalf("wake armed with nothing to wait for: %s", tr.wake())
+	}
+	// A plan whose earliest kept image ages out at +40m arms the timer there.
+	tr.planned(1, ImagePlan{Now: at(0), NextAgeOut: at(40 * m)})
+	if got := tr.wake(); !got.Equal(at(40 * m)) {
+		t.Fatalf("wake = %s, want +40m", got)
+	}
+	if _, ok := tr.due(at(40*m-time.Nanosecond), 1, true); ok {
+		t.Fatalf("due before the age-out")
+	}
+	if got, ok := tr.due(at(40*m), 1, true); !ok || got != "max-age" {
+		t.Fatalf("due at the age-out = %q %v", got, ok)
+	}
+	tr.passed(at(40*m), 1, ImagePlan{Now: at(40 * m), NextAgeOut: at(70 * m)}, ImagePass{})
+	if got := tr.wake(); !got.Equal(at(70 * m)) {
+		t.Fatalf("re-armed at %s, want +70m", got)
+	}
+	// A plan with max-age images due now, right after a pass: not before minGap.
+	tr.planned(2, ImagePlan{Now: at(40 * m), Delete: []ImageItem{{Reason: ReasonMaxAge}}})
+	if got := tr.wake(); !got.Equal(at(40*m + time.Second)) {
+		t.Fatalf("max-age due at %s, want one minGap after the last pass", got)
+	}
+	// Above the high threshold after a short pass with too-young images:
+	// woken when the first comes of age, before the next age-out.
+	tr2 := &imageTrigger{policy: p, retry: time.Minute, minGap: time.Second}
+	tr2.observe(at(0), disk(99), true)
+	tr2.passed(at(0), 1, ImagePlan{Now: at(0), Triggered: true, NextAgeOut: at(time.Hour),
+		Keep: []ImageItem{{Reason: ReasonTooYoung, EligibleAt: at(90 * time.Second)}}}, ImagePass{})
+	if got := tr2.wake(); !got.Equal(at(time.Minute)) {
+		t.Fatalf("wake = %s, want the retry at +1m (before min-age at +90s)", got)
+	}
+	tr2.retry = time.Hour
+	if got := tr2.wake(); !got.Equal(at(90 * time.Second)) {
+		t.Fatalf("wake = %s, want min-age at +90s", got)
+	}
+}
+
+func TestImageTriggerReaction(t *testing.T) {
+	tr := &imageTrigger{policy: policy8070, retry: time.Minute, minGap: time.Second}
+	tr.observe(at(0), disk(50), true)
+	if tr.reacted(at(time.Second)) {
+		t.Fatal("reaction without a crossing")
+	}
+	tr.observe(at(10*time.Second), disk(90), true)
+	tr.observe(at(11*time.Second), disk(90), true) // still above: same crossing
+	if !tr.reacted(at(12*time.Second)) || !tr.crossedAt.Equal(at(10*time.Second)) {
+		t.Fatalf("first delete not measured from the crossing at +10s (%s)", tr)
+	}
+	if tr.reacted(at(13 * time.Second)) {
+		t.Fatal("second delete of the same crossing measured")
+	}
+	tr.observe(at(20*time.Second), disk(70), true)
+	tr.observe(at(30*time.Second), disk(88), true)
+	if !tr.reacted(at(31*time.Second)) || !tr.crossedAt.Equal(at(30*time.Second)) {
+		t.Fatalf("new crossing not measured (%s)", tr)
+	}
+	tr.observe(at(40*time.Second), DiskStats{}, false)
+	if tr.above {
+		t.Fatal("a failed sample counts as above")
+	}
+}
+
+func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
+	n := newNode()
+	n.disk.available = 90 * mib
+	p := policy8070
+	p.MaxAge = 2 * h
+	g, _, clk, _ := newImageGC(t, n, p, nil)
+	clk.Set(at(time.Hour))
+	g.evaluate(context.Background())
+	// a left at +1m1s: ages out just after +2h1m1s.
+	want := at(2*h + m + time.Second + time.Nanosecond)
+	if got := g.trig.wake(); !got.Equal(want) {
+		t.Fatalf("wake = %s, want %s", got, want)
+	}
+	if len(n.rt.Removed()) != 0 {
+		t.Fatalf("removed before the age-out: %v", n.rt.Removed())
+	}
+	clk.Set(want)
+	g.evaluate(context.Background())
+	if got := n.rt.Removed(); !slices.Equal(got, []string{digestOf("a")}) {
+		t.Fatalf("removed %v at the age-out, want a", got)
+	}
+	if st := g.Status(); st.LastPass == nil || st.LastPass.Trigger != "max-age" {
+		t.Fatalf("last pass %+v", st.LastPass)
+	}
+	if !strings.Contains(g.trig.String(), "ageout=") {
+		t.Fatal("String")
+	}
+}

@@ -1,0 +1,230 @@
+package natsbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// authConfig is a per-node permission model after Choria's: account FLEET
+// holds the nodes, each an nkey user that may publish only its own events
+// (plus the JetStream API calls its Publisher makes), subscribe only to its
+// own and the cluster-wide control subjects and to inboxes, and reply to
+// requests it received (allow_responses). Operators live in account OPS,
+// which imports the fleet's control subjects as a service with share, so
+// the server stamps each request with the operator's identity
+// (Nats-Request-Info). A FLEET reader may read the stream.
+const authConfig = `
+listen: "127.0.0.1:-1"
+server_name: auth
+jetstream { store_dir: %q }
+accounts {
+  FLEET {
+    jetstream: enabled
+    users: [
+      %s
+      { user: reader, password: r3ader, permissions: { publish: ["$JS.API.>"], subscribe: ["_INBOX.>"] } }
+    ]
+    exports: [ { service: "gcagent.v1.ctl.>", response_type: stream } ]
+  }
+  OPS {
+    users: [ { user: ops, password: s3cret } ]
+    imports: [ { service: { account: FLEET, subject: "gcagent.v1.ctl.>" }, share: true } ]
+  }
+}
+`
+
+// nodeUser is the permission block of node in cluster c1.
+func nodeUser(pub, node string) string {
+	return fmt.Sprintf(`{ nkey: %s, permissions: {
+        publish: { allow: ["gcagent.v1.evt.c1.%[2]s.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT"] }
+        subscribe: { allow: ["gcagent.v1.ctl.c1.%[2]s.>", "gcagent.v1.ctl.c1.all.>", "_INBOX.>"] }
+        allow_responses: { max: 1, expires: "1m" }
+      } }`, pub, node)
+}
+
+// newNodeKey writes a fresh user nkey seed to a file and returns its path and public key.
+func newNodeKey(t *testing.T) (seedFile, pub string) {
+	t.Helper()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	pub, _ = kp.PublicKey()
+	seedFile = filepath.Join(t.TempDir(), "node.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return seedFile, pub
+}
+
+func startAuthServer(t *testing.T, users ...string) *server.Server {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(authConfig, t.TempDir(), strings.Join(users, "\n      "))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("server config: %v", err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+// TestAuthPerNodePermissions: with Choria-style per-node credentials, a
+// node publishes its events and answers its own and cluster-wide control
+// requests; the server refuses the node's attempts to request another
+// node's control subject, to subscribe to it, or to publish events as
+// another node; gc stays refused without AllowRemoteGC; the request's
+// caller identity comes from the server.
+func TestAuthPerNodePermissions(t *testing.T) {
+	seed1, pub1 := newNodeKey(t)
+	_, pub2 := newNodeKey(t)
+	s := startAuthServer(t, nodeUser(pub1, "n1"), nodeUser(pub2, "n2"))
+
+	nodeLog := &logBuffer{}
+	n1, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "n1", NkeyFile: seed1, Logger: nodeLog.logger(),
+		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n1.Close)
+	waitFor(t, 5*time.Second, "n1 connected", n1.IsConnected)
+	ops, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "operator", User: "ops", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ops.Close)
+	reader, err := nats.Connect(s.ClientURL(), nats.UserInfo("reader", "r3ader"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reader.Close)
+	// A wrong nkey does not get in.
+	if _, err := nats.Connect(s.ClientURL(), nats.UserInfo("n1", "guess")); err == nil {
+		t.Error("connected with a guessed password")
+	}
+
+	// n1 publishes its own events into the stream.
+	p, err := NewPublisher(n1, PublisherOptions{Cluster: "c1", Node: "n1", StateDir: t.TempDir(), AckTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	for i := range 5 {
+		if err := p.Publish(Action{Kind: "image", Action: "removed", Subject: "sha256:x", Key: fmt.Sprint(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "n1's events stored", func() bool { return p.Depth() == 0 && streamCount(reader) == 5 })
+	if p.Mode() != ModeJetStream {
+		t.Errorf("publisher mode %s with least-privilege JetStream permissions", p.Mode())
+	}
+
+	// n1 answers control requests from an operator in another account.
+	ctlLog := &logBuffer{}
+	h := newFakeHandler("n1")
+	serveControl(t, n1, h, ControlOptions{Cluster: "c1", Node: "n1", Logger: ctlLog.logger()})
+	r, err := Request(ctx5(t), ops, "c1", "n1", VerbStatus, RequestOptions{ID: "ops-1"})
+	if err != nil || !r.OK || r.Node != "n1" {
+		t.Fatalf("operator's status to n1: %+v %v", r, err)
+	}
+	all, err := RequestAll(ctx5(t), ops, "c1", VerbStatus, 1, RequestOptions{ID: "ops-all"})
+	if err != nil || len(all) != 1 || !all[0].OK {
+		t.Fatalf("operator's status to all: %+v %v", all, err)
+	}
+	r, err = Request(ctx5(t), ops, "c1", "n1", VerbGC, RequestOptions{ID: "ops-gc"})
+	if err != nil || r.OK || r.Error != ErrRemoteGCDisabled.Error() || h.count(VerbGC) != 0 {
+		t.Fatalf("gc without AllowRemoteGC: %+v %v", r, err)
+	}
+	// The server, not the caller, says who asked.
+	lines := ctlLog.lines(t, "control request")
+	if len(lines) != 3 {
+		t.Fatalf("%d control log lines", len(lines))
+	}
+	for _, l := range lines {
+		if l["caller_account"] != "OPS" || l["caller_user"] != "ops" || l["caller_name"] != "gcagent/c1/operator" || l["caller"] != "gcagent/c1/operator" {
+			t.Errorf("caller identity in %v", l)
+		}
+	}
+
+	violation := func(what string) {
+		t.Helper()
+		waitFor(t, 5*time.Second, "a permissions violation: "+what, func() bool {
+			for _, l := range nodeLog.lines(t, "NATS error") {
+				if e, _ := l["error"].(string); strings.Contains(strings.ToLower(e), strings.ToLower(what)) {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	// n1 may not send a request to n2's control subject (nor its own).
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err = Request(short, n1, "c1", "n2", VerbGC, RequestOptions{ID: "n1-to-n2"})
+	if err == nil {
+		t.Fatal("n1's request to n2 got a reply")
+	}
+	violation(`Permissions Violation for Publish to "gcagent.v1.ctl.c1.n2.gc"`)
+
+	// n1 may not listen on n2's control subject: serving as n2 with n1's
+	// credentials gets nothing, so an operator's request finds no responder.
+	impostor := newFakeHandler("n2")
+	go func() { _ = ServeControl(t.Context(), n1, impostor, ControlOptions{Cluster: "c1", Node: "n2"}) }()
+	violation(`Permissions Violation for Subscription to "gcagent.v1.ctl.c1.n2.>"`)
+	_, err = Request(ctx5(t), ops, "c1", "n2", VerbStatus, RequestOptions{})
+	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("request to n2 answered through n1's credentials: %v", err)
+	}
+	if impostor.count(VerbStatus) != 0 {
+		t.Error("n1 received n2's control request")
+	}
+
+	// n1 may not publish events as n2.
+	fake, err := NewPublisher(n1, PublisherOptions{Cluster: "c1", Node: "n2", StateDir: t.TempDir(), AckTimeout: 500 * time.Millisecond, CloseTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fake.Close() })
+	if err := fake.Publish(Action{Kind: "image", Action: "removed", Subject: "sha256:y", Key: "forged"}); err != nil {
+		t.Fatal(err)
+	}
+	violation(`Permissions Violation for Publish to "gcagent.v1.evt.c1.n2.image.removed"`)
+	if n := streamCount(reader); n != 5 || fake.Depth() != 1 {
+		t.Errorf("after a forged publish: stream %d messages, outbox %d", n, fake.Depth())
+	}
+	js, _ := jetstream.New(reader)
+	st, err := js.Stream(ctx5(t), DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx5(t), jetstream.WithSubjectFilter("gcagent.v1.evt.c1.n2.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != 0 {
+		t.Errorf("n2's subjects hold events: %v", info.State.Subjects)
+	}
+}

@@ -1,0 +1,161 @@
+package natsbus
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// startCluster starts n nats-servers on loopback routed into one cluster,
+// each with JetStream in its own store, and waits until JetStream has a
+// meta leader. They are shut down at the end of the test.
+func startCluster(t *testing.T, n int) []*server.Server {
+	t.Helper()
+	ports := make([]int, n)
+	routes := make([]string, n)
+	for i := range ports {
+		ports[i] = freePort(t)
+		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", ports[i])
+	}
+	servers := make([]*server.Server, n)
+	for i := range servers {
+		s, err := server.NewServer(&server.Options{
+			ServerName: fmt.Sprintf("s%d", i), Host: "127.0.0.1", Port: -1,
+			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+			Cluster: server.ClusterOpts{Name: "gcagent-test", Host: "127.0.0.1", Port: ports[i]},
+			Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
+		})
+		if err != nil {
+			t.Fatalf("server %d: %v", i, err)
+		}
+		go s.Start()
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+		servers[i] = s
+	}
+	for i, s := range servers {
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("server %d not ready", i)
+		}
+	}
+	nc := connect(t, servers[0].ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "a JetStream meta leader and all routes", func() bool {
+		for _, s := range servers {
+			if s.NumRoutes() < n-1 {
+				return false
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil
+	})
+	return servers
+}
+
+// TestClusterR3ServerKilledDuringBurst: a Publisher writes a burst into an
+// R3 stream on a three-server cluster; the server leading the stream, to
+// which the Publisher is connected, is killed in the middle. Every event is
+// stored exactly once: the outbox resends what lost its ack, the stream's
+// replicated dedupe state drops what had been stored.
+func TestClusterR3ServerKilledDuringBurst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	servers := startCluster(t, 3)
+	admin := connect(t, servers[0].ClientURL())
+	js, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Create the stream first to learn its leader; the Publisher uses it as it is.
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: DefaultStream, Subjects: []string{EventPrefix + ".>"}, Replicas: 3, Duplicates: DefaultDuplicateWindow,
+		MaxAge: DefaultStreamMaxAge, Storage: jetstream.FileStorage,
+	})
+	if err != nil {
+		t.Fatalf("create R3 stream: %v", err)
+	}
+	var leader *server.Server
+	waitFor(t, 10*time.Second, "a stream leader", func() bool {
+		info, err := st.Info(ctx)
+		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" {
+			return false
+		}
+		for _, s := range servers {
+			if s.Name() == info.Cluster.Leader {
+				leader = s
+			}
+		}
+		return leader != nil
+	})
+
+	// The Publisher knows only the leader's URL; it learns the others from the cluster.
+	nc := connect(t, leader.ClientURL())
+	p := newPublisher(t, nc, t.TempDir(), PublisherOptions{Replicas: 3, AckTimeout: 2 * time.Second})
+	const n, killAt = 2000, 600
+	want := make([]string, n)
+	published := make(chan int, n)
+	go func() {
+		for i := range n {
+			if err := p.Publish(action(i)); err != nil {
+				t.Errorf("publish %d: %v", i, err)
+				return
+			}
+			want[i] = actionID(i)
+			published <- i
+		}
+		close(published)
+	}()
+	for i := range published {
+		if i == killAt {
+			break
+		}
+	}
+	stored := streamCount(admin)
+	leader.Shutdown()
+	leader.WaitForShutdown()
+	t.Logf("killed stream leader %s after %d events published, %d stored", leader.Name(), killAt+1, stored)
+	for range published {
+	}
+	var survivor *server.Server
+	for _, s := range servers {
+		if s != leader {
+			survivor = s
+			break
+		}
+	}
+	check := connect(t, survivor.ClientURL())
+	waitFor(t, 25*time.Second, "every event acked", func() bool { return p.Depth() == 0 && streamCount(check) >= n })
+	if nc.ConnectedServerName() == leader.Name() {
+		t.Fatalf("publisher still on the killed server")
+	}
+	assertExactlyOnce(t, check, want)
+	t.Logf("republished %v, duplicates acked %v, reconnects %d",
+		testutil.ToFloat64(p.m.republishes), testutil.ToFloat64(p.m.duplicates), nc.Stats().Reconnects)
+	if !nc.IsConnected() || nc.Stats().Reconnects == 0 {
+		t.Errorf("publisher did not fail over: connected %v, reconnects %d", nc.IsConnected(), nc.Stats().Reconnects)
+	}
+	info, err := jetstream.New(check)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := info.Stream(ctx, DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config.Replicas; c != 3 {
+		t.Errorf("stream replicas %d", c)
+	}
+}
