@@ -183,6 +183,10 @@ func truthDiff(got, want testenv.Truth) string {
 	return b.String()
 }
 
+// observeOnly makes an agent that deletes nothing, so that the scripted
+// workload alone decides what exists.
+var observeOnly = []string{"--prune-containers=off", "--image-gc-high-threshold=100"}
+
 func forEachVersion(t *testing.T, fn func(t *testing.T, v testenv.Version)) {
 	for _, v := range testenv.Versions() {
 		t.Run("containerd-"+string(v), func(t *testing.T) { fn(t, v) })
@@ -194,7 +198,7 @@ func forEachVersion(t *testing.T, fn func(t *testing.T, v testenv.Version)) {
 func TestProjectionMatchesContainerd(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
-		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"))
+		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), observeOnly...)
 		w := newWorkload(t, c)
 		w.partA()
 		rep := converge(t, c, a)
@@ -220,7 +224,7 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 func TestProjectionRepairedAfterContainerdRestart(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
-		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"))
+		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), observeOnly...)
 		w := newWorkload(t, c)
 		w.partA()
 		converge(t, c, a)
@@ -258,7 +262,7 @@ func TestProjectionSurvivesKill9(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		state := filepath.Join(t.TempDir(), "state")
-		a := testenv.StartAgent(t, c, state)
+		a := testenv.StartAgent(t, c, state, observeOnly...)
 		w := newWorkload(t, c)
 		w.partA()
 		// Give an image a last-used time: a container comes and goes.
@@ -269,7 +273,7 @@ func TestProjectionSurvivesKill9(t *testing.T) {
 
 		killedAt := time.Now().UTC()
 		w.partB() // while the agent is down
-		a2 := testenv.StartAgent(t, c, state)
+		a2 := testenv.StartAgent(t, c, state, observeOnly...)
 		after := converge(t, c, a2)
 
 		old := map[string]projection.ImageReport{}
@@ -318,7 +322,7 @@ func mustMetrics(t *testing.T, a *testenv.Agent) string {
 // one event, its Synced marker.
 func TestPeriodicResync(t *testing.T) {
 	c := testenv.StartContainerd(t, testenv.Options{Version: testenv.Versions()[0]})
-	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--resync-interval=1s")
+	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), append(observeOnly, "--resync-interval=1s")...)
 	c.Import(t, testenv.Image{Name: "example.test/one:1", Layers: []testenv.Layer{{Seed: "one", Size: 1024}}})
 	first := converge(t, c, a)
 	listings0 := listings(t, a)

@@ -26,7 +26,10 @@ const usage = `usage: gcagent <command> [flags]
 
 commands:
   run       run the agent (gcagent run -h for flags)
+  plan      one-shot dry run: what GC would delete now and why (run's flags, --json)
   status    print a running agent's projection (--address, --json)
+  watch     live fleet view from NATS (--nats-url, --cluster, --since, --json)
+  ctl       send a control request over NATS (status, plan, explain, gc)
   version   print the version
 `
 
@@ -62,8 +65,14 @@ func dispatch(ctx context.Context, args []string, env func(string) string, stdou
 			return usageError{err}
 		}
 		return run(ctx, cfg, stderr)
+	case "plan":
+		return planCmd(ctx, args[1:], env, stdout, stderr)
 	case "status":
 		return status(ctx, args[1:], stdout, stderr)
+	case "watch":
+		return watch(ctx, args[1:], env, stdout, stderr)
+	case "ctl":
+		return ctl(ctx, args[1:], env, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "gcagent", version)
 		return nil
@@ -71,5 +80,5 @@ func dispatch(ctx context.Context, args []string, env func(string) string, stdou
 		fmt.Fprint(stdout, usage)
 		return nil
 	}
-	return usageError{fmt.Errorf("unknown command %q (run, status, version)", args[0])}
+	return usageError{fmt.Errorf("unknown command %q (run, plan, status, watch, ctl, version)", args[0])}
 }

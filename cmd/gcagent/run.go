@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,15 @@ type agent struct {
 	// lastGC, set by the image GC component, reports its last pass for
 	// heartbeats and /status.
 	lastGC func() any
+	// runGCNow, set by the image GC component, runs a pass now (control verb gc).
+	runGCNow func(ctx context.Context) (any, error)
+	// imageGC deletes images by disk usage and age (imagegc.go).
+	imageGC *gc.ImageGC
+	// containerGC removes dead containers (containergc.go).
+	containerGC *gc.ContainerGC
+	// logs cleans the log dirs, woken by logsChanges (logs.go).
+	logs        *logs.Cleaner
+	logsChanges <-chan struct{}
 }
 
 // run is the daemon: it returns when ctx ends or a part fails for good.
@@ -106,6 +116,16 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
 	a.bus, a.pub = b, natsPublisher{b.pub}
+	// Components that subscribe to the projection are set up before it runs.
+	if err := a.setupImageGC(); err != nil {
+		return err
+	}
+	if err := a.setupContainerGC(); err != nil {
+		return err
+	}
+	if err := a.setupLogs(); err != nil {
+		return err
+	}
 	boot := time.Now().UTC()
 	_ = a.pub.Publish(a.startedAction(boot))
 
@@ -124,6 +144,10 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
 	// Components that act on the projection start here, one g.Go each.
+	g.Go(func() error { return a.runImageGC(gctx) })
+	g.Go(func() error { return a.runControl(gctx) })
+	g.Go(func() error { return a.containerGC.Run(gctx) })
+	g.Go(func() error { return a.runLogs(gctx) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -139,6 +163,17 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	err = g.Wait()
 	log.Info().Msg("gcagent stopped")
 	return err
+}
+
+// statusDoc is /status: the projection report's fields at the top level (so
+// clients reading a projection.Report keep working), plus each component's
+// state in an optional field.
+type statusDoc struct {
+	projection.Report
+	ImageGC *gc.ImageGCStatus `json:"imageGC,omitempty"`
+	// ContainerGC is the container GC's last pass; Logs the log cleaner's.
+	ContainerGC *gc.ContainerGCStatus `json:"containerGC,omitempty"`
+	Logs        *logs.Plan            `json:"logs,omitempty"`
 }
 
 func (a *agent) routes(reg *prometheus.Registry) http.Handler {
@@ -167,12 +202,24 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		var rep projection.Report
-		a.live.View(func(s *projection.State) { rep = projection.NewReport(s, time.Now().UTC()) })
+		var doc statusDoc
+		a.live.View(func(s *projection.State) { doc.Report = projection.NewReport(s, time.Now().UTC()) })
+		if a.imageGC != nil {
+			st := a.imageGC.Status()
+			doc.ImageGC = &st
+		}
+		if a.containerGC != nil {
+			st := a.containerGC.Status()
+			doc.ContainerGC = &st
+		}
+		if a.logs != nil {
+			p := a.logs.Status()
+			doc.Logs = &p
+		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
+		_ = enc.Encode(doc)
 	})
 	return mux
 }

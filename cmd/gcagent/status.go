@@ -53,6 +53,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("agent at %s: bad /status: %w", *addr, err)
 	}
 	printReport(stdout, rep)
+	printContainerAndLogStatus(stdout, body)
 	return nil
 }
 

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/projection"
+)
+
+// controlHandler answers NATS control requests from the running agent.
+type controlHandler struct{ a *agent }
+
+var _ natsbus.Handler = controlHandler{}
+
+// runControl answers control requests on the agent's NATS connection until
+// ctx ends. gc requests run only with --allow-remote-gc.
+func (a *agent) runControl(ctx context.Context) error {
+	return natsbus.ServeControl(ctx, a.bus.nc, controlHandler{a}, natsbus.ControlOptions{
+		Cluster: a.cfg.Cluster, Node: a.cfg.NodeName, AllowRemoteGC: a.cfg.AllowRemoteGC, Logger: a.log,
+	})
+}
+
+// ControlStatus is the data of a status reply: the heartbeat's figures and
+// what the node is configured to do.
+type ControlStatus struct {
+	Heartbeat
+	Node          string    `json:"node"`
+	Cluster       string    `json:"cluster"`
+	Version       string    `json:"version"`
+	Now           time.Time `json:"now"`
+	Pods          int       `json:"pods"`
+	DeadContainer int       `json:"deadContainers"`
+	Seq           uint64    `json:"seq"`
+	DryRun        bool      `json:"dryRun"`
+	AllowRemoteGC bool      `json:"allowRemoteGC"`
+	DiskError     string    `json:"diskError,omitempty"`
+}
+
+// Status summarizes the projection, the disk and the outbox.
+func (h controlHandler) Status(context.Context) (any, error) {
+	a := h.a
+	now := time.Now().UTC()
+	st := ControlStatus{Heartbeat: a.heartbeat(now, a.bus), Node: a.cfg.NodeName, Cluster: a.cfg.Cluster,
+		Version: version, Now: now, DryRun: a.cfg.DryRun, AllowRemoteGC: a.cfg.AllowRemoteGC}
+	if _, err := statDisk(a.cfg.ImageFS); err != nil {
+		st.DiskError = err.Error()
+	}
+	a.live.View(func(s *projection.State) {
+		st.Pods, st.Seq = len(s.Pods), s.Seq
+		for _, c := range s.Containers {
+			if c.Dead() {
+				st.DeadContainer++
+			}
+		}
+	})
+	return st, nil
+}
+
+// ControlPlan is the data of a plan reply: what a GC pass would do now.
+type ControlPlan struct {
+	Synced     bool             `json:"synced"`
+	Images     gc.ImagePlan     `json:"images"`
+	Containers gc.ContainerPlan `json:"containers"`
+}
+
+// plan computes both plans from one snapshot of the projection.
+func (h controlHandler) plan() (ControlPlan, error) {
+	a := h.a
+	disk, err := statDisk(a.cfg.ImageFS)
+	if err != nil {
+		return ControlPlan{}, err
+	}
+	now := time.Now().UTC()
+	var p ControlPlan
+	a.live.View(func(s *projection.State) {
+		p.Synced = s.Synced
+		p.Images = gc.PlanImages(s, disk, a.imagePolicy(), now)
+		p.Containers = gc.PlanContainers(s, a.cfg.containerPolicy(), now)
+	})
+	return p, nil
+}
+
+// Plan returns the dry-run plan; it deletes nothing.
+func (h controlHandler) Plan(context.Context) (any, error) {
+	return h.plan()
+}
+
+// ControlExplanation is the data of an explain reply.
+type ControlExplanation struct {
+	Query    string       `json:"query"`
+	Decision string       `json:"decision"` // delete or keep
+	Why      string       `json:"why"`
+	Image    gc.ImageItem `json:"image"`
+	Usage    int          `json:"usage"`
+	High     int          `json:"highThreshold"`
+	Low      int          `json:"lowThreshold"`
+	Synced   bool         `json:"synced"`
+}
+
+// Explain says why the image named query (a name, a digest or a digest
+// prefix of at least 12 hex digits) is kept or would go now.
+func (h controlHandler) Explain(_ context.Context, query string) (any, error) {
+	p, err := h.plan()
+	if err != nil {
+		return nil, err
+	}
+	var digest string
+	h.a.live.View(func(s *projection.State) { digest, err = findImage(s, query) })
+	if err != nil {
+		return nil, err
+	}
+	ex := ControlExplanation{Query: query, Usage: p.Images.Usage, High: h.a.cfg.ImageGCHighThreshold,
+		Low: h.a.cfg.ImageGCLowThreshold, Synced: p.Synced}
+	found := false
+	for _, list := range []struct {
+		decision string
+		items    []gc.ImageItem
+	}{{"delete", p.Images.Delete}, {"keep", p.Images.Keep}} {
+		for _, it := range list.items {
+			if it.Digest == digest {
+				ex.Decision, ex.Image, found = list.decision, it, true
+			}
+		}
+	}
+	if !found { // the plan lists every image; the projection moved between the two reads
+		return nil, fmt.Errorf("image %q changed while planning; ask again", query)
+	}
+	ex.Why = explainImage(ex.Image, p.Images, h.a.cfg)
+	if !p.Synced {
+		ex.Why += " (the agent has not listed containerd yet: nothing is deleted before it has)"
+	}
+	return ex, nil
+}
+
+// findImage returns the digest of the one image matching query.
+func findImage(s *projection.State, query string) (string, error) {
+	q := strings.TrimSpace(query)
+	if _, ok := s.Images[q]; ok {
+		return q, nil
+	}
+	var hits []string
+	for _, d := range slices.Sorted(maps.Keys(s.Images)) {
+		img := s.Images[d]
+		if _, ok := img.Names[q]; ok {
+			return d, nil
+		}
+		hex := strings.TrimPrefix(q, "sha256:")
+		if len(hex) >= 12 && strings.HasPrefix(strings.TrimPrefix(d, "sha256:"), hex) {
+			hits = append(hits, d)
+		}
+	}
+	switch len(hits) {
+	case 0:
+		return "", fmt.Errorf("image %q is not known to this node", query)
+	case 1:
+		return hits[0], nil
+	}
+	return "", fmt.Errorf("image %q is ambiguous: %s", query, strings.Join(hits, ", "))
+}
+
+// explainImage says in one sentence why the plan decided as it did.
+func explainImage(it gc.ImageItem, p gc.ImagePlan, cfg Config) string {
+	switch it.Reason {
+	case gc.ReasonInUse:
+		return fmt.Sprintf("kept: used by %d container(s): %s", len(it.Users), strings.Join(it.Users, ", "))
+	case gc.ReasonPinned:
+		return fmt.Sprintf("kept: %s is pinned (io.cri-containerd.pinned=pinned)", it.Name)
+	case gc.ReasonSandboxImage:
+		return fmt.Sprintf("kept: %s is the sandbox image %s", it.Name, it.Rule)
+	case gc.ReasonKeepPattern:
+		return fmt.Sprintf("kept: %s matches --keep-image %s", it.Name, it.Rule)
+	case gc.ReasonTooYoung:
+		return fmt.Sprintf("kept: first seen %s, younger than --minimum-image-ttl-duration %s; eligible at %s",
+			it.FirstSeen.Format(time.RFC3339), cfg.MinimumImageTTL, it.EligibleAt.Format(time.RFC3339))
+	case gc.ReasonNotNeeded:
+		if !p.Triggered {
+			return fmt.Sprintf("kept for now: eligible, but disk usage %d%% is below --image-gc-high-threshold %d%%",
+				p.Usage, cfg.ImageGCHighThreshold)
+		}
+		return fmt.Sprintf("kept for now: eligible, but deleting less recently used images frees the %d bytes needed to reach %d%%",
+			p.AmountToFree, cfg.ImageGCLowThreshold)
+	case gc.ReasonMaxAge:
+		return fmt.Sprintf("would be deleted: unused since %s, longer than --image-maximum-gc-age %s",
+			lastUsedText(it), cfg.ImageMaximumGCAge)
+	case gc.ReasonSpace:
+		return fmt.Sprintf("would be deleted: disk usage %d%% reached --image-gc-high-threshold %d%% and it is among the least recently used (last used %s)",
+			p.Usage, cfg.ImageGCHighThreshold, lastUsedText(it))
+	}
+	return string(it.Reason)
+}
+
+func lastUsedText(it gc.ImageItem) string {
+	if it.LastUsed.IsZero() {
+		return "never (first seen " + it.FirstSeen.Format(time.RFC3339) + ")"
+	}
+	return it.LastUsed.Format(time.RFC3339)
+}
+
+// errNoGCNow is the reply to a gc request while no image GC component is wired in.
+var errNoGCNow = errors.New("this agent cannot run an image GC pass on request (no image GC component)")
+
+// GC runs an image GC pass now through the image GC component. The
+// natsbus layer has already refused it unless --allow-remote-gc is set.
+func (h controlHandler) GC(ctx context.Context) (any, error) {
+	if h.a.runGCNow == nil {
+		return nil, errNoGCNow
+	}
+	return h.a.runGCNow(ctx)
+}
+
+// ctl sends one control request over NATS to a node or to every node of
+// the cluster and prints each reply as one JSON line. It fails when no node
+// answers or a reply is an error.
+func ctl(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
+	cfg := DefaultConfig()
+	cfg.NATSURL = ""
+	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	natsClientFlags(fs, &cfg)
+	node := fs.String("node", natsbus.AllNodes, "node to ask, or all")
+	image := fs.String("image", "", "image name or digest (explain)")
+	id := fs.String("id", "", "request id (default random)")
+	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for replies")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: gcagent ctl [flags] %s\n", strings.Join(natsbus.Verbs, "|"))
+		fs.PrintDefaults()
+	}
+	if err := parseNATSClient(fs, &cfg, args, env, "ctl"); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usageError{fmt.Errorf("want one verb (%s)", strings.Join(natsbus.Verbs, ", "))}
+	}
+	verb := fs.Arg(0)
+	o := natsbus.RequestOptions{ID: *id}
+	if verb == natsbus.VerbExplain {
+		if *image == "" {
+			return usageError{errors.New("explain needs --image")}
+		}
+		o.Args = natsbus.ExplainArgs{Image: *image}
+	}
+	nc, err := natsbus.Connect(cfg.connOptions())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	var replies []natsbus.ControlReply
+	if *node == natsbus.AllNodes {
+		replies, err = natsbus.RequestAll(ctx, nc, cfg.Cluster, verb, 0, o)
+	} else {
+		var r natsbus.ControlReply
+		r, err = natsbus.Request(ctx, nc, cfg.Cluster, *node, verb, o)
+		replies = append(replies, r)
+	}
+	if err != nil {
+		return err
+	}
+	if len(replies) == 0 {
+		return fmt.Errorf("no node of cluster %s answered within %s", cfg.Cluster, *timeout)
+	}
+	failed := 0
+	enc := json.NewEncoder(stdout)
+	for _, r := range replies {
+		if !r.OK {
+			failed++
+		}
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d replies are errors", failed, len(replies))
+	}
+	return nil
+}

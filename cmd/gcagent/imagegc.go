@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/gcagent/gcagent/gc"
+)
+
+// setupImageGC builds the image GC and subscribes it to the projection;
+// call it before the projection runs (Subscribe's contract).
+func (a *agent) setupImageGC() error {
+	p := a.imagePolicy()
+	if err := p.Validate(); err != nil {
+		return usageError{err}
+	}
+	a.imageGC = gc.NewImageGC(gc.ImageGCOptions{
+		Projection:         a.live,
+		Runtime:            a.runtime,
+		Disk:               gc.Statfs{Path: a.cfg.ImageFS},
+		Policy:             p,
+		LearnSandboxImages: a.runtime.SandboxImages,
+		DryRun:             a.cfg.DryRun,
+		DiskInterval:       a.cfg.DiskInterval,
+		Publisher:          a.pub,
+		Log:                a.log.With().Str("component", "imagegc").Logger(),
+		Registerer:         a.reg,
+	})
+	a.lastGC = func() any {
+		if st := a.imageGC.Status(); st.LastPass != nil {
+			return lastImagePass(*st.LastPass)
+		}
+		return nil
+	}
+	a.runGCNow = func(ctx context.Context) (any, error) { return a.imageGC.RunNow(ctx) }
+	return nil
+}
+
+// runImageGC runs the image GC until ctx ends.
+func (a *agent) runImageGC(ctx context.Context) error { return a.imageGC.Run(ctx) }
+
+// imagePassSummary is the last image GC pass in heartbeats: counts, not lists.
+type imagePassSummary struct {
+	Kind       string    `json:"kind"`
+	At         time.Time `json:"at"`
+	Trigger    string    `json:"trigger"`
+	DryRun     bool      `json:"dryRun,omitempty"`
+	Removed    int       `json:"removed"`
+	Skipped    int       `json:"skipped"`
+	Bytes      int64     `json:"bytes"`
+	FreedBytes int64     `json:"freedBytes"`
+	Usage      int       `json:"usage"`
+	Error      string    `json:"error,omitempty"`
+}
+
+func lastImagePass(p gc.ImagePass) imagePassSummary {
+	return imagePassSummary{Kind: "image", At: p.End, Trigger: p.Trigger, DryRun: p.DryRun, Removed: len(p.Removed),
+		Skipped: len(p.Skipped), Bytes: p.EstimatedBytes, FreedBytes: p.FreedBytes, Usage: p.UsageAfter, Error: p.Error}
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/logs"
+	"github.com/gcagent/gcagent/projection"
+	"golang.org/x/sync/errgroup"
+)
+
+// logsState answers the log cleaner's questions from the projection: the
+// agent's Live one, or a state built once (for `gcagent plan`).
+type logsState struct {
+	view func(fn func(*projection.State))
+}
+
+var _ logs.State = logsState{}
+
+// liveLogsState reads the agent's projection under its lock.
+func liveLogsState(l *projection.Live) logsState { return logsState{view: l.View} }
+
+// staticLogsState reads s, which nothing else may modify meanwhile.
+func staticLogsState(s *projection.State) logsState {
+	return logsState{view: func(fn func(*projection.State)) { fn(s) }}
+}
+
+// Synced reports whether the projection has listed containerd.
+func (s logsState) Synced() (synced bool) {
+	s.view(func(st *projection.State) { synced = st.Synced })
+	return synced
+}
+
+// ContainerState reports a container as running while it is not known to
+// have exited (created or running), as the kubelet keeps the link of any
+// container that is not exited. An id the projection does not hold exactly
+// may be a truncated link name's prefix: it matches the containers it
+// prefixes, running if any of them is.
+func (s logsState) ContainerState(id string) (running, known bool) {
+	s.view(func(st *projection.State) {
+		if c := st.Containers[id]; c != nil {
+			running, known = c.State != projection.StateExited, true
+			return
+		}
+		if len(id) < 6 || len(id) >= 64 {
+			return
+		}
+		for cid, c := range st.Containers {
+			if strings.HasPrefix(cid, id) {
+				known = true
+				running = running || c.State != projection.StateExited
+			}
+		}
+	})
+	return running, known
+}
+
+// PodState reports whether a sandbox of uid exists and since when the last
+// one is gone, from the projection's pods (remembered for --pod-log-grace
+// and longer after they go).
+func (s logsState) PodState(uid string) (alive bool, goneSince time.Time, known bool) {
+	s.view(func(st *projection.State) {
+		if p := st.Pods[uid]; p != nil {
+			alive, goneSince, known = p.Alive(), p.GoneAt, true
+		}
+	})
+	if alive {
+		goneSince = time.Time{}
+	}
+	return alive, goneSince, known
+}
+
+// logsPublisher publishes each log removal as one log.removed action.
+type logsPublisher struct{ pub gc.Publisher }
+
+var _ logs.Publisher = logsPublisher{}
+
+// PublishRemoval hands r to the agent's publisher (the durable outbox); the
+// key is derived from the entry and the removal time, so the same removal
+// always has the same event id.
+func (p logsPublisher) PublishRemoval(_ context.Context, r logs.Removal) error {
+	path := filepath.Join(r.Dir, r.Name)
+	key := string(r.Kind) + ":" + path + "@" + strconv.FormatInt(r.At.UnixNano(), 10)
+	if r.DryRun {
+		key += "#dry-run"
+	}
+	return p.pub.Publish(gc.Action{Kind: "log", Action: "removed", Subject: path, Key: key, Data: r})
+}
+
+func (c Config) logsConfig() logs.Config {
+	return logs.Config{LogDir: c.LogDir, PodLogDir: c.PodLogDir, PodLogGrace: c.PodLogGrace, DryRun: c.DryRun}
+}
+
+// setupLogs builds the log cleaner and subscribes it to the projection;
+// call it before the projection runs (Subscribe's contract).
+func (a *agent) setupLogs() error {
+	m, err := logs.NewMetrics(a.reg)
+	if err != nil {
+		return err
+	}
+	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live), logs.Options{
+		Publisher: logsPublisher{a.pub}, Metrics: m, Logger: a.log,
+	})
+	if err != nil {
+		return err
+	}
+	a.logs, a.logsChanges = cl, a.live.Subscribe()
+	return nil
+}
+
+// runLogs runs the cleaner and asks it for a pass on every projection
+// change (a container exited or went, a pod went), until ctx ends.
+func (a *agent) runLogs(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.logs.Run(ctx) })
+	g.Go(func() error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-a.logsChanges:
+				a.logs.Notify()
+			}
+		}
+	})
+	return g.Wait()
+}
+
+// planLogs plans the log dirs against s, deleting nothing (for `gcagent
+// plan`). Entries count as first seen now, so unknown ones wait their grace.
+func planLogs(cfg Config, s *projection.State) (logs.Plan, error) {
+	cl, err := logs.New(cfg.logsConfig(), staticLogsState(s), logs.Options{})
+	if err != nil {
+		return logs.Plan{}, err
+	}
+	return cl.Plan()
+}
+
+// printLogsPlan prints a log plan for humans; names are quoted, as they may
+// hold any byte.
+func printLogsPlan(w io.Writer, cfg logs.Config, p logs.Plan) {
+	remove := 0
+	for _, d := range p.Decisions {
+		if d.Action == logs.ActionRemove {
+			remove++
+		}
+	}
+	fmt.Fprint(w, "\nLOGS  ")
+	if cfg.LogDir != "" {
+		fmt.Fprintf(w, "log dir %s, pod log dir %s, grace %s, ", cfg.LogDir, cfg.PodLogDir, cfg.PodLogGrace)
+	} else if !p.At.IsZero() {
+		fmt.Fprintf(w, "last pass %s, ", p.At.Format(time.RFC3339Nano))
+	}
+	fmt.Fprintf(w, "synced %v, dry run %v: %d to remove, %d kept or waiting\n", p.Synced, p.DryRun, remove, len(p.Decisions)-remove)
+	if !p.Next.IsZero() {
+		fmt.Fprintf(w, "next grace deadline: %s\n", p.Next.Format(time.RFC3339Nano))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTION\tREASON\tKIND\tNAME\tDETAIL")
+	for _, d := range p.Decisions {
+		detail := d.Detail
+		switch {
+		case detail != "":
+		case d.Action == logs.ActionWait:
+			detail = "eligible at " + d.EligibleAt.Format(time.RFC3339Nano)
+		case d.Container != "":
+			detail = "container " + short(d.Container)
+		case d.UID != "":
+			detail = "pod " + d.UID
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%q\t%s\n", d.Action, d.Reason, d.Kind, d.Name, detail)
+	}
+	tw.Flush()
+}
+
+// printContainerAndLogStatus prints the container GC and log cleaner
+// sections of a /status document, when the agent has them.
+func printContainerAndLogStatus(w io.Writer, body []byte) {
+	var doc struct {
+		ContainerGC *gc.ContainerGCStatus `json:"containerGC"`
+		Logs        *logs.Plan            `json:"logs"`
+	}
+	if json.Unmarshal(body, &doc) != nil {
+		return
+	}
+	if doc.ContainerGC != nil {
+		printContainerGCStatus(w, *doc.ContainerGC)
+	}
+	if doc.Logs != nil {
+		printLogsPlan(w, logs.Config{}, *doc.Logs)
+	}
+}

@@ -1,0 +1,261 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/projection"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+func ce(t *testing.T, node, kind, action, subject string, at time.Time, data any) natsbus.CloudEvent {
+	t.Helper()
+	ev, err := natsbus.NewEvent("c1", node, natsbus.Action{Kind: kind, Action: action, Subject: subject, Key: at.String() + subject, Data: data}, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func TestFleetFold(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := newFleet(3)
+	evs := []natsbus.CloudEvent{
+		ce(t, "n1", "agent", "started", "n1", t0, nil),
+		ce(t, "n1", "agent", "heartbeat", "n1", t0.Add(time.Minute), map[string]any{"diskUsagePercent": 91, "images": 12, "outbox": 0, "natsMode": "jetstream"}),
+		// A gc pass 2h ago is outside the hour; one 10 min ago inside.
+		ce(t, "n1", "gc", "completed", "image", t0.Add(-2*time.Hour), map[string]any{"freedBytes": 1 << 30}),
+		ce(t, "n1", "gc", "completed", "image", t0.Add(50*time.Minute), map[string]any{"freedBytes": 300 << 20, "trigger": "disk"}),
+		ce(t, "n1", "image", "removed", "sha256:aa", t0.Add(50*time.Minute), map[string]any{"bytes": 300 << 20, "reason": "space"}),
+		ce(t, "n1", "container", "removed", "c-1", t0.Add(51*time.Minute), map[string]any{"reason": "per-unit-cap"}),
+		ce(t, "n2", "gc", "failed", "image", t0.Add(55*time.Minute), map[string]any{"freedBytes": 0, "error": "boom"}),
+		ce(t, "n2", "image", "skipped", "sha256:bb", t0.Add(55*time.Minute), map[string]any{"reason": "delete-failed"}),
+		// An older heartbeat arriving late does not override the newer one.
+		ce(t, "n1", "agent", "heartbeat", "n1", t0.Add(30*time.Second), map[string]any{"diskUsagePercent": 50, "images": 1}),
+	}
+	for _, ev := range evs {
+		f.apply(ev)
+	}
+	now := t0.Add(time.Hour)
+	rows := f.rows(now)
+	if len(rows) != 2 || rows[0].Node != "n1" || rows[1].Node != "n2" || rows[0].Cluster != "c1" {
+		t.Fatalf("rows %+v", rows)
+	}
+	n1, n2 := rows[0], rows[1]
+	if n1.DiskUsagePercent != 91 || n1.Images != 12 || n1.HeartbeatAge != 59*time.Minute || n1.NATSMode != "jetstream" {
+		t.Errorf("n1 heartbeat figures: %+v", n1)
+	}
+	if n1.FreedLastHour != 300<<20 || !n1.LastGC.Equal(t0.Add(50*time.Minute)) || n1.LastGCResult != "completed" {
+		t.Errorf("n1 gc figures: %+v", n1)
+	}
+	if n1.FailuresLastHour != 0 || n1.Removed["image"] != 1 || n1.Removed["container"] != 1 {
+		t.Errorf("n1 counts: %+v", n1)
+	}
+	if n2.DiskUsagePercent != -1 || n2.Images != -1 || n2.HeartbeatAge != -1 || n2.FailuresLastHour != 2 || n2.LastGCResult != "failed" {
+		t.Errorf("n2 (no heartbeat, one failed pass, one failed delete): %+v", n2)
+	}
+	// The tail keeps the newest three actions in time order, without heartbeats.
+	if len(f.tail) != 3 || f.tail[0].Type != "container.removed" || f.tail[2].Type != "image.skipped" {
+		t.Errorf("tail %+v", f.tail)
+	}
+	// An hour later nothing is in the window.
+	later := f.rows(now.Add(2 * time.Hour))
+	if later[0].FreedLastHour != 0 || later[1].FailuresLastHour != 0 {
+		t.Errorf("window did not move: %+v", later)
+	}
+	var out bytes.Buffer
+	renderFleet(&out, f, now, "nats://u:p@127.0.0.1:4222", 0)
+	for _, want := range []string{"91%", "300.0MiB", "n2", "(failed)", "1/1/0", "c-1", "nats://***@127.0.0.1:4222"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestSplitSource(t *testing.T) {
+	for src, want := range map[string][2]string{
+		"gcagent/prod/node-1":    {"prod", "node-1"},
+		"gcagent/prod/a/b":       {"prod", "a/b"},
+		"somebody/else":          {"?", "somebody/else"},
+		"gcagent/only-a-cluster": {"?", "only-a-cluster"},
+	} {
+		c, n := splitSource(src)
+		if c != want[0] || n != want[1] {
+			t.Errorf("%s: %s %s", src, c, n)
+		}
+	}
+}
+
+// syncBuffer is a goroutine-safe bytes.Buffer.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startTestNATS(t *testing.T) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+func newTestPublisher(t *testing.T, url, cluster, node string) *natsbus.Publisher {
+	t.Helper()
+	nc, err := natsbus.Connect(natsbus.ConnOptions{URL: url, Cluster: cluster, Node: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := natsbus.NewPublisher(nc, natsbus.PublisherOptions{Cluster: cluster, Node: node, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close(); nc.Close() })
+	return p
+}
+
+func eventually(t *testing.T, within time.Duration, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for why := cond(); why != ""; why = cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(why)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestWatchJSONReplaysThenFollows: watch --json prints what was stored
+// before it started (within --since) and what comes after, for its cluster
+// only, each CloudEvent once.
+func TestWatchJSONReplaysThenFollows(t *testing.T) {
+	s := startTestNATS(t)
+	p1 := newTestPublisher(t, s.ClientURL(), "c1", "n1")
+	pOther := newTestPublisher(t, s.ClientURL(), "c2", "x1")
+	for i := range 3 {
+		if err := p1.Publish(natsbus.Action{Kind: "image", Action: "removed", Subject: "sha256:before", Key: "before-" + string(rune('a'+i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pOther.Publish(natsbus.Action{Kind: "image", Action: "removed", Subject: "sha256:other", Key: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() string {
+		if p1.Depth()+pOther.Depth() > 0 {
+			return "publishers not drained"
+		}
+		return ""
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- watch(ctx, []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--json", "--since", "10m"}, func(string) string { return "" }, &out, &errOut)
+	}()
+	lines := func() []natsbus.CloudEvent {
+		var evs []natsbus.CloudEvent
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			var ev natsbus.CloudEvent
+			if l != "" && json.Unmarshal([]byte(l), &ev) == nil {
+				evs = append(evs, ev)
+			}
+		}
+		return evs
+	}
+	eventually(t, 10*time.Second, func() string {
+		if n := len(lines()); n != 3 {
+			return "replayed " + out.String()
+		}
+		return ""
+	})
+	if err := p1.Publish(natsbus.Action{Kind: "container", Action: "removed", Subject: "c-live", Key: "live"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() string {
+		evs := lines()
+		if len(evs) != 4 || evs[3].Subject != "c-live" {
+			return "after live publish: " + out.String()
+		}
+		return ""
+	})
+	for _, ev := range lines() {
+		if ev.Source != "gcagent/c1/n1" {
+			t.Errorf("event of another cluster: %+v", ev)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("watch: %v (%s)", err, errOut.String())
+	}
+}
+
+// TestCtlCommand: gcagent ctl asks every node (or one) and prints replies;
+// the request carries the tool's connection name as its caller.
+func TestCtlCommand(t *testing.T) {
+	s := startTestNATS(t)
+	nc, err := natsbus.Connect(natsbus.ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var logs syncBuffer
+	live, err := projection.NewLive(projection.LiveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agent{cfg: DefaultConfig(), live: live}
+	a.cfg.Cluster, a.cfg.NodeName, a.cfg.ImageFS = "c1", "n1", t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- natsbus.ServeControl(ctx, nc, controlHandler{a}, natsbus.ControlOptions{Cluster: "c1", Node: "n1", Logger: newLogger(a.cfg, &logs)})
+	}()
+	defer func() { cancel(); <-done }()
+	env := func(string) string { return "" }
+	eventually(t, 5*time.Second, func() string {
+		var out, errOut bytes.Buffer
+		err := ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--node", "n1", "--timeout", "1s", "gc"}, env, &out, &errOut)
+		if err == nil || !strings.Contains(out.String(), "remote gc is disabled") {
+			return "gc reply: " + out.String() + errOut.String()
+		}
+		return ""
+	})
+	if !strings.Contains(logs.String(), `"caller":"gcagent/c1/ctl@`) || !strings.Contains(logs.String(), `"component":"control"`) {
+		t.Errorf("control log does not name the ctl caller:\n%s", logs.String())
+	}
+	var out, errOut bytes.Buffer
+	err = ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "explain", "--image", "x"}, env, &out, &errOut)
+	if err == nil {
+		t.Errorf("flags after the verb must be refused")
+	}
+	out.Reset()
+	err = ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "--image", "x", "explain"}, env, &out, &errOut)
+	var r natsbus.ControlReply
+	if jerr := json.Unmarshal(out.Bytes(), &r); jerr != nil || r.ID != "x1" || r.Node != "n1" || r.OK || !strings.Contains(r.Error, "not known to this node") {
+		t.Errorf("explain of an unknown image to all: %v %s %v", err, out.String(), jerr)
+	}
+}

@@ -1,0 +1,437 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apievents "github.com/containerd/containerd/api/events"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/projection"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+const gcImage = "example.test/app:1"
+
+// lifecycle records, from containerd's own event stream, when each
+// container's init process exited (the shim's exited_at) and when
+// containerd deleted the container (the envelope's timestamp): the ground
+// truth for removal latencies.
+type lifecycle struct {
+	mu      sync.Mutex
+	exits   map[string]time.Time
+	deletes map[string]time.Time
+	seen    int
+}
+
+// recordLifecycle subscribes to the daemon's events until the test ends.
+// Call waitActive after causing an event to be sure the stream is live.
+func recordLifecycle(t testing.TB, c *testenv.Containerd) *lifecycle {
+	t.Helper()
+	l := &lifecycle{exits: map[string]time.Time{}, deletes: map[string]time.Time{}}
+	ctx, cancel := context.WithCancel(c.Ctx())
+	t.Cleanup(cancel)
+	envs, errs := c.Client.Subscribe(ctx, fmt.Sprintf(`namespace==%q`, testenv.Namespace))
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-errs:
+				return
+			case env := <-envs:
+				v, err := typeurl.UnmarshalAny(env.Event)
+				l.mu.Lock()
+				l.seen++
+				if err == nil {
+					switch e := v.(type) {
+					case *apievents.TaskExit:
+						if e.ID == "" || e.ID == e.ContainerID {
+							l.exits[e.ContainerID] = e.ExitedAt.AsTime()
+						}
+					case *apievents.ContainerDelete:
+						l.deletes[e.ID] = env.Timestamp
+					}
+				}
+				l.mu.Unlock()
+			}
+		}
+	}()
+	return l
+}
+
+// waitActive waits until the stream delivered at least one event.
+func (l *lifecycle) waitActive(t testing.TB) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, func() string {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.seen == 0 {
+			return "no containerd event seen yet"
+		}
+		return ""
+	})
+}
+
+// times returns id's exit and delete times (zero if not seen).
+func (l *lifecycle) times(id string) (exited, deleted time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.exits[id], l.deletes[id]
+}
+
+// waitSynced waits until the agent's projection is synced.
+func waitSynced(t testing.TB, a *testenv.Agent) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() string {
+		var rep projection.Report
+		if code, err := a.Get("/status", &rep); err != nil || code != 200 || !rep.Synced {
+			return fmt.Sprintf("agent not synced (%d %v)", code, err)
+		}
+		return ""
+	})
+}
+
+// nativeExists reports whether the container exists in containerd.
+func nativeExists(t testing.TB, c *testenv.Containerd, id string) bool {
+	t.Helper()
+	_, err := c.Client.ContainerService().Get(c.Ctx(), id)
+	if err != nil && !errdefs.IsNotFound(err) {
+		t.Fatalf("get container %s: %v", id, err)
+	}
+	return err == nil
+}
+
+// assertRemovedOnTime waits for every id to be deleted and checks that each
+// went no earlier than ttl and no later than ttl+slack after its exit, both
+// as containerd stamped them.
+func assertRemovedOnTime(t *testing.T, c *testenv.Containerd, l *lifecycle, ttl, slack time.Duration, ids ...string) {
+	t.Helper()
+	testenv.Eventually(t, ttl+20*time.Second, func() string {
+		for _, id := range ids {
+			if ex, del := l.times(id); ex.IsZero() || del.IsZero() {
+				return fmt.Sprintf("%s: exited %v, deleted %v", id, !ex.IsZero(), !del.IsZero())
+			}
+		}
+		return ""
+	})
+	for _, id := range ids {
+		ex, del := l.times(id)
+		lat := del.Sub(ex)
+		t.Logf("%s: removed %s after its exit (TTL %s)", id, lat.Round(time.Millisecond), ttl)
+		if lat < ttl {
+			t.Errorf("%s removed %s after its exit, before its TTL %s", id, lat, ttl)
+		}
+		if lat > ttl+slack {
+			t.Errorf("%s removed %s after its exit, more than %s after its TTL %s", id, lat, slack, ttl)
+		}
+		if nativeExists(t, c, id) {
+			t.Errorf("%s still in containerd", id)
+		}
+	}
+}
+
+// assertStays checks that the running and the never-started containers are
+// still there, in their state.
+func assertStays(t *testing.T, c *testenv.Containerd, running, created string) {
+	t.Helper()
+	ctx := c.Ctx()
+	for _, id := range []string{running, created} {
+		if !nativeExists(t, c, id) {
+			t.Errorf("%s was removed", id)
+		}
+	}
+	ctr, err := c.Client.LoadContainer(ctx, running)
+	if err != nil {
+		return
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		t.Errorf("%s lost its task: %v", running, err)
+		return
+	}
+	if st, err := task.Status(ctx); err != nil || st.Status != "running" {
+		t.Errorf("%s: %v %v", running, st.Status, err)
+	}
+}
+
+// TestContainerGCNativeTTL: plain containers that exit are removed through
+// containerd within a second of their TTL, measured from containerd's exit
+// time to containerd's delete; a running and a never-started container stay.
+// Then the same with TTL 0: removed within a second of the exit.
+func TestContainerGCNativeTTL(t *testing.T) {
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v})
+		l := recordLifecycle(t, c)
+		c.Import(t, testenv.Runnable(gcImage))
+		l.waitActive(t)
+		c.RunNative(t, "keep-running", gcImage, "sleep", "600")
+		c.CreateNative(t, "keep-created", gcImage, "true")
+
+		const ttl = 2 * time.Second
+		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
+			"--minimum-container-ttl-duration="+ttl.String()) // default caps: plain containers go at their TTL
+		waitSynced(t, a)
+		// Exits spread over a second: the one timer is re-armed in between.
+		c.RunNative(t, "ttl-a", gcImage, "true")
+		c.RunNative(t, "ttl-b", gcImage, "sh", "-c", "sleep 1")
+		c.RunNative(t, "ttl-c", gcImage, "sh", "-c", "sleep 0.3; exit 7")
+		assertRemovedOnTime(t, c, l, ttl, time.Second, "ttl-a", "ttl-b", "ttl-c")
+		assertStays(t, c, "keep-running", "keep-created")
+		m := mustMetrics(t, a)
+		for _, want := range []string{
+			`gcagent_containers_removed_total{kind="native",reason="ttl-expired"} 3`,
+			`gcagent_container_removal_latency_seconds_count{kind="native"} 3`,
+		} {
+			if !containsLine(m, want) {
+				t.Errorf("metrics lack %q", want)
+			}
+		}
+		a.Stop()
+
+		a0 := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state0"))
+		waitSynced(t, a0)
+		c.RunNative(t, "zero-a", gcImage, "true")
+		c.RunNative(t, "zero-b", gcImage, "sh", "-c", "sleep 0.5; exit 1")
+		assertRemovedOnTime(t, c, l, 0, time.Second, "zero-a", "zero-b")
+		assertStays(t, c, "keep-running", "keep-created")
+	})
+}
+
+// TestContainerGCDryRunDeletesNothing: with --dry-run the agent decides the
+// same removals and deletes nothing.
+func TestContainerGCDryRunDeletesNothing(t *testing.T) {
+	v := testenv.Versions()[0]
+	c := testenv.StartContainerd(t, testenv.Options{Version: v})
+	c.Import(t, testenv.Runnable(gcImage))
+	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--dry-run")
+	waitSynced(t, a)
+	ctr := c.RunNative(t, "dry-a", gcImage, "true")
+	c.WaitExit(t, ctr)
+	testenv.Eventually(t, 10*time.Second, func() string {
+		b, _ := os.ReadFile(a.LogFile)
+		if !strings.Contains(string(b), `"message":"would remove"`) {
+			return "no 'would remove' logged"
+		}
+		return ""
+	})
+	if !nativeExists(t, c, "dry-a") {
+		t.Fatal("dry run deleted dry-a")
+	}
+}
+
+// runAttempt creates and starts container name of the pod as the kubelet
+// does for restart number attempt (CRI reserves name+attempt per pod), and
+// links its log into LogDir. testenv.RunPodContainer always uses attempt 0.
+func runAttempt(t testing.TB, c *testenv.Containerd, rt runtime.RuntimeServiceClient, p *testenv.Pod, name string, attempt uint32, image string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(c.Ctx(), time.Minute)
+	defer cancel()
+	logPath := filepath.Join(name, fmt.Sprintf("%d.log", attempt))
+	resp, err := rt.CreateContainer(ctx, &runtime.CreateContainerRequest{
+		PodSandboxId: p.SandboxID,
+		Config: &runtime.ContainerConfig{
+			Metadata: &runtime.ContainerMetadata{Name: name, Attempt: attempt},
+			Image:    &runtime.ImageSpec{Image: image},
+			Command:  args,
+			LogPath:  logPath,
+			Labels: map[string]string{
+				"io.kubernetes.pod.name": p.Name, "io.kubernetes.pod.namespace": p.Namespace,
+				"io.kubernetes.pod.uid": p.UID, "io.kubernetes.container.name": name,
+			},
+		},
+		SandboxConfig: p.Config,
+	})
+	if err != nil {
+		t.Fatalf("create %s attempt %d: %v\n%s", name, attempt, err, c.LogTail(20))
+	}
+	id := resp.ContainerId
+	if _, err := rt.StartContainer(ctx, &runtime.StartContainerRequest{ContainerId: id}); err != nil {
+		t.Fatalf("start %s attempt %d: %v", name, attempt, err)
+	}
+	link := filepath.Join(c.LogDir, fmt.Sprintf("%s_%s_%s-%s.log", p.Name, p.Namespace, name, id))
+	if err := os.Symlink(filepath.Join(p.LogDir, logPath), link); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// waitCRIExited waits until CRI reports the container exited.
+func waitCRIExited(t testing.TB, c *testenv.Containerd, rt runtime.RuntimeServiceClient, id string) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, func() string {
+		resp, err := rt.ContainerStatus(c.Ctx(), &runtime.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			return err.Error()
+		}
+		if resp.Status.State != runtime.ContainerState_CONTAINER_EXITED {
+			return fmt.Sprintf("%s is %s", id, resp.Status.State)
+		}
+		return ""
+	})
+}
+
+// criView lists what CRI and containerd hold, by CRI kind.
+type criView struct {
+	criContainers, cdContainers map[string]runtime.ContainerState // cd: state unknown (0)
+	criSandboxes, cdSandboxes   map[string]runtime.PodSandboxState
+}
+
+func listCRIView(t testing.TB, c *testenv.Containerd, rt runtime.RuntimeServiceClient) criView {
+	t.Helper()
+	ctx := c.Ctx()
+	v := criView{criContainers: map[string]runtime.ContainerState{}, cdContainers: map[string]runtime.ContainerState{},
+		criSandboxes: map[string]runtime.PodSandboxState{}, cdSandboxes: map[string]runtime.PodSandboxState{}}
+	cs, err := rt.ListContainers(ctx, &runtime.ListContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ct := range cs.Containers {
+		v.criContainers[ct.Id] = ct.State
+	}
+	ss, err := rt.ListPodSandbox(ctx, &runtime.ListPodSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss.Items {
+		v.criSandboxes[s.Id] = s.State
+	}
+	all, err := c.Client.ContainerService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ct := range all {
+		switch ct.Labels["io.cri-containerd.kind"] {
+		case "container":
+			v.cdContainers[ct.ID] = 0
+		case "sandbox":
+			v.cdSandboxes[ct.ID] = 0
+		}
+	}
+	return v
+}
+
+// agree reports how CRI and containerd disagree ("" if they do not): a CRI
+// container or sandbox containerd does not have is a stale CRI entry, the
+// converse an object deleted behind CRI's back.
+func (v criView) agree() string {
+	keys := func(m any) []string {
+		var out []string
+		switch m := m.(type) {
+		case map[string]runtime.ContainerState:
+			for k := range m {
+				out = append(out, k)
+			}
+		case map[string]runtime.PodSandboxState:
+			for k := range m {
+				out = append(out, k)
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	if a, b := keys(v.criContainers), keys(v.cdContainers); !slices.Equal(a, b) {
+		return fmt.Sprintf("containers: CRI %v, containerd %v", a, b)
+	}
+	if a, b := keys(v.criSandboxes), keys(v.cdSandboxes); !slices.Equal(a, b) {
+		return fmt.Sprintf("sandboxes: CRI %v, containerd %v", a, b)
+	}
+	return ""
+}
+
+// TestContainerGCCRIPods: with --prune-containers=all, a pod created like a
+// kubelet keeps exactly its newest dead run of a restarting container (cap
+// 1) and its running container; a stopped sandbox whose pod has no
+// container left goes, through CRI; CRI and containerd agree afterwards.
+func TestContainerGCCRIPods(t *testing.T) {
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v})
+		rt, _ := c.CRI(t)
+		c.Import(t, testenv.Runnable(gcImage), testenv.Pause(c.SandboxImage))
+		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
+			"--prune-containers=all", "--maximum-dead-containers-per-container=1")
+		waitSynced(t, a)
+
+		web := c.RunPod(t, rt, "web", "default", "7a0c3f6e-web")
+		server := runAttempt(t, c, rt, web, "server", 0, gcImage, "sleep", "600")
+		var jobs []string
+		for i := range uint32(4) {
+			id := runAttempt(t, c, rt, web, "job", i, gcImage, "sh", "-c", fmt.Sprintf("exit %d", i+1))
+			waitCRIExited(t, c, rt, id)
+			jobs = append(jobs, id)
+		}
+		newest := jobs[len(jobs)-1]
+
+		batch := c.RunPod(t, rt, "batch", "default", "2b9d1e44-batch")
+		once := runAttempt(t, c, rt, batch, "once", 0, gcImage, "true")
+		waitCRIExited(t, c, rt, once)
+		// The kubelet deletes the finished pod: it removes the containers
+		// and stops the sandbox; removing the sandbox is left to GC.
+		ctx := c.Ctx()
+		if _, err := rt.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: once}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rt.StopPodSandbox(ctx, &runtime.StopPodSandboxRequest{PodSandboxId: batch.SandboxID}); err != nil {
+			t.Fatal(err)
+		}
+
+		testenv.Eventually(t, 20*time.Second, func() string {
+			view := listCRIView(t, c, rt)
+			want := []string{newest, server}
+			var got []string
+			for id := range view.criContainers {
+				got = append(got, id)
+			}
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				return fmt.Sprintf("CRI containers %v, want %v (server and the newest job)", got, want)
+			}
+			if _, ok := view.criSandboxes[batch.SandboxID]; ok {
+				var rep projection.Report
+				_, _ = a.Get("/status", &rep)
+				for _, ct := range rep.Containers {
+					if ct.ID == batch.SandboxID {
+						return fmt.Sprintf("batch sandbox still listed by CRI; the agent sees it %s", ct.State)
+					}
+				}
+				return "batch sandbox still listed by CRI; the agent does not know it"
+			}
+			return view.agree()
+		})
+
+		view := listCRIView(t, c, rt)
+		if st := view.criSandboxes[web.SandboxID]; st != runtime.PodSandboxState_SANDBOX_READY {
+			t.Errorf("web sandbox is %v, want ready", st)
+		}
+		if st := view.criContainers[server]; st != runtime.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("server is %v, want running", st)
+		}
+		if st := view.criContainers[newest]; st != runtime.ContainerState_CONTAINER_EXITED {
+			t.Errorf("newest job is %v, want exited", st)
+		}
+		m := mustMetrics(t, a)
+		for _, want := range []string{
+			`gcagent_containers_removed_total{kind="container",reason="per-unit-cap"} 3`,
+			`gcagent_containers_removed_total{kind="sandbox",reason="sandbox-orphaned"} 1`,
+		} {
+			if !containsLine(m, want) {
+				t.Errorf("metrics lack %q", want)
+			}
+		}
+	})
+}
+
+// containsLine reports whether text has line as one of its lines.
+func containsLine(text, line string) bool {
+	return slices.Contains(strings.Split(text, "\n"), line)
+}
