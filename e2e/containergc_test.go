@@ -179,7 +179,7 @@ func TestContainerGCNativeTTL(t *testing.T) {
 
 		const ttl = 2 * time.Second
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
-			"--minimum-container-ttl-duration="+ttl.String()) // default caps: plain containers go at their TTL
+			"--minimum-container-ttl-duration="+ttl.String(), "--maximum-dead-containers-per-container=0")
 		waitSynced(t, a)
 		// Exits spread over a second: the one timer is re-armed in between.
 		c.RunNative(t, "ttl-a", gcImage, "true")
@@ -189,7 +189,7 @@ func TestContainerGCNativeTTL(t *testing.T) {
 		assertStays(t, c, "keep-running", "keep-created")
 		m := mustMetrics(t, a)
 		for _, want := range []string{
-			`gcagent_containers_removed_total{kind="native",reason="ttl-expired"} 3`,
+			`gcagent_containers_removed_total{kind="native",reason="per-unit-cap"} 3`,
 			`gcagent_container_removal_latency_seconds_count{kind="native"} 3`,
 		} {
 			if !containsLine(m, want) {
@@ -198,7 +198,7 @@ func TestContainerGCNativeTTL(t *testing.T) {
 		}
 		a.Stop()
 
-		a0 := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state0"))
+		a0 := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state0"), "--maximum-dead-containers-per-container=0")
 		waitSynced(t, a0)
 		c.RunNative(t, "zero-a", gcImage, "true")
 		c.RunNative(t, "zero-b", gcImage, "sh", "-c", "sleep 0.5; exit 1")
@@ -213,7 +213,7 @@ func TestContainerGCDryRunDeletesNothing(t *testing.T) {
 	v := testenv.Versions()[0]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable(gcImage))
-	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--dry-run")
+	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--dry-run", "--maximum-dead-containers-per-container=0")
 	waitSynced(t, a)
 	ctr := c.RunNative(t, "dry-a", gcImage, "true")
 	c.WaitExit(t, ctr)

@@ -257,3 +257,29 @@ func TestLogsHostileTrees(t *testing.T) {
 		}
 	})
 }
+
+// TestLogsPodDirNeedsCRIToAgree: an agent that cannot see a pod in its
+// projection (here: it follows another namespace) still keeps that pod's
+// log dir, because CRI lists a sandbox of the uid; a real orphan next to it
+// goes after the grace.
+func TestLogsPodDirNeedsCRIToAgree(t *testing.T) {
+	c := testenv.StartContainerd(t, testenv.Options{Version: testenv.Versions()[0]})
+	c.Import(t, testenv.Pause(c.SandboxImage))
+	rt, _ := c.CRI(t)
+	pod := c.RunPod(t, rt, "web", "default", "8c0ffee0-live-web")
+	orphan := filepath.Join(c.PodLogDir, "default_ghost_8c0ffee0-gone-ghost")
+	if err := os.MkdirAll(filepath.Join(orphan, "app"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--namespace=elsewhere", "--pod-log-grace=1s",
+		"--prune-containers=off", "--image-gc-high-threshold=100")
+	testenv.Eventually(t, 20*time.Second, func() string {
+		if _, err := os.Stat(orphan); err == nil {
+			return "orphan pod dir still there"
+		}
+		return ""
+	})
+	if _, err := os.Stat(pod.LogDir); err != nil {
+		t.Fatalf("live pod's log dir removed although CRI lists its sandbox: %v", err)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -280,12 +281,12 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, err
 		if e.ID != "" && e.ID != e.ContainerID {
 			break // an exec process, not the container's init
 		}
-		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
+		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: timeOf(e.ExitedAt)}, nil
 	case *apievents.TaskDelete:
 		if e.ID != "" && e.ID != e.ContainerID {
 			break
 		}
-		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: e.ExitedAt.AsTime().UTC()}, nil
+		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: timeOf(e.ExitedAt)}, nil
 	}
 	s.m.ignored.WithLabelValues(env.Topic).Inc()
 	return nil, nil
@@ -460,6 +461,15 @@ func DialCRI(address string) (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("cri %s: %w", address, err)
 	}
 	return conn, nil
+}
+
+// timeOf converts a protobuf timestamp; nil (not sent) is the zero time,
+// not 1970.
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime().UTC()
 }
 
 func taskStatus(st tasktypes.Status) TaskStatus {

@@ -42,6 +42,8 @@ func TestDecode(t *testing.T) {
 			TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt}},
 		{"task delete", envelope(t, "k8s.io", "/tasks/delete", &apievents.TaskDelete{ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: timestamppb.New(exitedAt)}),
 			TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt}},
+		{"exit without a time", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7}),
+			TaskExited{At: at, ContainerID: "c", Pid: 7}},
 		{"exec exit is not the container's", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "exec-1"}), nil},
 		{"other namespace", envelope(t, "moby", "/images/delete", &apievents.ImageDelete{Name: "a:1"}), nil},
 		{"oom is not needed", envelope(t, "k8s.io", "/tasks/oom", &apievents.TaskOOM{ContainerID: "c"}), nil},

@@ -269,7 +269,7 @@ func TestContainerExecutorApply(t *testing.T) {
 			}
 			var sum float64
 			for _, k := range []string{"native", "container"} {
-				for _, r := range []Reason{ReasonPerUnitCap, ReasonGlobalCap, ReasonTTLExpired} {
+				for _, r := range []Reason{ReasonPerUnitCap, ReasonGlobalCap} {
 					sum += testutil.ToFloat64(m.removed.WithLabelValues(k, string(r)))
 				}
 			}

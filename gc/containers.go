@@ -109,12 +109,6 @@ func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) Conta
 			// kept whatever the caps
 		case c.CRIKind == projection.KindSandbox:
 			sandboxes = append(sandboxes, c)
-		case c.CRIKind == "":
-			// The caps keep the kubelet's record of a CRI container's earlier
-			// runs (restart counts, logs --previous). A plain container is
-			// its own unit with no one to read such a record: it goes when
-			// its TTL has passed.
-			it.Reason = ReasonTTLExpired
 		default:
 			units[it.EvictUnit] = append(units[it.EvictUnit], c)
 		}
@@ -228,9 +222,6 @@ func count(units map[string][]*projection.Container) int {
 
 // removes reports whether r is a reason to remove a container.
 func removes(r Reason) bool {
-	if r == ReasonTTLExpired {
-		return true
-	}
 	return r == ReasonPerUnitCap || r == ReasonGlobalCap || r == ReasonSandboxOrphaned
 }
 

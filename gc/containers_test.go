@@ -83,17 +83,16 @@ func TestPlanContainers(t *testing.T) {
 			keep: []string{"c1 within-cap", "c2 within-cap", "n1 within-cap"},
 		},
 		{
-			// Default flags (cap 1 per unit, no global cap, native): the
-			// per-unit cap keeps a CRI container's earlier run for the
-			// kubelet; a plain container has no one to keep it for.
-			name: "plain containers go at their TTL whatever the caps",
+			// ARCHITECTURE: a plain container is its own evict unit, so the
+			// kubelet's default cap of 1 keeps it; cap 0 (or a global cap)
+			// is how an operator asks for plain containers to go.
+			name: "a plain container is its own evict unit: the default cap keeps it",
 			evs: flat(
 				dead(0, h, "old", "tool:1"), dead(0, 10*h-10*time.Second, "fresh", "tool:1"),
 				native(0, "idle", "tool:1"),
 			),
-			mod:    func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit, p.MaxContainers = m, 5, 5 },
-			remove: []string{"old ttl-expired"},
-			keep:   []string{"fresh too-young", "idle never-started"},
+			mod:  func(p *ContainerPolicy) { p.MinAge = m },
+			keep: []string{"fresh too-young", "idle never-started", "old within-cap"},
 			check: func(t *testing.T, p ContainerPlan) {
 				if want := at(10*h + 50*time.Second); !p.NextEligible.Equal(want) {
 					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
@@ -162,10 +161,10 @@ func TestPlanContainers(t *testing.T) {
 			},
 		},
 		{
-			name:   "min age passed exactly: a plain container goes at its TTL",
+			name:   "min age passed exactly",
 			evs:    flat(dead(0, 10*h-m, "n1", "tool:1")),
-			mod:    func(p *ContainerPolicy) { p.MinAge = m },
-			remove: []string{"n1 ttl-expired"},
+			mod:    func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit = m, 0 },
+			remove: []string{"n1 per-unit-cap"},
 			check: func(t *testing.T, p ContainerPlan) {
 				if !p.NextEligible.IsZero() {
 					t.Errorf("next eligible = %v, want zero", p.NextEligible)
@@ -190,7 +189,8 @@ func TestPlanContainers(t *testing.T) {
 				criDead(0, m, "c1", "app:1", "u1", "app", "s1"),
 				dead(0, m, "n1", "tool:1"),
 			),
-			remove: []string{"n1 ttl-expired"},
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit = 0 },
+			remove: []string{"n1 per-unit-cap"},
 			keep:   []string{"c1 prune-mode", "s1 prune-mode"},
 		},
 		{

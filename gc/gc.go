@@ -47,7 +47,6 @@ const (
 	ReasonPerUnitCap      Reason = "per-unit-cap"     // beyond MaxPerEvictUnit in its evict unit
 	ReasonGlobalCap       Reason = "global-cap"       // beyond MaxContainers overall
 	ReasonSandboxOrphaned Reason = "sandbox-orphaned" // an exited sandbox whose pod has no container left
-	ReasonTTLExpired      Reason = "ttl-expired"      // a plain containerd container dead for longer than MinAge
 )
 
 // later returns the later of two instants.

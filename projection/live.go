@@ -138,6 +138,7 @@ func (l *Live) Apply(batch ...events.Event) {
 		if err := st.Append(seq, applied); err != nil {
 			l.m.journalErrors.Inc()
 			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
+			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
 		}
 		l.since += len(applied)
 		if l.since >= l.opts.SnapshotEvery {

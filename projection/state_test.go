@@ -227,3 +227,51 @@ func TestStoreRestoresExactly(t *testing.T) {
 		t.Fatalf("restored state differs\nbefore %+v\nafter  %+v", before.Images["sha256:a"], after.Images["sha256:a"])
 	}
 }
+
+// TestStoreGapKeepsPositions: a batch that failed to journal leaves a gap;
+// after a restart new entries go after the last key, so nothing journaled
+// is overwritten and a second restart still replays everything.
+func TestStoreGapKeepsPositions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Seq 1 journaled, seq 2 lost (the append failed), seq 3 journaled.
+	if err := st.Append(1, []events.Event{events.ImageUpserted{At: at(0), Name: "a:1", Digest: "sha256:a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Append(3, []events.Event{events.ImageUpserted{At: at(2), Name: "c:1", Digest: "sha256:c"}}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	st, err = OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLive(LiveOptions{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq := l.Snapshot().Seq; seq != 3 {
+		t.Fatalf("seq after replay = %d, want 3 (the last key)", seq)
+	}
+	l.Apply(events.ImageUpserted{At: at(3), Name: "d:1", Digest: "sha256:d"})
+	st.Close()
+
+	st, err = OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	res, err := st.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"sha256:a", "sha256:c", "sha256:d"} {
+		if res.State.Images[d] == nil {
+			t.Errorf("image %s lost across restarts", d)
+		}
+	}
+}

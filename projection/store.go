@@ -46,6 +46,17 @@ func OpenStore(path string) (*Store, error) {
 	return &Store{db: db}, nil
 }
 
+// OpenStoreReadOnly opens an existing store for reading only, for tools
+// that must never change or block the agent's file. It fails when the agent
+// holds the file.
+func OpenStoreReadOnly(path string) (*Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("open state %s read-only: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
 // Close closes the file.
 func (st *Store) Close() error { return st.db.Close() }
 
@@ -62,7 +73,11 @@ type LoadResult struct {
 func (st *Store) Load() (LoadResult, error) {
 	res := LoadResult{State: New()}
 	err := st.db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketMeta).Get(keySnapshot); b != nil {
+		meta, journal := tx.Bucket(bucketMeta), tx.Bucket(bucketJournal)
+		if meta == nil || journal == nil {
+			return nil // a file never written by an agent: nothing to restore
+		}
+		if b := meta.Get(keySnapshot); b != nil {
 			s := New()
 			if err := json.Unmarshal(b, s); err != nil {
 				return fmt.Errorf("decode snapshot: %w", err)
@@ -70,7 +85,7 @@ func (st *Store) Load() (LoadResult, error) {
 			s.fill()
 			res.State = s
 		}
-		c := tx.Bucket(bucketJournal).Cursor()
+		c := journal.Cursor()
 		for k, v := c.Seek(seqKey(res.State.Seq + 1)); k != nil; k, v = c.Next() {
 			ev, err := events.Unmarshal(v)
 			if err != nil {
@@ -79,6 +94,10 @@ func (st *Store) Load() (LoadResult, error) {
 				continue
 			}
 			res.State.Apply(ev)
+			// The key, not the count, is the position: a batch that failed
+			// to journal (disk full) leaves a gap, and new entries must go
+			// after the last key, never over it.
+			res.State.Seq = binary.BigEndian.Uint64(k)
 			res.Replayed++
 		}
 		// What was true before the restart must be confirmed by a reconcile

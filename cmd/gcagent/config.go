@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/rs/zerolog"
 )
 
 // Config is everything `gcagent run` can be told. Flag names follow the
@@ -187,6 +188,9 @@ func (c Config) Validate() error {
 	if err := c.publisherOptions().Validate(); err != nil {
 		checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 	}
+	if _, err := zerolog.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
+		checks = append(checks, fmt.Errorf("invalid --log-level %q: must be debug, info, warn or error", c.LogLevel))
+	}
 	for _, p := range c.KeepImages {
 		if _, err := path.Match(p, ""); err != nil {
 			checks = append(checks, fmt.Errorf("invalid --keep-image %q: %v", p, err))
@@ -197,6 +201,17 @@ func (c Config) Validate() error {
 		if strings.TrimSpace(v) == "" {
 			checks = append(checks, fmt.Errorf("invalid --%s: must not be empty", name))
 		}
+	}
+	// Then each component's own rules, so nothing starts with a setting it
+	// would refuse.
+	if err := c.logsConfig().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid log dirs: %v", err))
+	}
+	if err := c.containerPolicy().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid container GC settings: %v", err))
+	}
+	if err := c.imagePolicy().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid image GC settings: %v", err))
 	}
 	for _, err := range checks {
 		if err != nil {

@@ -50,6 +50,9 @@ func TestParseRun(t *testing.T) {
 		{name: "bad duration", args: []string{"--pod-log-grace=soon"}, wantErr: "invalid value"},
 		{name: "unknown flag", args: []string{"--frobnicate"}, wantErr: "flag provided but not defined"},
 		{name: "bad env", env: map[string]string{"GCAGENT_IMAGE_GC_HIGH_THRESHOLD": "lots"}, wantErr: "GCAGENT_IMAGE_GC_HIGH_THRESHOLD"},
+		{name: "relative log dir", args: []string{"--log-dir=var/log/containers"}, wantErr: "invalid log dirs"},
+		{name: "nested log dirs", args: []string{"--log-dir=/var/log/pods/x"}, wantErr: "invalid log dirs"},
+		{name: "bad log level", args: []string{"--log-level=loud"}, wantErr: "invalid --log-level"},
 		{name: "stray argument", args: []string{"now"}, wantErr: `unexpected argument "now"`},
 	}
 	for _, tc := range cases {

@@ -10,7 +10,7 @@ import (
 // setupImageGC builds the image GC and subscribes it to the projection;
 // call it before the projection runs (Subscribe's contract).
 func (a *agent) setupImageGC() error {
-	p := a.imagePolicy()
+	p := a.cfg.imagePolicy()
 	if err := p.Validate(); err != nil {
 		return usageError{err}
 	}

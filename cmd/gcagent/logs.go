@@ -15,18 +15,25 @@ import (
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
 	"golang.org/x/sync/errgroup"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // logsState answers the log cleaner's questions from the projection: the
 // agent's Live one, or a state built once (for `gcagent plan`).
 type logsState struct {
 	view func(fn func(*projection.State))
+	// cri, when set, confirms that a pod the projection does not see alive
+	// has no sandbox: a pod log dir is the one thing deleted on the
+	// projection's word alone, and the projection sees one namespace.
+	cri runtimeapi.RuntimeServiceClient
 }
 
 var _ logs.State = logsState{}
 
 // liveLogsState reads the agent's projection under its lock.
-func liveLogsState(l *projection.Live) logsState { return logsState{view: l.View} }
+func liveLogsState(l *projection.Live, cri runtimeapi.RuntimeServiceClient) logsState {
+	return logsState{view: l.View, cri: cri}
+}
 
 // staticLogsState reads s, which nothing else may modify meanwhile.
 func staticLogsState(s *projection.State) logsState {
@@ -72,10 +79,31 @@ func (s logsState) PodState(uid string) (alive bool, goneSince time.Time, known 
 			alive, goneSince, known = p.Alive(), p.GoneAt, true
 		}
 	})
+	if !alive && s.cri != nil {
+		switch found, err := s.criHasSandbox(uid); {
+		case err != nil:
+			return true, time.Time{}, true // cannot confirm: keep
+		case found:
+			return true, time.Time{}, true
+		}
+	}
 	if alive {
 		goneSince = time.Time{}
 	}
 	return alive, goneSince, known
+}
+
+// criHasSandbox asks CRI for sandboxes of pod uid (any state).
+func (s logsState) criHasSandbox(uid string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := s.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{
+		Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid}},
+	})
+	if err != nil {
+		return false, err
+	}
+	return len(resp.Items) > 0, nil
 }
 
 // logsPublisher publishes each log removal as one log.removed action.
@@ -106,7 +134,7 @@ func (a *agent) setupLogs() error {
 	if err != nil {
 		return err
 	}
-	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live), logs.Options{
+	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live, a.runtime.CRI), logs.Options{
 		Publisher: logsPublisher{a.pub}, Metrics: m, Logger: a.log,
 	})
 	if err != nil {

@@ -50,12 +50,12 @@ type bus struct {
 // down does not stop the agent: events wait in the outbox.
 func (a *agent) startNATS() (*bus, error) {
 	cfg := a.cfg
-	log := a.log.With().Str("component", "natsbus").Logger()
+	// natsbus's constructors name their own component in the log.
 	b := &bus{}
 	opts := cfg.connOptions()
-	opts.Logger = log
+	opts.Logger = a.log
 	if opts.URL == "" {
-		srv, err := natsbus.StartEmbedded(natsbus.EmbeddedOptions{StateDir: cfg.StateDir, Listen: cfg.EmbeddedNATSListen, ServerName: natsbus.SafeToken(cfg.NodeName), Logger: log})
+		srv, err := natsbus.StartEmbedded(natsbus.EmbeddedOptions{StateDir: cfg.StateDir, Listen: cfg.EmbeddedNATSListen, ServerName: natsbus.SafeToken(cfg.NodeName), Logger: a.log})
 		if err != nil {
 			return nil, fmt.Errorf("embedded nats: %w", err)
 		}
@@ -73,12 +73,12 @@ func (a *agent) startNATS() (*bus, error) {
 		return nil, err
 	}
 	po := cfg.publisherOptions()
-	po.Logger, po.Metrics = log, m
+	po.Logger, po.Metrics = a.log, m
 	if b.pub, err = natsbus.NewPublisher(nc, po); err != nil {
 		b.close()
 		return nil, fmt.Errorf("nats publisher: %w", err)
 	}
-	log.Info().Str("url", redactURL(opts.URL)).Bool("embedded", b.srv != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
+	a.log.Info().Str("component", "natsbus").Str("url", redactURL(opts.URL)).Bool("embedded", b.srv != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
 	return b, nil
 }
 
@@ -141,7 +141,7 @@ func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 	a.live.View(func(s *projection.State) {
 		hb.Images, hb.Containers, hb.Synced = len(s.Images), len(s.Containers), s.Synced
 		// Reclaimable: what GC could delete if the disk were full.
-		p := a.imagePolicy()
+		p := a.cfg.imagePolicy()
 		p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
 		plan := gc.PlanImages(s, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
 		for _, it := range plan.Delete {
@@ -189,14 +189,15 @@ func statDisk(dir string) (gc.DiskStats, error) {
 	return gc.DiskStats{CapacityBytes: st.Blocks * bs, AvailableBytes: st.Bavail * bs}, nil
 }
 
-// imagePolicy is the image GC policy of the configuration.
-func (a *agent) imagePolicy() gc.ImagePolicy {
+// imagePolicy is the image GC policy of the configuration (without the
+// sandbox images learned at run time).
+func (c Config) imagePolicy() gc.ImagePolicy {
 	p := gc.ImagePolicy{
-		HighThresholdPercent: a.cfg.ImageGCHighThreshold, LowThresholdPercent: a.cfg.ImageGCLowThreshold,
-		MinAge: a.cfg.MinimumImageTTL, MaxAge: a.cfg.ImageMaximumGCAge, KeepPatterns: a.cfg.KeepImages,
+		HighThresholdPercent: c.ImageGCHighThreshold, LowThresholdPercent: c.ImageGCLowThreshold,
+		MinAge: c.MinimumImageTTL, MaxAge: c.ImageMaximumGCAge, KeepPatterns: c.KeepImages,
 	}
-	if a.cfg.SandboxImage != "" {
-		p.SandboxImages = []string{a.cfg.SandboxImage}
+	if c.SandboxImage != "" {
+		p.SandboxImages = []string{c.SandboxImage}
 	}
 	return p
 }

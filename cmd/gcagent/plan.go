@@ -138,7 +138,7 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	}
 
 	a := &agent{cfg: cfg}
-	p := a.imagePolicy()
+	p := a.cfg.imagePolicy()
 	learned, err := gc.Runtime{CRI: cri}.SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
@@ -174,7 +174,7 @@ func loadHistory(path string, l events.Listing) (*projection.State, string) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, "no agent state at " + path + ": first seen is containerd's creation time, last use unknown"
 	}
-	st, err := projection.OpenStore(path)
+	st, err := projection.OpenStoreReadOnly(path)
 	if err != nil {
 		return nil, "agent state " + path + " not readable (is the agent running?): " + err.Error() +
 			"; first seen is containerd's creation time, last use unknown"

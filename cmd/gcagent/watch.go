@@ -178,10 +178,11 @@ func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, msgs chan<
 		})
 		cancel()
 		if err == nil {
-			cc, err := cons.Consume(func(m jetstream.Msg) { deliver(m.Data()) })
-			if err == nil {
+			cc, cerr := cons.Consume(func(m jetstream.Msg) { deliver(m.Data()) })
+			if cerr == nil {
 				return cc.Stop, nil
 			}
+			err = cerr
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 			errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
