@@ -168,7 +168,7 @@ func ServeControl(ctx context.Context, nc *nats.Conn, h Handler, opts ControlOpt
 		}
 		subs = append(subs, sub)
 	}
-	c.log.Info().Str("node", opts.Node).Bool("allow_remote_gc", opts.AllowRemoteGC).
+	c.log.Info().Bool("allow_remote_gc", opts.AllowRemoteGC).
 		Msg("answering control requests")
 	<-ctx.Done()
 	for _, s := range subs {

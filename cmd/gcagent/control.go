@@ -52,7 +52,7 @@ func (h controlHandler) Status(context.Context) (any, error) {
 	now := time.Now().UTC()
 	st := ControlStatus{Heartbeat: a.heartbeat(now, a.bus), Node: a.cfg.NodeName, Cluster: a.cfg.Cluster,
 		Version: version, Now: now, DryRun: a.cfg.DryRun, AllowRemoteGC: a.cfg.AllowRemoteGC}
-	if _, err := statDisk(a.cfg.ImageFS); err != nil {
+	if _, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk(); err != nil {
 		st.DiskError = err.Error()
 	}
 	a.live.View(func(s *projection.State) {
@@ -76,7 +76,7 @@ type ControlPlan struct {
 // plan computes both plans from one snapshot of the projection.
 func (h controlHandler) plan() (ControlPlan, error) {
 	a := h.a
-	disk, err := statDisk(a.cfg.ImageFS)
+	disk, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk()
 	if err != nil {
 		return ControlPlan{}, err
 	}

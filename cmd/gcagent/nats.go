@@ -13,7 +13,6 @@ import (
 	"github.com/gcagent/gcagent/projection"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"golang.org/x/sys/unix"
 )
 
 func (c Config) connOptions() natsbus.ConnOptions {
@@ -131,7 +130,7 @@ type Heartbeat struct {
 // heartbeat builds the current heartbeat from the projection and the disk.
 func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 	var hb Heartbeat
-	disk, err := statDisk(a.cfg.ImageFS)
+	disk, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk()
 	if err == nil {
 		hb.CapacityBytes, hb.AvailableBytes = disk.CapacityBytes, disk.AvailableBytes
 		if disk.CapacityBytes > 0 {
@@ -177,16 +176,6 @@ func (a *agent) runHeartbeat(ctx context.Context, b *bus, boot time.Time) error 
 			Key: fmt.Sprintf("%d/%d", boot.UnixNano(), seq), Data: a.heartbeat(now, b)})
 		t.Reset(every)
 	}
-}
-
-// statDisk measures the filesystem that holds dir.
-func statDisk(dir string) (gc.DiskStats, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return gc.DiskStats{}, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	bs := uint64(st.Bsize)
-	return gc.DiskStats{CapacityBytes: st.Blocks * bs, AvailableBytes: st.Bavail * bs}, nil
 }
 
 // imagePolicy is the image GC policy of the configuration (without the

@@ -31,8 +31,8 @@ type watchOptions struct {
 
 // natsClientFlags binds the flags a NATS client command shares with run.
 func natsClientFlags(fs *flag.FlagSet, cfg *Config) {
-	fs.StringVar(&cfg.NATSURL, "nats-url", cfg.NATSURL, "NATS server URLs, comma separated")
-	fs.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, "cluster (watch: * for every cluster)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", cfg.NATSURL, "NATS server URLs, comma separated (run: empty starts an embedded server)")
+	fs.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, "cluster name in NATS subjects (watch: * for every cluster)")
 	fs.StringVar(&cfg.NATSCreds, "nats-creds", cfg.NATSCreds, "NATS credentials file")
 	fs.StringVar(&cfg.NATSNKey, "nats-nkey", cfg.NATSNKey, "NATS nkey seed file")
 	fs.StringVar(&cfg.NATSUser, "nats-user", cfg.NATSUser, "NATS user")
