@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
 	"golang.org/x/sys/unix"
 
 	"github.com/gcagent/gcagent/gc"
@@ -283,5 +284,102 @@ func testImageGC(t *testing.T, v testenv.Version) {
 	}
 	if doc.History != "containerd" || doc.Images.Disk.CapacityBytes != capacity {
 		t.Errorf("plan: history %q, capacity %d", doc.History, doc.Images.Disk.CapacityBytes)
+	}
+}
+
+// TestImageGCInFlightPull holds an otherwise eligible image's target in a
+// lease, as a pull of one of its names would, and checks that the agent
+// skips it (in-flight-pull) while deleting the other candidate, then deletes
+// it on a pass after the lease is gone.
+func TestImageGCInFlightPull(t *testing.T) {
+	for _, v := range testenv.Versions() {
+		t.Run(string(v), func(t *testing.T) { testImageGCInFlightPull(t, v) })
+	}
+}
+
+func testImageGCInFlightPull(t *testing.T, v testenv.Version) {
+	c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "160m"})
+	ctx := c.Ctx()
+	layer := func(seed string, size int64) testenv.Layer { return testenv.Layer{Seed: seed, Size: size} }
+	recs := c.Import(t,
+		testenv.Pause(c.SandboxImage),
+		testenv.Runnable("example.test/leased:1", layer("leased", 8*imgMiB)),
+		testenv.Runnable("example.test/free:1", layer("free", 8*imgMiB)),
+	)
+	digest := map[string]string{}
+	for _, r := range recs {
+		digest[r.Name] = r.Target.Digest.String()
+	}
+	leased, free := digest["example.test/leased:1"], digest["example.test/free:1"]
+
+	ls := c.Client.LeasesService()
+	lease, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.AddResource(ctx, lease, leases.Resource{ID: leased, Type: "content"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// High just above the usage now; low out of reach, so that every
+	// eligible image is a candidate.
+	const fill = 16 * imgMiB
+	capacity, pre := imgDisk(t, c.Root)
+	high := int(math.Ceil(float64(pre)*100/float64(capacity))) + 4
+	if post := float64(pre+2*fill) * 100 / float64(capacity); post < float64(high)+3 {
+		t.Fatalf("test setup: the fill brings usage to %.1f%%, not clearly above the high threshold %d%%", post, high)
+	}
+	a := testenv.StartAgent(t, c, t.TempDir(),
+		fmt.Sprintf("--image-gc-high-threshold=%d", high), "--image-gc-low-threshold=1",
+		"--minimum-image-ttl-duration=1s", "--keep-image=keep.test/*", "--prune-containers=off")
+	testenv.Eventually(t, 30*time.Second, func() string {
+		var st imgStatus
+		if code, err := a.Get("/status", &st); err != nil || code != 200 {
+			return fmt.Sprintf("status: %d %v", code, err)
+		}
+		if !st.Synced {
+			return "not synced"
+		}
+		return ""
+	})
+	skippedInFlight := func() bool {
+		for _, l := range imgAgentLog(t, a, "imagegc") {
+			if l.Message == "image skipped" && l.Digest == leased && l.Reason == string(gc.ReasonInFlightPull) {
+				return true
+			}
+		}
+		return false
+	}
+
+	c.Import(t, testenv.Runnable("keep.test/fill:1", layer("fill", fill)))
+	testenv.Eventually(t, 30*time.Second, func() string {
+		if !slices.Contains(imgRemoved(t, a), free) {
+			return "the free image is not removed yet"
+		}
+		if !skippedInFlight() {
+			return "no in-flight-pull skip of the leased image logged yet"
+		}
+		return ""
+	})
+	if slices.Contains(imgRemoved(t, a), leased) {
+		t.Fatalf("removed the image a lease holds")
+	}
+	if names := c.Truth(t).Images[leased]; !slices.Contains(names, "example.test/leased:1") {
+		t.Fatalf("leased image lost its name: %v", names)
+	}
+
+	// The pull ends; the next pass (on the next change) deletes it.
+	if err := ls.Delete(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	c.Import(t, testenv.Runnable("keep.test/poke:1", layer("poke", imgMiB)))
+	testenv.Eventually(t, 30*time.Second, func() string {
+		if !slices.Contains(imgRemoved(t, a), leased) {
+			return "the formerly leased image is not removed yet"
+		}
+		return ""
+	})
+	if _, ok := c.Truth(t).Images[leased]; ok {
+		t.Errorf("the formerly leased image still has names")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gcagent/gcagent/projection"
@@ -21,6 +22,7 @@ const (
 	ReasonNotSynced    Reason = "not-synced"            // the projection has not seen a full listing yet
 	ReasonDeleteFailed Reason = "error"                 // the delete failed; see Detail
 	ReasonCanceled     Reason = "canceled"              // the agent is stopping
+	ReasonInFlightPull Reason = "in-flight-pull"        // a containerd lease holds its target: a pull or import is writing it
 )
 
 // Image outcome actions, as published.
@@ -39,6 +41,9 @@ type imageRuntime interface {
 	// RemoveImage deletes all names (of one digest), synchronously, and
 	// says how (cri or native); errImageChanged when a name moved.
 	RemoveImage(ctx context.Context, digest string, names []ImageName) (string, error)
+	// LeasedContent returns the digests of the content that a lease (an
+	// in-flight pull or import) holds now.
+	LeasedContent(ctx context.Context) (map[string]bool, error)
 }
 
 // diskMeter measures the image filesystem.
@@ -120,6 +125,8 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 		}
 	}
 	synced := x.synced()
+	// Leases are read once per pass, on the first re-check that needs them.
+	leased := sync.OnceValues(func() (map[string]bool, error) { return x.rt.LeasedContent(ctx) })
 	var errs []error
 	estimated := int64(0) // bytes the plan's estimate counts as freed so far
 	for i, it := range queue {
@@ -146,7 +153,7 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			skip(ReasonNotSynced, "")
 			continue
 		}
-		names, why, detail, err := x.recheck(ctx, it)
+		names, why, detail, err := x.recheck(ctx, it, leased)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("re-check image %s: %w", it.Digest, err))
 			skip(ReasonDeleteFailed, err.Error())
@@ -224,10 +231,11 @@ func usagePercent(d DiskStats) (int, bool) {
 	return 100 - int(mulDiv(min(d.AvailableBytes, d.CapacityBytes), 100, d.CapacityBytes)), true
 }
 
-// recheck reads the image from containerd and its users from containerd and
-// the projection, right before the delete. It returns the names to delete,
-// or why not to.
-func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName, Reason, string, error) {
+// recheck reads the image from containerd, its users from containerd and
+// the projection, and whether a lease holds its target (leased, read once
+// per pass), right before the delete. It returns the names to delete, or
+// why not to; an error when it cannot tell.
+func (x *imageExecutor) recheck(ctx context.Context, it ImageItem, leased func() (map[string]bool, error)) ([]ImageName, Reason, string, error) {
 	names, err := x.rt.ImageNames(ctx, it.Digest)
 	if err != nil {
 		return nil, "", "", err
@@ -254,6 +262,15 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName,
 	}
 	if len(users) > 0 {
 		return nil, ReasonInUse, "containerd users: " + strings.Join(users, ","), nil
+	}
+	// A pull of a name whose target is this image writes under a lease and
+	// creates its record early (native pulls before unpacking).
+	held, err := leased()
+	if err != nil {
+		return nil, "", "", err
+	}
+	if held[it.Digest] {
+		return nil, ReasonInFlightPull, "a lease holds " + it.Digest, nil
 	}
 	return names, "", "", nil
 }

@@ -28,6 +28,7 @@ type fakeRuntime struct {
 	users   map[string][]string    // container ids by image name
 	frees   map[string]uint64      // bytes a digest's removal frees
 	errs    map[string]error       // op+" "+digest -> injected error
+	leased  map[string]bool        // content digests a lease holds
 	disk    *fakeDisk
 	calls   []string
 	removed []string // digests, in order
@@ -42,7 +43,7 @@ var (
 
 func newFakeRuntime(d *fakeDisk) *fakeRuntime {
 	return &fakeRuntime{names: map[string][]ImageName{}, users: map[string][]string{}, frees: map[string]uint64{},
-		errs: map[string]error{}, disk: d}
+		errs: map[string]error{}, leased: map[string]bool{}, disk: d}
 }
 
 // Add registers an image: its names (labels as name|k=v) and the bytes its
@@ -70,7 +71,28 @@ func (f *fakeRuntime) Use(name, id string) {
 	f.users[name] = append(f.users[name], id)
 }
 
-// InjectError makes op ("names", "users", "remove") on digest fail.
+// Lease makes a lease hold digest (held) or lets it go.
+func (f *fakeRuntime) Lease(digest string, held bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.leased[digest] = held
+}
+
+// Calls returns how many calls of op ("names", "remove", "leases") were made.
+func (f *fakeRuntime) Calls(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		if c == op || strings.HasPrefix(c, op+" ") {
+			n++
+		}
+	}
+	return n
+}
+
+// InjectError makes op ("names", "users", "remove") on digest fail, or
+// listing the leases when op is "leases" and digest empty.
 func (f *fakeRuntime) InjectError(op, digest string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -105,6 +127,16 @@ func (f *fakeRuntime) ImageUsers(_ context.Context, names []string) ([]string, e
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+func (f *fakeRuntime) LeasedContent(context.Context) (map[string]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "leases")
+	if err := f.errs["leases "]; err != nil {
+		return nil, err
+	}
+	return maps.Clone(f.leased), nil
 }
 
 func (f *fakeRuntime) RemoveImage(_ context.Context, digest string, names []ImageName) (string, error) {
@@ -290,6 +322,7 @@ func TestImageExecutorNeverDeletesWhatIsNoLongerACandidate(t *testing.T) {
 			n.rt.names[a][0].Labels = map[string]string{projection.LabelPinned: projection.LabelPinnedValue}
 		}, ReasonPinned},
 		{"deleted by someone else", func(n *node) { delete(n.rt.names, a) }, ReasonGone},
+		{"a pull of its target is in flight (lease)", func(n *node) { n.rt.Lease(a, true) }, ReasonInFlightPull},
 		{"name moved to another target during the delete", func(n *node) {
 			n.rt.InjectError("remove", a, fmt.Errorf("image %q: %w", "example.test/a:1", errImageChanged))
 		}, ReasonChanged},
@@ -314,6 +347,64 @@ func TestImageExecutorNeverDeletesWhatIsNoLongerACandidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestImageExecutorLeases(t *testing.T) {
+	t.Run("listed once per pass; held image skipped, the next one goes", func(t *testing.T) {
+		n := newNode()
+		n.rt.Lease(digestOf("a"), true)
+		n.rt.Lease("sha256:some-layer", true)
+		plan := n.plan(policy8070, at(time.Hour))
+		res := n.executor(policy8070).execute(context.Background(), plan)
+		if got := reasons(res.Outcomes)[digestOf("a")]; got != ReasonInFlightPull {
+			t.Errorf("a: skip reason %q, want %q", got, ReasonInFlightPull)
+		}
+		if got, want := n.rt.Removed(), []string{digestOf("b"), digestOf("c")}; !slices.Equal(got, want) {
+			t.Errorf("removed %v, want %v", got, want)
+		}
+		if got := n.rt.Calls("leases"); got != 1 {
+			t.Errorf("leases listed %d times in one pass, want once", got)
+		}
+		if res.Err != nil {
+			t.Errorf("a lease is not an error: %v", res.Err)
+		}
+	})
+	t.Run("lease released: removed on the next pass", func(t *testing.T) {
+		n := newNode()
+		n.rt.Lease(digestOf("a"), true)
+		x := n.executor(policy8070)
+		x.execute(context.Background(), n.plan(policy8070, at(time.Hour)))
+		n.rt.Lease(digestOf("a"), false)
+		n.disk.Fill(20 * mib)
+		x.execute(context.Background(), n.plan(policy8070, at(time.Hour)))
+		if !slices.Contains(n.rt.Removed(), digestOf("a")) {
+			t.Errorf("a not removed once its lease ended: %v", n.rt.Removed())
+		}
+		if got := n.rt.Calls("leases"); got != 2 {
+			t.Errorf("leases listed %d times in two passes, want twice", got)
+		}
+	})
+	t.Run("leases unknown: nothing deleted", func(t *testing.T) {
+		n := newNode()
+		boom := errors.New("leases: unavailable")
+		n.rt.InjectError("leases", "", boom)
+		plan := n.plan(policy8070, at(time.Hour))
+		res := n.executor(policy8070).execute(context.Background(), plan)
+		if got := n.rt.Removed(); len(got) != 0 {
+			t.Fatalf("removed %v without knowing the leases", got)
+		}
+		if !errors.Is(res.Err, boom) {
+			t.Errorf("err = %v, want the lease error", res.Err)
+		}
+		for _, d := range []string{digestOf("a"), digestOf("b"), digestOf("c")} {
+			if got := reasons(res.Outcomes)[d]; got != ReasonDeleteFailed {
+				t.Errorf("%s: skip reason %q, want %q", d, got, ReasonDeleteFailed)
+			}
+		}
+		if got := n.rt.Calls("leases"); got != 1 {
+			t.Errorf("leases listed %d times in one pass, want once", got)
+		}
+	})
 }
 
 func TestImageExecutorCollectsErrorsAndGoesOn(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,7 +57,9 @@ type ImageGCOptions struct {
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// Publisher receives one action per image removed or skipped and per
-	// pass. Default Discard.
+	// pass, except for a pass that removes nothing and finds what the last
+	// one found (not triggered manually): that one is only logged, at debug.
+	// Default Discard.
 	Publisher  Publisher
 	Log        zerolog.Logger
 	Registerer prometheus.Registerer
@@ -111,7 +114,9 @@ type ImageGCStatus struct {
 // ImageGC runs image GC: it samples the image filesystem every DiskInterval
 // and on every projection change, runs a pass when usage reaches the high
 // threshold, and another when the earliest max-age or min-age deadline
-// passes. One goroutine (Run) owns the passes, so two never overlap. Status
+// passes. While usage stays above the high threshold and passes remove
+// nothing, passes on projection changes alone back off from DiskInterval to
+// a minute. One goroutine (Run) owns the passes, so two never overlap. Status
 // is safe for concurrent use.
 type ImageGC struct {
 	o        ImageGCOptions
@@ -127,6 +132,7 @@ type ImageGC struct {
 	learned      []string            // from the runtime
 	sandboxSeen  map[string]struct{} // images sandboxes were created from
 	sandboxCache []string
+	lastOutcome  string // outcome of the last pass (see passOutcome) when it removed nothing; "" otherwise
 
 	mu     sync.Mutex
 	status ImageGCStatus
@@ -314,16 +320,23 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 		Removed: []ImageOutcome{}, Skipped: []ImageOutcome{}, NextAgeOut: plan.NextAgeOut}
 	key := "image@" + strconv.FormatInt(start.UnixNano(), 10)
 	log := g.o.Log.With().Str("pass", key).Logger()
-	log.Info().Str("trigger", trigger).Int("usage", plan.Usage).Int("high", g.o.Policy.HighThresholdPercent).
-		Int("low", g.o.Policy.LowThresholdPercent).Bool("triggered", plan.Triggered).Int64("amount_to_free", plan.AmountToFree).
-		Int("planned", len(plan.Delete)).Int64("bytes", plan.EstimatedBytes).Bool("dry_run", g.o.DryRun).Msg("image gc pass started")
-	g.publish(Action{Kind: "gc", Action: "started", Subject: "image", Key: key, Data: passData(pass)}, log)
+	rep := &passReport{}
+	started := passData(pass)
+	rep.add(func(quiet bool) {
+		log.WithLevel(level(zerolog.InfoLevel, quiet)).Str("trigger", trigger).Int("usage", plan.Usage).
+			Int("high", g.o.Policy.HighThresholdPercent).Int("low", g.o.Policy.LowThresholdPercent).Bool("triggered", plan.Triggered).
+			Int64("amount_to_free", plan.AmountToFree).Int("planned", len(plan.Delete)).Int64("bytes", plan.EstimatedBytes).
+			Bool("dry_run", g.o.DryRun).Msg("image gc pass started")
+		if !quiet {
+			g.publish(Action{Kind: "gc", Action: "started", Subject: "image", Key: key, Data: started}, log)
+		}
+	})
 	for _, it := range plan.Keep {
 		log.Debug().Str("image", firstName(it.Names)).Str("digest", it.Digest).Strs("names", it.Names).Int64("bytes", it.Size).
 			Str("reason", string(it.Reason)).Str("rule", it.Rule).Msg("image kept")
 	}
 
-	g.exec.emit = func(o ImageOutcome) { g.handle(o, &pass, log) }
+	g.exec.emit = func(o ImageOutcome) { g.handle(o, &pass, rep, log) }
 	res := g.exec.execute(ctx, plan)
 	g.exec.emit = nil
 
@@ -338,16 +351,29 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	pass.UsageAfter, _ = usagePercent(pass.DiskAfter)
 	pass.LowReached = lowReached(pass.DiskAfter, g.o.Policy.LowThresholdPercent)
 	g.trig.passed(pass.End, seq, plan, pass)
-	result := "completed"
-	ev := log.Info()
+	result, lvl := "completed", zerolog.InfoLevel
 	if res.Err != nil {
-		result, pass.Error, ev = "failed", res.Err.Error(), log.Error().Err(res.Err)
+		result, pass.Error, lvl = "failed", res.Err.Error(), zerolog.ErrorLevel
 	}
 	g.m.passes.WithLabelValues(trigger, result).Inc()
-	ev.Str("trigger", trigger).Int("removed", len(pass.Removed)).Int("skipped", len(pass.Skipped)).
-		Int64("bytes", pass.EstimatedBytes).Int64("freed", pass.FreedBytes).Int("usage", pass.UsageAfter).
-		Bool("low_reached", pass.LowReached).Dur("took", pass.End.Sub(pass.Start)).Msg("image gc pass " + result)
-	g.publish(Action{Kind: "gc", Action: result, Subject: "image", Key: key, Data: passData(pass)}, log)
+	// A pass that removed nothing and found what the last one found says
+	// nothing new: while the disk stays full it would repeat on every change.
+	outcome := ""
+	if len(pass.Removed) == 0 {
+		outcome = passOutcome(plan, pass)
+	}
+	quiet := trigger != "manual" && outcome != "" && outcome == g.lastOutcome
+	g.lastOutcome = outcome
+	rep.add(func(quiet bool) {
+		log.WithLevel(level(lvl, quiet)).Err(res.Err).Str("trigger", trigger).Int("removed", len(pass.Removed)).
+			Int("skipped", len(pass.Skipped)).Int64("bytes", pass.EstimatedBytes).Int64("freed", pass.FreedBytes).
+			Int("usage", pass.UsageAfter).Bool("low_reached", pass.LowReached).Dur("took", pass.End.Sub(pass.Start)).
+			Bool("unchanged", quiet).Msg("image gc pass " + result)
+		if !quiet {
+			g.publish(Action{Kind: "gc", Action: result, Subject: "image", Key: key, Data: passData(pass)}, log)
+		}
+	})
+	rep.flush(quiet)
 	g.mu.Lock()
 	g.status.Passes++
 	p := pass
@@ -357,10 +383,12 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	return pass
 }
 
-// handle logs, counts and publishes one outcome as it happens.
-func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, log zerolog.Logger) {
+// handle counts one outcome as it happens, and logs and publishes it
+// through rep: a removal at once (with what rep held), a skip when the pass
+// ends.
+func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log zerolog.Logger) {
 	key := o.Digest + "@" + strconv.FormatInt(o.FirstSeen.UnixNano(), 10)
-	var ev *zerolog.Event
+	lvl := zerolog.InfoLevel
 	if o.Action == ActionRemoved {
 		pass.Removed = append(pass.Removed, o)
 		g.m.removed.WithLabelValues(string(o.Rule)).Inc()
@@ -369,21 +397,76 @@ func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, log zerolog.Logger) {
 		if g.trig.reacted(o.At) {
 			g.m.reaction.Observe(o.At.Sub(g.trig.crossedAt).Seconds())
 		}
-		ev = log.Info().Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
+		rep.flush(false) // this pass is news: everything goes out as it happens
 	} else {
 		pass.Skipped = append(pass.Skipped, o)
 		g.m.skipped.WithLabelValues(string(o.Reason)).Inc()
 		// A skip recurs each pass; the pass start keeps its event distinct.
 		key += "/" + strconv.FormatInt(pass.Start.UnixNano(), 10)
-		ev = log.Info()
 		if o.Reason == ReasonDeleteFailed {
-			ev = log.Warn()
+			lvl = zerolog.WarnLevel
 		}
 	}
-	ev.Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("bytes", o.Size).
-		Int64("freed", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
-		Msg("image " + o.Action)
-	g.publish(Action{Kind: "image", Action: o.Action, Subject: o.Digest, Key: key, Data: imageData{ImageOutcome: o, DryRun: g.o.DryRun}}, log)
+	rep.add(func(quiet bool) {
+		ev := log.WithLevel(level(lvl, quiet))
+		if o.Action == ActionRemoved {
+			ev = ev.Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
+		}
+		ev.Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("bytes", o.Size).
+			Int64("freed", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
+			Msg("image " + o.Action)
+		if !quiet {
+			g.publish(Action{Kind: "image", Action: o.Action, Subject: o.Digest, Key: key, Data: imageData{ImageOutcome: o, DryRun: g.o.DryRun}}, log)
+		}
+	})
+}
+
+// passReport holds a pass's log lines and events until it is known whether
+// the pass is news; a quiet flush logs them at debug and publishes nothing.
+// After a loud flush, what is added goes out at once.
+type passReport struct {
+	held []func(quiet bool)
+	live bool
+}
+
+func (r *passReport) add(f func(quiet bool)) {
+	if r.live {
+		f(false)
+		return
+	}
+	r.held = append(r.held, f)
+}
+
+func (r *passReport) flush(quiet bool) {
+	for _, f := range r.held {
+		f(quiet)
+	}
+	r.held, r.live = nil, r.live || !quiet
+}
+
+// level is lvl, or debug for a quiet report.
+func level(lvl zerolog.Level, quiet bool) zerolog.Level {
+	if quiet {
+		return zerolog.DebugLevel
+	}
+	return lvl
+}
+
+// passOutcome sums up what a pass that removed nothing found: the images
+// planned, each skip's reason, and the error. Two passes with the same
+// outcome tell the fleet the same thing.
+func passOutcome(plan ImagePlan, p ImagePass) string {
+	var b strings.Builder
+	b.WriteString("planned:")
+	for _, it := range plan.Delete {
+		b.WriteString(" " + it.Digest)
+	}
+	b.WriteString("\nskipped:")
+	for _, o := range p.Skipped {
+		b.WriteString(" " + o.Digest + "=" + string(o.Reason))
+	}
+	b.WriteString("\nerror: " + p.Error)
+	return b.String()
 }
 
 // imageData is the payload of an image action.
@@ -509,6 +592,19 @@ func (g *ImageGC) refreshSandboxes() {
 	g.mu.Unlock()
 }
 
+// Policy returns the policy passes use now: the configured one with the
+// sandbox images learned from CRI and those sandbox containers were seen
+// created from. It is safe for concurrent use and does not read the
+// projection, so it may be called inside a View.
+func (g *ImageGC) Policy() ImagePolicy {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := g.o.Policy
+	p.SandboxImages = slices.Clone(g.status.SandboxImages)
+	p.KeepPatterns = slices.Clone(p.KeepPatterns)
+	return p
+}
+
 // Status returns the current state; safe for concurrent use.
 func (g *ImageGC) Status() ImageGCStatus {
 	g.mu.Lock()
@@ -558,10 +654,11 @@ type imageTrigger struct {
 	crossedAt time.Time // when usage reached the high threshold; zero below it
 	didReact  bool      // a delete happened since crossedAt
 
-	passAt       time.Time // end of the last pass; zero before the first
-	passSeq      uint64    // projection seq the last pass planned from
-	passShort    bool      // the last pass was triggered and did not reach low
-	nextEligible time.Time // earliest too-young image passing MinAge, when short
+	passAt       time.Time     // end of the last pass; zero before the first
+	passSeq      uint64        // projection seq the last pass planned from
+	changeGap    time.Duration // spacing of change passes after fruitless ones above high; 0: minGap
+	passShort    bool          // the last pass was triggered and did not reach low
+	nextEligible time.Time     // earliest too-young image passing MinAge, when short
 
 	planSeq    uint64    // seq the next age-out was computed at
 	nextAgeOut time.Time // earliest max-age deadline; zero when none
@@ -575,7 +672,7 @@ func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 		tr.crossedAt, tr.didReact = now, false
 	}
 	if !above {
-		tr.crossedAt = time.Time{}
+		tr.crossedAt, tr.changeGap = time.Time{}, 0
 	}
 	tr.above = above
 }
@@ -614,7 +711,7 @@ func (tr *imageTrigger) due(now time.Time, seq uint64, synced bool) (string, boo
 		return "disk", true // a new crossing since the last pass
 	case !tr.nextEligible.IsZero() && !now.Before(tr.nextEligible):
 		return "min-age", true
-	case seq != tr.passSeq && !now.Before(tr.passAt.Add(tr.minGap)):
+	case seq != tr.passSeq && !now.Before(tr.passAt.Add(max(tr.minGap, tr.changeGap))):
 		return "change", true
 	case !now.Before(tr.passAt.Add(tr.retry)):
 		return "retry", true // still above: something else may have become deletable
@@ -622,11 +719,25 @@ func (tr *imageTrigger) due(now time.Time, seq uint64, synced bool) (string, boo
 	return "", false
 }
 
+// changeGapMax bounds the backoff of change passes above the high
+// threshold while they delete nothing.
+const changeGapMax = time.Minute
+
 // passed records a finished pass that planned from projection seq. Max-age
 // images it could not delete (and, in a dry run, all of them) are retried
-// when the projection changes.
+// when the projection changes. While above the high threshold, each pass
+// that removes nothing doubles the spacing of passes on changes alone, from
+// minGap up to changeGapMax.
 func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p ImagePass) {
 	tr.passAt, tr.passSeq = now, seq
+	switch {
+	case len(p.Removed) > 0 || !tr.above:
+		tr.changeGap = 0
+	case tr.changeGap == 0:
+		tr.changeGap = tr.minGap
+	default:
+		tr.changeGap = min(2*tr.changeGap, max(changeGapMax, tr.minGap))
+	}
 	tr.passShort = plan.Triggered && !p.LowReached
 	tr.planSeq, tr.nextAgeOut = seq, plan.NextAgeOut
 	tr.nextEligible = time.Time{}
@@ -664,7 +775,7 @@ func (tr *imageTrigger) wake() time.Time {
 
 // String renders the trigger state for debugging.
 func (tr *imageTrigger) String() string {
-	return fmt.Sprintf("above=%v crossed=%s pass=%s seq=%d short=%v eligible=%s ageout=%s",
-		tr.above, tr.crossedAt.Format(time.RFC3339Nano), tr.passAt.Format(time.RFC3339Nano), tr.passSeq,
+	return fmt.Sprintf("above=%v crossed=%s pass=%s seq=%d gap=%s short=%v eligible=%s ageout=%s",
+		tr.above, tr.crossedAt.Format(time.RFC3339Nano), tr.passAt.Format(time.RFC3339Nano), tr.passSeq, tr.changeGap,
 		tr.passShort, tr.nextEligible.Format(time.RFC3339Nano), tr.nextAgeOut.Format(time.RFC3339Nano))
 }

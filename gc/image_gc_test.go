@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/projection"
@@ -393,5 +394,171 @@ func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
 	}
 	if !strings.Contains(g.trig.String(), "ageout=") {
 		t.Fatal("String")
+	}
+}
+
+// kinds returns the kind.action of each published action, in order.
+func (p *imagePublisher) kinds() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, a := range p.actions {
+		out = append(out, a.Kind+"."+a.Action)
+	}
+	return out
+}
+
+func (p *imagePublisher) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.actions = nil
+}
+
+func TestImageGCRepeatedFruitlessPassPublishesNothing(t *testing.T) {
+	n := newNode()
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
+		n.rt.Lease(digestOf(name), true) // every candidate is being pulled: nothing can go
+	}
+	var logs strings.Builder
+	g, pub, clk, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) { o.Log = zerolog.New(&logs) })
+	news := []string{"gc.started", "image.skipped", "image.skipped", "image.skipped", "gc.completed"}
+
+	g.Pass(context.Background(), "disk")
+	if got := pub.kinds(); !slices.Equal(got, news) {
+		t.Fatalf("first fruitless pass published %v, want %v", got, news)
+	}
+	pub.reset()
+	clk.Step(time.Second)
+	logs.Reset()
+	pass := g.Pass(context.Background(), "change")
+	if got := pub.kinds(); len(got) != 0 {
+		t.Fatalf("a pass that repeats the last fruitless one published %v", got)
+	}
+	if len(pass.Skipped) != 3 || g.Status().LastPass.Trigger != "change" {
+		t.Errorf("the quiet pass is not reported: %+v", pass)
+	}
+	if v := testutil.ToFloat64(g.m.skipped.WithLabelValues(string(ReasonInFlightPull))); v != 6 {
+		t.Errorf("skips metric = %v, want both passes counted (6)", v)
+	}
+	if v := testutil.ToFloat64(g.m.passes.WithLabelValues("change", "completed")); v != 1 {
+		t.Errorf("passes metric = %v", v)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if !strings.Contains(l, `"level":"debug"`) {
+			t.Errorf("quiet pass logged above debug: %s", l)
+		}
+	}
+	if !strings.Contains(logs.String(), `"message":"image skipped"`) || !strings.Contains(logs.String(), `"unchanged":true`) {
+		t.Errorf("quiet pass not logged at debug:\n%s", logs.String())
+	}
+
+	// Asked for by an operator: always published.
+	clk.Step(time.Second)
+	g.Pass(context.Background(), "manual")
+	if got := pub.kinds(); !slices.Equal(got, news) {
+		t.Fatalf("manual pass published %v, want %v", got, news)
+	}
+	pub.reset()
+
+	// Another outcome is news: a pull ended, a goes; everything in order.
+	n.rt.Lease(digestOf("a"), false)
+	clk.Step(time.Second)
+	g.Pass(context.Background(), "change")
+	want := []string{"gc.started", "image.removed", "image.skipped", "image.skipped", "gc.completed"}
+	if got := pub.kinds(); !slices.Equal(got, want) {
+		t.Fatalf("pass that removed a published %v, want %v", got, want)
+	}
+	pub.reset()
+
+	// After a pass that removed something, a fruitless one is news again.
+	n.disk.Fill(50 * mib)
+	clk.Step(time.Second)
+	g.Pass(context.Background(), "change")
+	if got := pub.kinds(); len(got) == 0 || got[0] != "gc.started" || got[len(got)-1] != "gc.completed" {
+		t.Fatalf("fruitless pass after a fruitful one published %v", got)
+	}
+	pub.reset()
+
+	// A different skip reason is news too.
+	n.rt.InjectError("leases", "", errors.New("leases: unavailable"))
+	clk.Step(time.Second)
+	g.Pass(context.Background(), "change")
+	if got := pub.kinds(); len(got) == 0 || got[len(got)-1] != "gc.failed" {
+		t.Fatalf("pass with a new outcome published %v", got)
+	}
+}
+
+func TestImageTriggerChangeBackoff(t *testing.T) {
+	tr := &imageTrigger{policy: policy8070, retry: time.Hour, minGap: time.Second}
+	triggered, fruitless := ImagePlan{Triggered: true}, ImagePass{}
+	now, seq := at(0), uint64(1)
+	tr.observe(now, disk(95), true)
+	if got, ok := tr.due(now, seq, true); !ok || got != "disk" {
+		t.Fatalf("due = %q %v", got, ok)
+	}
+	tr.passed(now, seq, triggered, fruitless)
+	for i, gap := range []time.Duration{1, 2, 4, 8, 16, 32, 60, 60} {
+		gap *= time.Second
+		seq++
+		if got, ok := tr.due(now.Add(gap-time.Millisecond), seq, true); ok {
+			t.Fatalf("fruitless pass %d: %q due %s after it, want %s (%s)", i+1, got, gap-time.Millisecond, gap, tr)
+		}
+		now = now.Add(gap)
+		tr.observe(now, disk(95), true)
+		if got, ok := tr.due(now, seq, true); !ok || got != "change" {
+			t.Fatalf("fruitless pass %d: due = %q %v %s after it, want change (%s)", i+1, got, ok, gap, tr)
+		}
+		tr.passed(now, seq, triggered, fruitless)
+	}
+
+	// A pass that removes something: back to minGap.
+	tr.passed(now, seq, triggered, ImagePass{Removed: []ImageOutcome{{}}})
+	seq++
+	if got, ok := tr.due(now.Add(time.Second), seq, true); !ok || got != "change" {
+		t.Fatalf("after a removal: due = %q %v (%s)", got, ok, tr)
+	}
+
+	// Usage below the high threshold: back to minGap.
+	tr.passed(now, seq, triggered, fruitless)
+	tr.passed(now, seq, triggered, fruitless)
+	if tr.changeGap != 2*time.Second {
+		t.Fatalf("gap %s after two fruitless passes", tr.changeGap)
+	}
+	tr.observe(now.Add(time.Second), disk(50), true)
+	if tr.changeGap != 0 {
+		t.Fatalf("gap %s below the high threshold", tr.changeGap)
+	}
+}
+
+func TestImageGCPolicy(t *testing.T) {
+	n := newNode()
+	n.state.Apply(sandbox(2*h, "sb1", "uid-1"))
+	p := policy8070
+	p.SandboxImages, p.KeepPatterns = []string{"cfg.test/pause:1"}, []string{"keep.test/*"}
+	g, _, _, _ := newImageGC(t, n, p, func(o *ImageGCOptions) {
+		o.LearnSandboxImages = func(context.Context) ([]string, error) { return []string{"cri.test/pause:2"}, nil }
+	})
+	if got := g.Policy(); !slices.Equal(got.SandboxImages, []string{"cfg.test/pause:1"}) || got.HighThresholdPercent != 85 {
+		t.Fatalf("policy before a pass: %+v", got)
+	}
+	done := make(chan struct{})
+	go func() { // Policy is safe while a pass runs
+		defer close(done)
+		for range 100 {
+			_ = g.Policy()
+		}
+	}()
+	g.Pass(context.Background(), "disk")
+	<-done
+	got := g.Policy()
+	if want := []string{"cfg.test/pause:1", "cri.test/pause:2", "pause:3.10"}; !slices.Equal(got.SandboxImages, want) {
+		t.Errorf("sandbox images %v, want %v", got.SandboxImages, want)
+	}
+	if !slices.Equal(got.KeepPatterns, p.KeepPatterns) || got.MinAge != p.MinAge {
+		t.Errorf("policy %+v", got)
+	}
+	got.SandboxImages[0] = "changed"
+	if g.Policy().SandboxImages[0] != "cfg.test/pause:1" {
+		t.Error("Policy shares its slice with the caller")
 	}
 }

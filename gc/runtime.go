@@ -1,7 +1,10 @@
 package gc
 
 import (
+	"context"
+
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -13,4 +16,13 @@ type Runtime struct {
 	CRI       runtime.RuntimeServiceClient
 	CRIImages runtime.ImageServiceClient
 	Namespace string
+}
+
+// ctx puts the runtime's namespace on ctx (containerd calls need one; CRI
+// ignores it).
+func (r Runtime) ctx(ctx context.Context) context.Context {
+	if r.Namespace == "" {
+		return ctx
+	}
+	return namespaces.WithNamespace(ctx, r.Namespace)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -31,7 +30,7 @@ const (
 // container without a task counts as dead: the caller asks only about
 // containers the projection saw exit, and a new run would have a task.
 func (r Runtime) NativeLiveness(ctx context.Context, id string) (Liveness, error) {
-	ctx = r.ctrCtx(ctx)
+	ctx = r.ctx(ctx)
 	ctr, err := r.Client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return LiveGone, nil
@@ -69,7 +68,7 @@ func (r Runtime) NativeLiveness(ctx context.Context, id string) (Liveness, error
 // refuses to delete a task that runs again, and that error is returned. A
 // container or task already gone is success.
 func (r Runtime) DeleteNative(ctx context.Context, id string) error {
-	ctx = r.ctrCtx(ctx)
+	ctx = r.ctx(ctx)
 	ctr, err := r.Client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -94,7 +93,7 @@ func (r Runtime) DeleteNative(ctx context.Context, id string) error {
 
 // CRIContainerLiveness asks CRI for the state of container id.
 func (r Runtime) CRIContainerLiveness(ctx context.Context, id string) (Liveness, error) {
-	resp, err := r.CRI.ContainerStatus(r.ctrCtx(ctx), &runtime.ContainerStatusRequest{ContainerId: id})
+	resp, err := r.CRI.ContainerStatus(r.ctx(ctx), &runtime.ContainerStatusRequest{ContainerId: id})
 	if ctrNotFound(err) {
 		return LiveGone, nil
 	}
@@ -119,7 +118,7 @@ func (r Runtime) CRIContainerLiveness(ctx context.Context, id string) (Liveness,
 // stale entry. Call it only for an exited container: CRI force-stops a
 // running one. NotFound is success.
 func (r Runtime) RemoveCRIContainer(ctx context.Context, id string) error {
-	_, err := r.CRI.RemoveContainer(r.ctrCtx(ctx), &runtime.RemoveContainerRequest{ContainerId: id})
+	_, err := r.CRI.RemoveContainer(r.ctx(ctx), &runtime.RemoveContainerRequest{ContainerId: id})
 	if err != nil && !ctrNotFound(err) {
 		return fmt.Errorf("cri remove container %q: %w", id, err)
 	}
@@ -130,7 +129,7 @@ func (r Runtime) RemoveCRIContainer(ctx context.Context, id string) error {
 // ready and must hold no container, in any state (CRI's RemovePodSandbox
 // would remove them along).
 func (r Runtime) CRISandboxLiveness(ctx context.Context, id string) (Liveness, error) {
-	ctx = r.ctrCtx(ctx)
+	ctx = r.ctx(ctx)
 	resp, err := r.CRI.PodSandboxStatus(ctx, &runtime.PodSandboxStatusRequest{PodSandboxId: id})
 	if ctrNotFound(err) {
 		return LiveGone, nil
@@ -161,7 +160,7 @@ func (r Runtime) CRISandboxLiveness(ctx context.Context, id string) (Liveness, e
 // RemoveCRISandbox stops sandbox id (which releases its network and mounts)
 // and removes it, both through CRI. NotFound is success.
 func (r Runtime) RemoveCRISandbox(ctx context.Context, id string) error {
-	ctx = r.ctrCtx(ctx)
+	ctx = r.ctx(ctx)
 	if _, err := r.CRI.StopPodSandbox(ctx, &runtime.StopPodSandboxRequest{PodSandboxId: id}); err != nil && !ctrNotFound(err) {
 		return fmt.Errorf("cri stop sandbox %q: %w", id, err)
 	}
@@ -169,13 +168,6 @@ func (r Runtime) RemoveCRISandbox(ctx context.Context, id string) error {
 		return fmt.Errorf("cri remove sandbox %q: %w", id, err)
 	}
 	return nil
-}
-
-func (r Runtime) ctrCtx(ctx context.Context) context.Context {
-	if r.Namespace == "" {
-		return ctx
-	}
-	return namespaces.WithNamespace(ctx, r.Namespace)
 }
 
 // ctrNotFound reports a NotFound from containerd or from a raw CRI call.

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
@@ -38,17 +37,10 @@ const (
 	viaNative = "native"
 )
 
-func (r Runtime) imgCtx(ctx context.Context) context.Context {
-	if r.Namespace == "" {
-		return ctx
-	}
-	return namespaces.WithNamespace(ctx, r.Namespace)
-}
-
 // ImageNames returns every name that points at target digest now, sorted by
 // name; none when the image is gone.
 func (r Runtime) ImageNames(ctx context.Context, digest string) ([]ImageName, error) {
-	imgs, err := r.Client.ImageService().List(r.imgCtx(ctx), "target.digest=="+strconv.Quote(digest))
+	imgs, err := r.Client.ImageService().List(r.ctx(ctx), "target.digest=="+strconv.Quote(digest))
 	if err != nil {
 		return nil, fmt.Errorf("list names of image %s: %w", digest, err)
 	}
@@ -75,7 +67,7 @@ func (r Runtime) ImageUsers(ctx context.Context, names []string) ([]string, erro
 	for i, n := range names {
 		filters[i] = "image==" + strconv.Quote(n)
 	}
-	ctrs, err := r.Client.ContainerService().List(r.imgCtx(ctx), filters...)
+	ctrs, err := r.Client.ContainerService().List(r.ctx(ctx), filters...)
 	if err != nil {
 		return nil, fmt.Errorf("list containers of images %v: %w", names, err)
 	}
@@ -88,6 +80,39 @@ func (r Runtime) ImageUsers(ctx context.Context, names []string) ([]string, erro
 	slices.Sort(ids)
 	return ids, nil
 }
+
+// LeasedContent returns the digests of the content resources held by a
+// lease of the namespace now: what an in-flight pull or import is writing
+// (it leases the manifest before it creates the image record). A lease that
+// ends between the listing and the read of its resources is ignored.
+func (r Runtime) LeasedContent(ctx context.Context) (map[string]bool, error) {
+	ctx = r.ctx(ctx)
+	ls := r.Client.LeasesService()
+	all, err := ls.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list leases: %w", err)
+	}
+	held := map[string]bool{}
+	for _, l := range all {
+		res, err := ls.ListResources(ctx, l)
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list resources of lease %s: %w", l.ID, err)
+		}
+		for _, rs := range res {
+			if rs.Type == leaseContent {
+				held[rs.ID] = true
+			}
+		}
+	}
+	return held, nil
+}
+
+// leaseContent is the lease resource type of a content blob, whose ID is
+// its digest.
+const leaseContent = "content"
 
 // RemoveImage deletes every name of one image (names all point at digest)
 // and reports how: "cri" when CRI manages the image and knows exactly these
@@ -171,7 +196,7 @@ func (r Runtime) removeImageCRI(ctx context.Context, names []ImageName) (bool, e
 // honours DeleteTarget; a 1.x daemon ignores it, so each name is read back
 // first and compared (a window of one round trip remains there).
 func (r Runtime) removeImageNative(ctx context.Context, digest string, names []ImageName) error {
-	ctx = r.imgCtx(ctx)
+	ctx = r.ctx(ctx)
 	is := r.Client.ImageService()
 	for i, n := range names {
 		cur, err := is.Get(ctx, n.Name)

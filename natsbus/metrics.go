@@ -53,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gcagent_natsbus_outbox_dropped_total",
-			Help: "Events dropped unsent from the outbox because it was over its entry, byte or age bound.",
+			Help: "Events dropped unsent from the outbox: over its entry, byte or age bound, or undecodable.",
 		}),
 		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gcagent_natsbus_mode",

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,10 +39,12 @@ type limits struct {
 	maxAge     time.Duration
 }
 
-// drop reports entries removed unsent to stay within the limits.
+// drop reports entries removed unsent: to stay within the limits, or
+// because they could not be decoded.
 type drop struct {
 	n      int
-	oldest string // id of the oldest entry dropped
+	oldest string // id (or "seq N" when it cannot be read) of the oldest entry dropped
+	err    error  // why the oldest corrupt entry could not be decoded; nil for a bound
 }
 
 // outbox is a durable FIFO of events in a bbolt file. Every write is one
@@ -101,6 +104,9 @@ func decodeEntry(k, v []byte) (entry, error) {
 	}
 	if err := json.Unmarshal(v[8:], &e); err != nil {
 		return e, fmt.Errorf("natsbus: corrupt outbox entry %d: %w", binary.BigEndian.Uint64(k), err)
+	}
+	if e.ID == "" || e.Subject == "" || len(e.Event) == 0 {
+		return e, fmt.Errorf("natsbus: corrupt outbox entry %d: no id, subject or event", binary.BigEndian.Uint64(k))
 	}
 	e.seq = binary.BigEndian.Uint64(k)
 	e.at = entryTime(v)
@@ -195,7 +201,7 @@ func (o *outbox) dropLocked(b *bolt.Bucket, now time.Time, over func(int, int64)
 			if e, err := decodeEntry(k, v); err == nil {
 				d.oldest = e.ID
 			} else {
-				d.oldest = fmt.Sprintf("seq %d", binary.BigEndian.Uint64(k))
+				d.oldest = keyName(k)
 			}
 		}
 		if err := c.Delete(); err != nil {
@@ -208,21 +214,63 @@ func (o *outbox) dropLocked(b *bolt.Bucket, now time.Time, over func(int, int64)
 	return d, count, bytes
 }
 
-// peek returns up to max of the oldest entries, oldest first, without removing them.
-func (o *outbox) peek(max int) ([]entry, error) {
+// peek returns up to max of the oldest entries, oldest first, without
+// removing them. Entries that cannot be decoded would block delivery
+// forever: peek deletes them and reports them as dropped.
+func (o *outbox) peek(max int) ([]entry, drop, error) {
 	var out []entry
+	var corrupt [][]byte
+	var d drop
 	err := o.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(entriesBucket).Cursor()
 		for k, v := c.First(); k != nil && len(out) < max; k, v = c.Next() {
 			e, err := decodeEntry(k, v)
 			if err != nil {
-				return err
+				if d.err == nil {
+					d.oldest, d.err = keyName(k), err
+				}
+				corrupt = append(corrupt, slices.Clone(k))
+				continue
 			}
 			out = append(out, e)
 		}
 		return nil
 	})
-	return out, err
+	if err != nil || len(corrupt) == 0 {
+		return out, drop{}, err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var count, bytes = o.count, o.bytes
+	err = o.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(entriesBucket)
+		for _, k := range corrupt {
+			v := b.Get(k)
+			if v == nil { // dropped meanwhile for a bound
+				continue
+			}
+			count--
+			bytes -= int64(len(v))
+			d.n++
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, drop{}, fmt.Errorf("natsbus: drop corrupt outbox entries: %w", err)
+	}
+	o.count, o.bytes = count, bytes
+	return out, d, nil
+}
+
+// keyName names an entry by its key for a log line: "seq N".
+func keyName(k []byte) string {
+	if len(k) != 8 {
+		return fmt.Sprintf("key %x", k)
+	}
+	return fmt.Sprintf("seq %d", binary.BigEndian.Uint64(k))
 }
 
 // remove deletes the entries with these sequence numbers; missing ones are ignored.

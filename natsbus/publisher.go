@@ -416,7 +416,8 @@ func (p *Publisher) flush(ctx context.Context) (int, error) {
 		p.maxPayload.Store(p.nc.MaxPayload())
 		p.setMode(mode)
 	}
-	entries, err := p.ob.peek(batchSize)
+	entries, bad, err := p.ob.peek(batchSize)
+	p.reportDrop(bad)
 	if err != nil || len(entries) == 0 {
 		return 0, err
 	}
@@ -583,6 +584,11 @@ func (p *Publisher) reportDrop(d drop) {
 	p.m.dropped.Add(float64(d.n))
 	n, _ := p.ob.depth()
 	p.m.depth.Set(float64(n))
+	if d.err != nil {
+		p.log.Error().Err(d.err).Int("dropped", d.n).Str("oldest_id", d.oldest).Int("depth", n).
+			Msg("outbox entry cannot be decoded: dropped it unsent")
+		return
+	}
 	p.log.Error().Int("dropped", d.n).Str("oldest_id", d.oldest).Int("depth", n).
 		Int("max_entries", p.opts.MaxEntries).Int64("max_bytes", p.opts.MaxBytes).Dur("max_age", p.opts.MaxAge).
 		Msg("outbox over its bound: dropped the oldest events unsent")

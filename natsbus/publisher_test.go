@@ -3,7 +3,9 @@ package natsbus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	bolt "go.etcd.io/bbolt"
 )
 
 func newMetrics(t *testing.T) *Metrics {
@@ -134,7 +137,7 @@ func TestCrashBetweenSendAndAck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	entries, err := ob.peek(n)
+	entries, _, err := ob.peek(n)
 	if err != nil || len(entries) != n {
 		t.Fatalf("outbox holds %d entries (%v), want %d", len(entries), err, n)
 	}
@@ -288,7 +291,7 @@ func TestOutboxBounds(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ob.close()
-			entries, _ := ob.peek(100)
+			entries, _, _ := ob.peek(100)
 			for i, e := range entries {
 				if want := actionID(tc.total - tc.remain + i); e.ID != want {
 					t.Errorf("entry %d is %s, want %s (the newest are kept, in order)", i, e.ID, want)
@@ -443,4 +446,60 @@ func TestPublisherStartsBeforeServer(t *testing.T) {
 	runServer(t, port, t.TempDir(), true)
 	waitFor(t, 10*time.Second, "outbox to drain once the server is up", func() bool { return p.Depth() == 0 })
 	assertExactlyOnce(t, nc, want)
+}
+
+func TestCorruptOutboxEntryIsDroppedAndDeliveryGoesOn(t *testing.T) {
+	stateDir := t.TempDir()
+	p1 := newPublisher(t, connect(t, deadURL(t)), stateDir, PublisherOptions{CloseTimeout: 50 * time.Millisecond})
+	const n = 5
+	var want []string
+	for i := range n {
+		if err := p1.Publish(action(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i != 2 {
+			want = append(want, actionID(i))
+		}
+	}
+	if err := p1.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Garbage at the head, and an entry that decodes to nothing in the middle.
+	db, err := bolt.Open(filepath.Join(stateDir, OutboxFile), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(entriesBucket)
+		var third []byte
+		c := b.Cursor()
+		k, _ := c.First()
+		for range 2 {
+			k, _ = c.Next()
+		}
+		third = slices.Clone(k)
+		return errors.Join(b.Put(seqKey(0), []byte("not an outbox entry")), b.Put(third, []byte("\x00\x00\x00\x00\x00\x00\x00\x01{}")))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs logBuffer
+	s := runServer(t, -1, t.TempDir(), true)
+	nc := connect(t, s.ClientURL())
+	m := newMetrics(t)
+	p2 := newPublisher(t, nc, stateDir, PublisherOptions{Metrics: m, Logger: logs.logger()})
+	waitFor(t, 10*time.Second, "outbox to drain past the corrupt entries", func() bool { return p2.Depth() == 0 })
+	assertExactlyOnce(t, nc, want)
+	if got := testutil.ToFloat64(m.dropped); got != 2 {
+		t.Errorf("dropped metric = %v, want 2", got)
+	}
+	lines := logs.lines(t, "outbox entry cannot be decoded: dropped it unsent")
+	if len(lines) != 1 || lines[0]["level"] != "error" || lines[0]["dropped"] != 2.0 || lines[0]["oldest_id"] != "seq 0" {
+		t.Errorf("log lines %v, want one error line: 2 dropped, oldest seq 0", lines)
+	}
 }

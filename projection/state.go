@@ -113,16 +113,6 @@ func (img *Image) Pinned() bool {
 	return false
 }
 
-// CRIManaged reports whether CRI manages the image (any name labelled so).
-func (img *Image) CRIManaged() bool {
-	for _, labels := range img.Names {
-		if labels[LabelCRIManaged] != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // EvictUnit groups dead containers the way the kubelet does: pod uid and
 // container name for CRI containers, the container itself otherwise.
 func (c *Container) EvictUnit() string {

@@ -84,7 +84,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	var p ControlPlan
 	a.live.View(func(s *projection.State) {
 		p.Synced = s.Synced
-		p.Images = gc.PlanImages(s, disk, a.cfg.imagePolicy(), now)
+		p.Images = gc.PlanImages(s, disk, a.imagePolicy(), now)
 		p.Containers = gc.PlanContainers(s, a.cfg.containerPolicy(), now)
 	})
 	return p, nil

@@ -140,7 +140,7 @@ func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 	a.live.View(func(s *projection.State) {
 		hb.Images, hb.Containers, hb.Synced = len(s.Images), len(s.Containers), s.Synced
 		// Reclaimable: what GC could delete if the disk were full.
-		p := a.cfg.imagePolicy()
+		p := a.imagePolicy()
 		p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
 		plan := gc.PlanImages(s, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
 		for _, it := range plan.Delete {
@@ -176,6 +176,16 @@ func (a *agent) runHeartbeat(ctx context.Context, b *bus, boot time.Time) error 
 			Key: fmt.Sprintf("%d/%d", boot.UnixNano(), seq), Data: a.heartbeat(now, b)})
 		t.Reset(every)
 	}
+}
+
+// imagePolicy is the policy image GC passes use now: the configuration plus
+// the sandbox images learned at run time, so that tools explain what GC
+// does. Safe inside live.View.
+func (a *agent) imagePolicy() gc.ImagePolicy {
+	if a.imageGC != nil {
+		return a.imageGC.Policy()
+	}
+	return a.cfg.imagePolicy()
 }
 
 // imagePolicy is the image GC policy of the configuration (without the
