@@ -39,7 +39,7 @@ e2e: deps ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 30m -v ./e2e/
 
 bench: deps ## run the benchmarks (reducer, reconcile over the real API) and print figures
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./projection/ ./e2e/
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./projection/ ./e2e/ ./natsbus/
 
 demo: deps ## private containerd + agent + scripted workload, with the agent's live view printed
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/
