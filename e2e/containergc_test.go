@@ -229,42 +229,6 @@ func TestContainerGCDryRunDeletesNothing(t *testing.T) {
 	}
 }
 
-// runAttempt creates and starts container name of the pod as the kubelet
-// does for restart number attempt (CRI reserves name+attempt per pod), and
-// links its log into LogDir. testenv.RunPodContainer always uses attempt 0.
-func runAttempt(t testing.TB, c *testenv.Containerd, rt runtime.RuntimeServiceClient, p *testenv.Pod, name string, attempt uint32, image string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(c.Ctx(), time.Minute)
-	defer cancel()
-	logPath := filepath.Join(name, fmt.Sprintf("%d.log", attempt))
-	resp, err := rt.CreateContainer(ctx, &runtime.CreateContainerRequest{
-		PodSandboxId: p.SandboxID,
-		Config: &runtime.ContainerConfig{
-			Metadata: &runtime.ContainerMetadata{Name: name, Attempt: attempt},
-			Image:    &runtime.ImageSpec{Image: image},
-			Command:  args,
-			LogPath:  logPath,
-			Labels: map[string]string{
-				"io.kubernetes.pod.name": p.Name, "io.kubernetes.pod.namespace": p.Namespace,
-				"io.kubernetes.pod.uid": p.UID, "io.kubernetes.container.name": name,
-			},
-		},
-		SandboxConfig: p.Config,
-	})
-	if err != nil {
-		t.Fatalf("create %s attempt %d: %v\n%s", name, attempt, err, c.LogTail(20))
-	}
-	id := resp.ContainerId
-	if _, err := rt.StartContainer(ctx, &runtime.StartContainerRequest{ContainerId: id}); err != nil {
-		t.Fatalf("start %s attempt %d: %v", name, attempt, err)
-	}
-	link := filepath.Join(c.LogDir, fmt.Sprintf("%s_%s_%s-%s.log", p.Name, p.Namespace, name, id))
-	if err := os.Symlink(filepath.Join(p.LogDir, logPath), link); err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
-
 // waitCRIExited waits until CRI reports the container exited.
 func waitCRIExited(t testing.TB, c *testenv.Containerd, rt runtime.RuntimeServiceClient, id string) {
 	t.Helper()
@@ -362,17 +326,17 @@ func TestContainerGCCRIPods(t *testing.T) {
 		waitSynced(t, a)
 
 		web := c.RunPod(t, rt, "web", "default", "7a0c3f6e-web")
-		server := runAttempt(t, c, rt, web, "server", 0, gcImage, "sleep", "600")
+		server := c.RunPodContainerAttempt(t, rt, web, "server", 0, gcImage, "sleep", "600")
 		var jobs []string
 		for i := range uint32(4) {
-			id := runAttempt(t, c, rt, web, "job", i, gcImage, "sh", "-c", fmt.Sprintf("exit %d", i+1))
+			id := c.RunPodContainerAttempt(t, rt, web, "job", i, gcImage, "sh", "-c", fmt.Sprintf("exit %d", i+1))
 			waitCRIExited(t, c, rt, id)
 			jobs = append(jobs, id)
 		}
 		newest := jobs[len(jobs)-1]
 
 		batch := c.RunPod(t, rt, "batch", "default", "2b9d1e44-batch")
-		once := runAttempt(t, c, rt, batch, "once", 0, gcImage, "true")
+		once := c.RunPodContainerAttempt(t, rt, batch, "once", 0, gcImage, "true")
 		waitCRIExited(t, c, rt, once)
 		// The kubelet deletes the finished pod: it removes the containers
 		// and stops the sandbox; removing the sandbox is left to GC.

@@ -147,8 +147,8 @@ func TestLogsHostileTrees(t *testing.T) {
 		// target; its exited container's link dangles once the kubelet has
 		// removed that log (rotation, or the container's log cleanup).
 		live := c.RunPod(t, rt, "live", "default", "5c1f0a9e-live")
-		server := runAttempt(t, c, rt, live, "server", 0, gcImage, "sleep", "600")
-		job := runAttempt(t, c, rt, live, "job", 0, gcImage, "sh", "-c", "echo done")
+		server := c.RunPodContainerAttempt(t, rt, live, "server", 0, gcImage, "sleep", "600")
+		job := c.RunPodContainerAttempt(t, rt, live, "job", 0, gcImage, "sh", "-c", "echo done")
 		waitCRIExited(t, c, rt, job)
 		jobLink := filepath.Join(c.LogDir, fmt.Sprintf("live_default_job-%s.log", job))
 		// Also linked under a hostile name (space, invalid UTF-8).
@@ -160,7 +160,7 @@ func TestLogsHostileTrees(t *testing.T) {
 		// A pod that ran and is gone: the kubelet removed its containers and
 		// sandbox, not its log dir; its links dangle once that dir goes.
 		gone := c.RunPod(t, rt, "gone", "default", "9e4b2d70-gone")
-		goneCtr := runAttempt(t, c, rt, gone, "app", 0, gcImage, "true")
+		goneCtr := c.RunPodContainerAttempt(t, rt, gone, "app", 0, gcImage, "true")
 		waitCRIExited(t, c, rt, goneCtr)
 		ctx := c.Ctx()
 		if _, err := rt.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: goneCtr}); err != nil {

@@ -164,13 +164,20 @@ func (c *Containerd) RunPod(t testing.TB, rt runtime.RuntimeServiceClient, name,
 // kubelet's labels, and links its log into LogDir as the kubelet does.
 func (c *Containerd) RunPodContainer(t testing.TB, rt runtime.RuntimeServiceClient, p *Pod, name, image string, args ...string) string {
 	t.Helper()
+	return c.RunPodContainerAttempt(t, rt, p, name, 0, image, args...)
+}
+
+// RunPodContainerAttempt is RunPodContainer for restart number attempt: CRI
+// reserves name+attempt per pod, as the kubelet's restarts use them.
+func (c *Containerd) RunPodContainerAttempt(t testing.TB, rt runtime.RuntimeServiceClient, p *Pod, name string, attempt uint32, image string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(c.Ctx(), time.Minute)
 	defer cancel()
-	logPath := filepath.Join(name, "0.log")
+	logPath := filepath.Join(name, fmt.Sprintf("%d.log", attempt))
 	resp, err := rt.CreateContainer(ctx, &runtime.CreateContainerRequest{
 		PodSandboxId: p.SandboxID,
 		Config: &runtime.ContainerConfig{
-			Metadata: &runtime.ContainerMetadata{Name: name},
+			Metadata: &runtime.ContainerMetadata{Name: name, Attempt: attempt},
 			Image:    &runtime.ImageSpec{Image: image},
 			Command:  args,
 			LogPath:  logPath,
@@ -182,11 +189,11 @@ func (c *Containerd) RunPodContainer(t testing.TB, rt runtime.RuntimeServiceClie
 		SandboxConfig: p.Config,
 	})
 	if err != nil {
-		t.Fatalf("create container %s: %v\n%s", name, err, c.LogTail(20))
+		t.Fatalf("create container %s attempt %d: %v\n%s", name, attempt, err, c.LogTail(20))
 	}
 	id := resp.ContainerId
 	if _, err := rt.StartContainer(ctx, &runtime.StartContainerRequest{ContainerId: id}); err != nil {
-		t.Fatalf("start container %s: %v\n%s", name, err, c.LogTail(20))
+		t.Fatalf("start container %s attempt %d: %v\n%s", name, attempt, err, c.LogTail(20))
 	}
 	link := filepath.Join(c.LogDir, fmt.Sprintf("%s_%s_%s-%s.log", p.Name, p.Namespace, name, id))
 	if err := os.Symlink(filepath.Join(p.LogDir, logPath), link); err != nil {
