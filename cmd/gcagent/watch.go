@@ -56,8 +56,12 @@ func parseNATSClient(fs *flag.FlagSet, cfg *Config, args []string, env func(stri
 	}
 	onCLI := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
+	// Only the settings shared with run come from the environment: a tool's
+	// own flags (--image, --json, ...) are never set behind its back.
+	shared := flag.NewFlagSet("", flag.ContinueOnError)
+	natsClientFlags(shared, &Config{})
 	var err error
-	fs.VisitAll(func(f *flag.Flag) {
+	shared.VisitAll(func(f *flag.Flag) {
 		if v := env(envName(f.Name)); v != "" && !onCLI[f.Name] && err == nil {
 			err = setFlag(fs, f.Name, v, envName(f.Name))
 		}

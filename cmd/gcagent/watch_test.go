@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -257,5 +259,25 @@ func TestCtlCommand(t *testing.T) {
 	var r natsbus.ControlReply
 	if jerr := json.Unmarshal(out.Bytes(), &r); jerr != nil || r.ID != "x1" || r.Node != "n1" || r.OK || !strings.Contains(r.Error, "not known to this node") {
 		t.Errorf("explain of an unknown image to all: %v %s %v", err, out.String(), jerr)
+	}
+}
+
+// TestNATSClientEnvOnlySharedSettings: GCAGENT_<FLAG> sets the NATS
+// settings shared with run, never a tool's own flags.
+func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	natsClientFlags(fs, &cfg)
+	image := fs.String("image", "", "")
+	env := envOf(map[string]string{"GCAGENT_NATS_URL": "nats://127.0.0.1:4999", "GCAGENT_IMAGE": "evil:1"})
+	if err := parseNATSClient(fs, &cfg, nil, env, "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATSURL != "nats://127.0.0.1:4999" {
+		t.Errorf("nats url %q, want it from GCAGENT_NATS_URL", cfg.NATSURL)
+	}
+	if *image != "" {
+		t.Errorf("--image set to %q from the environment", *image)
 	}
 }
