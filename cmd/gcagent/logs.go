@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -207,22 +206,4 @@ func printLogsPlan(w io.Writer, cfg logs.Config, p logs.Plan) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%q\t%s\n", d.Action, d.Reason, d.Kind, d.Name, detail)
 	}
 	tw.Flush()
-}
-
-// printContainerAndLogStatus prints the container GC and log cleaner
-// sections of a /status document, when the agent has them.
-func printContainerAndLogStatus(w io.Writer, body []byte) {
-	var doc struct {
-		ContainerGC *gc.ContainerGCStatus `json:"containerGC"`
-		Logs        *logs.Plan            `json:"logs"`
-	}
-	if json.Unmarshal(body, &doc) != nil {
-		return
-	}
-	if doc.ContainerGC != nil {
-		printContainerGCStatus(w, *doc.ContainerGC)
-	}
-	if doc.Logs != nil {
-		printLogsPlan(w, logs.Config{}, *doc.Logs)
-	}
 }

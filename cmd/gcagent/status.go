@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -48,13 +50,40 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		_, err = stdout.Write(body)
 		return err
 	}
-	var rep projection.Report
-	if err := json.Unmarshal(body, &rep); err != nil {
+	var doc statusDoc
+	if err := json.Unmarshal(body, &doc); err != nil {
 		return fmt.Errorf("agent at %s: bad /status: %w", *addr, err)
 	}
-	printReport(stdout, rep)
-	printContainerAndLogStatus(stdout, body)
+	printReport(stdout, doc.Report)
+	if doc.ImageGC != nil {
+		printImageGCStatus(stdout, *doc.ImageGC)
+	}
+	if doc.ContainerGC != nil {
+		printContainerGCStatus(stdout, *doc.ContainerGC)
+	}
+	if doc.Logs != nil {
+		printLogsPlan(stdout, logs.Config{}, *doc.Logs)
+	}
 	return nil
+}
+
+// printImageGCStatus prints image GC's thresholds, disk and last pass.
+func printImageGCStatus(w io.Writer, st gc.ImageGCStatus) {
+	fmt.Fprintf(w, "\nimage gc: usage %d%% (high %d%%, low %d%%) of %s, %s free; dry run %v; passes %d; sandbox images %s\n",
+		st.Usage, st.High, st.Low, humanBytes(int64(st.Disk.CapacityBytes)), humanBytes(int64(st.Disk.AvailableBytes)),
+		st.DryRun, st.Passes, strings.Join(st.SandboxImages, ","))
+	if !st.NextAgeOut.IsZero() {
+		fmt.Fprintf(w, "  next age-out: %s\n", st.NextAgeOut.Format(time.RFC3339))
+	}
+	if p := st.LastPass; p != nil {
+		fmt.Fprintf(w, "  last pass %s (%s): usage %d%% -> %d%%, removed %d, skipped %d, estimated %s, measured %s freed",
+			p.Start.Format(time.RFC3339), p.Trigger, p.Usage, p.UsageAfter, len(p.Removed), len(p.Skipped),
+			humanBytes(p.EstimatedBytes), humanBytes(p.FreedBytes))
+		if p.Error != "" {
+			fmt.Fprintf(w, ", error: %s", p.Error)
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 func printReport(w io.Writer, rep projection.Report) {
