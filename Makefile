@@ -28,8 +28,7 @@ deps: ## install what is missing: containerd 1.6, runc, busybox-static (apt), co
 build: ## build bin/gcagent
 	$(GO) build -o bin/gcagent ./cmd/gcagent
 
-test: deps ## install what is missing, then run all tests (unit and end-to-end on containerd 1.6 and 2.3)
-	$(GO) vet ./...
+test: deps lint ## install what is missing, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3)
 	$(GO) test -count=1 -timeout 30m ./...
 
 unit: ## run the tests that need no daemon
