@@ -39,10 +39,10 @@ func (r systemContainerTimer) C() <-chan time.Time   { return r.t.C }
 func (r systemContainerTimer) Reset(d time.Duration) { r.t.Reset(d) }
 func (r systemContainerTimer) Stop()                 { r.t.Stop() }
 
-// containerState is the projection as the container GC reads it;
+// containerState is the projection as the container GC reads it (Synced
+// is read inside View, with the state the plan is made from);
 // projection.Live is the real one.
 type containerState interface {
-	Synced() bool
 	View(fn func(*projection.State))
 }
 
@@ -178,9 +178,6 @@ func (g *ContainerGC) Run(ctx context.Context) error {
 func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.st.Synced() {
-		return time.Time{}, nil
-	}
 	now := g.opts.Clock.Now()
 	var plan ContainerPlan
 	g.st.View(func(s *projection.State) {

@@ -582,11 +582,20 @@ func SandboxImagesOf(s *projection.State) []string {
 	return slices.Compact(out)
 }
 
-func (g *ImageGC) refreshSandboxes() {
-	all := append(slices.Clone(g.o.Policy.SandboxImages), g.learned...)
-	all = append(all, slices.Collect(maps.Keys(g.sandboxSeen))...)
+// SandboxImageSet joins the sandbox image lists (configured, learned from
+// CRI, seen on sandbox containers) into one sorted set, never nil: the one
+// rule for what counts as a sandbox image, for GC and for tools.
+func SandboxImageSet(lists ...[]string) []string {
+	all := []string{}
+	for _, l := range lists {
+		all = append(all, l...)
+	}
 	slices.Sort(all)
-	g.sandboxCache = slices.Compact(all)
+	return slices.Compact(all)
+}
+
+func (g *ImageGC) refreshSandboxes() {
+	g.sandboxCache = SandboxImageSet(g.o.Policy.SandboxImages, g.learned, slices.Collect(maps.Keys(g.sandboxSeen)))
 	g.mu.Lock()
 	g.status.SandboxImages = slices.Clone(g.sandboxCache)
 	g.mu.Unlock()

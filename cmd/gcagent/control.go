@@ -43,7 +43,6 @@ type ControlStatus struct {
 	Seq           uint64    `json:"seq"`
 	DryRun        bool      `json:"dryRun"`
 	AllowRemoteGC bool      `json:"allowRemoteGC"`
-	DiskError     string    `json:"diskError,omitempty"`
 }
 
 // Status summarizes the projection, the disk and the outbox.
@@ -52,9 +51,6 @@ func (h controlHandler) Status(context.Context) (any, error) {
 	now := time.Now().UTC()
 	st := ControlStatus{Heartbeat: a.heartbeat(now, a.bus), Node: a.cfg.NodeName, Cluster: a.cfg.Cluster,
 		Version: version, Now: now, DryRun: a.cfg.DryRun, AllowRemoteGC: a.cfg.AllowRemoteGC}
-	if _, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk(); err != nil {
-		st.DiskError = err.Error()
-	}
 	a.live.View(func(s *projection.State) {
 		st.Pods, st.Seq = len(s.Pods), s.Seq
 		for _, c := range s.Containers {

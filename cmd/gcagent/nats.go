@@ -125,13 +125,16 @@ type Heartbeat struct {
 	Outbox           int    `json:"outbox"`
 	NATSMode         string `json:"natsMode"`
 	LastGC           any    `json:"lastGC,omitempty"`
+	DiskError        string `json:"diskError,omitempty"` // why the disk figures are zero
 }
 
 // heartbeat builds the current heartbeat from the projection and the disk.
 func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 	var hb Heartbeat
 	disk, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk()
-	if err == nil {
+	if err != nil {
+		hb.DiskError = err.Error()
+	} else {
 		hb.CapacityBytes, hb.AvailableBytes = disk.CapacityBytes, disk.AvailableBytes
 		if disk.CapacityBytes > 0 {
 			hb.DiskUsagePercent = 100 - int(min(disk.AvailableBytes, disk.CapacityBytes)*100/disk.CapacityBytes)

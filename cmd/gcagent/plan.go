@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -137,19 +136,13 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 		state.Apply(ev)
 	}
 
-	a := &agent{cfg: cfg}
-	p := a.cfg.imagePolicy()
+	p := cfg.imagePolicy()
 	learned, err := gc.Runtime{CRI: cri}.SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
 	}
-	p.SandboxImages = append(append(p.SandboxImages, learned...), gc.SandboxImagesOf(state)...)
-	slices.Sort(p.SandboxImages)
-	p.SandboxImages = slices.Compact(p.SandboxImages)
+	p.SandboxImages = gc.SandboxImageSet(p.SandboxImages, learned, gc.SandboxImagesOf(state))
 	doc.SandboxImages = p.SandboxImages
-	if doc.SandboxImages == nil {
-		doc.SandboxImages = []string{}
-	}
 	disk, err := gc.Statfs{Path: cfg.ImageFS}.Disk()
 	if err != nil {
 		return doc, err
