@@ -101,6 +101,17 @@ func criDead(d, ran time.Duration, id, image, uid, name, sb string) []events.Eve
 	return []events.Event{criContainer(d, id, image, uid, name, sb), start(d, id), exit(d+ran, id)}
 }
 
+// wantError fails t unless err is nil for want "", or contains want.
+func wantError(t *testing.T, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Fatalf("Validate() = %v, want nil", err)
+	case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+		t.Fatalf("Validate() = %v, want an error containing %q", err, want)
+	}
+}
+
 // sameJSON reports whether a and b encode to the same JSON.
 func sameJSON(t *testing.T, a, b any) bool {
 	t.Helper()

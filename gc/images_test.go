@@ -3,7 +3,6 @@ package gc
 import (
 	"cmp"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,13 +37,7 @@ func TestImagePolicyValidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := ok
 			tt.mod(&p)
-			err := p.Validate()
-			switch {
-			case tt.want == "" && err != nil:
-				t.Fatalf("Validate() = %v, want nil", err)
-			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-				t.Fatalf("Validate() = %v, want an error containing %q", err, tt.want)
-			}
+			wantError(t, p.Validate(), tt.want)
 		})
 	}
 }
