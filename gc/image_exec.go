@@ -36,8 +36,10 @@ const (
 type imageRuntime interface {
 	// ImageNames returns every name pointing at the target digest now.
 	ImageNames(ctx context.Context, digest string) ([]ImageName, error)
-	// ImageUsers returns the containers whose image is one of names.
-	ImageUsers(ctx context.Context, names []string) ([]string, error)
+	// ImageUsers returns what holds the image now: containers whose image
+	// is one of names, snapshots prepared from chain, CRI containers whose
+	// image id is config.
+	ImageUsers(ctx context.Context, names []string, config, chain string) ([]string, error)
 	// RemoveImage deletes all names (of one digest), synchronously, and
 	// says how (cri or native); errImageChanged when a name moved.
 	RemoveImage(ctx context.Context, digest string, names []ImageName) (string, error)
@@ -256,7 +258,7 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem, leased func()
 	if users := x.users(it.Digest); len(users) > 0 {
 		return nil, ReasonInUse, "projection users: " + strings.Join(users, ","), nil
 	}
-	users, err := x.rt.ImageUsers(ctx, now)
+	users, err := x.rt.ImageUsers(ctx, now, it.ConfigDigest, it.ChainID)
 	if err != nil {
 		return nil, "", "", err
 	}

@@ -174,7 +174,13 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
 		synced: o.Projection.Synced,
 		users: func(digest string) (ids []string) {
-			o.Projection.View(func(s *projection.State) { ids = slices.Sorted(maps.Keys(s.Users[digest])) })
+			o.Projection.View(func(s *projection.State) {
+				if img := s.Images[digest]; img != nil {
+					ids = s.ImageUsers(img)
+				} else {
+					ids = slices.Sorted(maps.Keys(s.Users[digest]))
+				}
+			})
 			return ids
 		},
 	}

@@ -120,6 +120,9 @@ type ImageItem struct {
 	Rule string `json:"rule,omitempty"`
 	// EligibleAt is when a too-young image passes MinAge.
 	EligibleAt time.Time `json:"eligibleAt,omitzero"`
+	// ConfigDigest and ChainID say what content it is, for the re-check.
+	ConfigDigest string `json:"configDigest,omitempty"`
+	ChainID      string `json:"chainID,omitempty"`
 }
 
 // PlanImages decides which images to delete now, with kubelet semantics:
@@ -211,9 +214,12 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 		Size:      img.Size,
 		FirstSeen: img.FirstSeen,
 		LastUsed:  s.LastUsed(img, now),
+
+		ConfigDigest: img.ConfigDigest,
+		ChainID:      img.ChainID,
 	}
-	if users := s.Users[img.Digest]; len(users) > 0 {
-		it.Reason, it.Users = ReasonInUse, slices.Sorted(maps.Keys(users))
+	if users := s.ImageUsers(img); len(users) > 0 {
+		it.Reason, it.Users = inUseReason(s, img, users), users
 		return it
 	}
 	for _, name := range it.Names {
@@ -240,6 +246,33 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 		it.Reason, it.EligibleAt = ReasonTooYoung, eligible
 	}
 	return it
+}
+
+// inUseReason says how the containers in users hold img, the most exact
+// way first: CRI's image id of a container, a rootfs snapshot prepared from
+// its top layer, an image volume, and last the target its name resolved to.
+func inUseReason(s *projection.State, img *projection.Image, users []string) Reason {
+	best := ReasonInUse
+	rank := map[Reason]int{ReasonInUseByID: 3, ReasonInUseBySnap: 2, ReasonImageVolume: 1, ReasonInUse: 0}
+	for _, id := range users {
+		c := s.Containers[id]
+		if c == nil {
+			continue
+		}
+		r := ReasonInUse
+		switch {
+		case img.ConfigDigest != "" && c.ImageID == img.ConfigDigest:
+			r = ReasonInUseByID
+		case img.ChainID != "" && c.RootChain == img.ChainID:
+			r = ReasonInUseBySnap
+		case slices.Contains(c.VolumeImageIDs, img.ConfigDigest) || slices.Contains(c.VolumeChains, img.ChainID):
+			r = ReasonImageVolume
+		}
+		if rank[r] > rank[best] {
+			best = r
+		}
+	}
+	return best
 }
 
 // matchRef reports whether ref names the image: equal to one of its names,

@@ -167,7 +167,7 @@ func findImage(s *projection.State, query string) (string, error) {
 // explainImage says in one sentence why the plan decided as it did.
 func explainImage(it gc.ImageItem, p gc.ImagePlan, cfg Config) string {
 	switch it.Reason {
-	case gc.ReasonInUse:
+	case gc.ReasonInUse, gc.ReasonInUseByID, gc.ReasonInUseBySnap, gc.ReasonImageVolume:
 		return fmt.Sprintf("kept: used by %d container(s): %s", len(it.Users), strings.Join(it.Users, ", "))
 	case gc.ReasonPinned:
 		return fmt.Sprintf("kept: %s is pinned (io.cri-containerd.pinned=pinned)", it.Name)

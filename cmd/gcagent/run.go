@@ -97,13 +97,13 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	cri := runtimeapi.NewRuntimeServiceClient(criConn)
 	src := events.NewSource(events.Options{
 		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
-		KnownSize: func(digest string) (n int64) {
+		KnownFacts: func(digest string) (f events.ImageFacts) {
 			live.View(func(s *projection.State) {
 				if img := s.Images[digest]; img != nil {
-					n = img.Size
+					f = events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
 				}
 			})
-			return n
+			return f
 		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
