@@ -43,6 +43,12 @@ const (
 	ReasonWithinCap        Reason = "within-cap"         // dead, but within the per-unit and global caps
 	ReasonPruneMode        Reason = "prune-mode"         // excluded by the prune mode
 	ReasonPodHasContainers Reason = "pod-has-containers" // a sandbox whose pod still has containers
+	ReasonNewestSandbox    Reason = "newest-sandbox"     // the newest sandbox of a pod that is still there
+	// Plain containers: the client that owns one may still be using it.
+	ReasonRestartManaged     Reason = "restart-managed"     // a restart policy wants it running
+	ReasonAwaitingCollection Reason = "awaiting-collection" // exited; its client may still read the exit status
+	ReasonOwnerActive        Reason = "owner-active"        // a client operated on it within OwnerQuiet
+	ReasonLeased             Reason = "leased"              // a containerd lease (a client at work) holds its snapshot
 )
 
 // Why a container is deleted.
@@ -50,6 +56,7 @@ const (
 	ReasonPerUnitCap      Reason = "per-unit-cap"     // beyond MaxPerEvictUnit in its evict unit
 	ReasonGlobalCap       Reason = "global-cap"       // beyond MaxContainers overall
 	ReasonSandboxOrphaned Reason = "sandbox-orphaned" // an exited sandbox whose pod has no container left
+	ReasonTTLExpired      Reason = "ttl-expired"      // a plain container whose owner is done, past its TTL
 )
 
 // InUseReason reports whether r says an image is held by a container.

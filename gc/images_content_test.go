@@ -117,4 +117,3 @@ func TestImageExecutorRecheckByContent(t *testing.T) {
 		})
 	}
 }
-
