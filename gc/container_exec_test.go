@@ -435,3 +435,34 @@ func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
 		t.Errorf("sandbox removed without a CRI re-check: %v", f.Calls())
 	}
 }
+
+// TestContainerExecutorOwnerWon: when the owner deletes the container
+// between the re-check and our delete, that is counted, not an error, and
+// not retried; a lease holding its snapshot keeps it.
+func TestContainerExecutorOwnerWon(t *testing.T) {
+	p := ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneNative}
+	plan := PlanContainers(nodeState(), p, at(time.Minute))
+	m, err := NewContainerMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFakeContainerRuntime()
+	f.InjectError("delete-native", "n-dead", fmt.Errorf("delete container: %w", errOwnerWon))
+	res, err := NewContainerExecutor(f, ContainerExecutorOptions{Metrics: m}).Apply(context.Background(), plan, p)
+	if err != nil {
+		t.Fatalf("owner won is not an error: %v", err)
+	}
+	if len(res) != 1 || res[0].Outcome != ContainerGone {
+		t.Fatalf("results %+v, want n-dead gone", res)
+	}
+	if n := testutil.ToFloat64(m.won.WithLabelValues(ContainerKindNative)); n != 1 {
+		t.Errorf("owner-won metric %v, want 1", n)
+	}
+
+	f = newFakeContainerRuntime()
+	f.Set("n-dead", LiveLeased)
+	res, _ = NewContainerExecutor(f, ContainerExecutorOptions{}).Apply(context.Background(), plan, p)
+	if len(res) != 1 || res[0].Outcome != ContainerKept || res[0].Live != LiveLeased || len(f.Deletes()) != 0 {
+		t.Errorf("leased: results %+v, deletes %v", res, f.Deletes())
+	}
+}

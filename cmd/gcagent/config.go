@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/gcagent/gcagent/gc"
+
 	"bufio"
 	"errors"
 	"flag"
@@ -42,6 +44,9 @@ type Config struct {
 	DiskInterval time.Duration
 	// MinimumContainerTTL is how long a dead container is kept after it exits. Default 0s.
 	MinimumContainerTTL time.Duration
+	// UncollectedExitGrace is how long a plain container's exited task waits
+	// for its client to collect it before the agent counts the client as done. Default 10s.
+	UncollectedExitGrace time.Duration
 	// MaxDeadPerContainer is the dead containers kept per evict unit; -1 is no limit. Default 1.
 	MaxDeadPerContainer int
 	// MaxDeadContainers is the dead containers kept on the node; -1 is no limit. Default -1.
@@ -102,6 +107,7 @@ func DefaultConfig() Config {
 		ImageGCHighThreshold: 85,
 		ImageGCLowThreshold:  80,
 		MinimumImageTTL:      2 * time.Minute,
+		UncollectedExitGrace: gc.DefaultUncollectedGrace,
 		DiskInterval:         time.Second,
 		MaxDeadPerContainer:  1,
 		MaxDeadContainers:    -1,
@@ -144,6 +150,12 @@ func (c Config) Validate() error {
 		nonNeg("minimum-image-ttl-duration", c.MinimumImageTTL),
 		nonNeg("image-maximum-gc-age", c.ImageMaximumGCAge),
 		nonNeg("minimum-container-ttl-duration", c.MinimumContainerTTL),
+		func() error {
+			if c.UncollectedExitGrace <= 0 {
+				return fmt.Errorf("invalid --uncollected-exit-grace %s: must be positive", c.UncollectedExitGrace)
+			}
+			return nil
+		}(),
 		nonNeg("pod-log-grace", c.PodLogGrace),
 	}
 	if c.ImageGCLowThreshold > c.ImageGCHighThreshold {
@@ -247,7 +259,8 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.Var(stringList{&cfg.KeepImages}, "keep-image", "glob on image names never to delete (repeatable)")
 	fs.DurationVar(&cfg.DiskInterval, "disk-interval", cfg.DiskInterval, "how often the image filesystem is sampled")
 	fs.DurationVar(&cfg.MinimumContainerTTL, "minimum-container-ttl-duration", cfg.MinimumContainerTTL, "how long a dead container is kept after it exits")
-	fs.IntVar(&cfg.MaxDeadPerContainer, "maximum-dead-containers-per-container", cfg.MaxDeadPerContainer, "dead containers kept per container (-1 = no limit)")
+	fs.DurationVar(&cfg.UncollectedExitGrace, "uncollected-exit-grace", cfg.UncollectedExitGrace, "how long a plain container's exit waits for its client to collect it")
+	fs.IntVar(&cfg.MaxDeadPerContainer, "maximum-dead-containers-per-container", cfg.MaxDeadPerContainer, "dead CRI containers kept per pod container (-1 = no limit; plain containers go by their TTL)")
 	fs.IntVar(&cfg.MaxDeadContainers, "maximum-dead-containers", cfg.MaxDeadContainers, "dead containers kept on the node (-1 = no limit)")
 	fs.StringVar(&cfg.PruneContainers, "prune-containers", cfg.PruneContainers, "which dead containers to remove: native, all or off")
 	fs.StringVar(&cfg.LogDir, "log-dir", cfg.LogDir, "container log symlink directory")

@@ -44,6 +44,7 @@ func TestParseRun(t *testing.T) {
 		{name: "high over 100", args: []string{"--image-gc-high-threshold=101"}, wantErr: "invalid --image-gc-high-threshold 101"},
 		{name: "low above high", args: []string{"--image-gc-low-threshold=90"}, wantErr: "must not exceed --image-gc-high-threshold 85"},
 		{name: "negative ttl", args: []string{"--minimum-container-ttl-duration=-1s"}, wantErr: "must not be negative"},
+		{name: "zero uncollected grace", args: []string{"--uncollected-exit-grace=0s"}, wantErr: "invalid --uncollected-exit-grace 0s: must be positive"},
 		{name: "max age not above min age", args: []string{"--image-maximum-gc-age=1m"}, wantErr: "must be greater than --minimum-image-ttl-duration"},
 		{name: "bad prune mode", args: []string{"--prune-containers=some"}, wantErr: `invalid --prune-containers "some"`},
 		{name: "bad keep glob", args: []string{"--keep-image=[x"}, wantErr: "invalid --keep-image"},
