@@ -138,7 +138,7 @@ func benchPrune(b *testing.B, v testenv.Version) {
 
 	// Containers: TTL 0, no dead container kept. The agent first clears the
 	// exited containers above (not measured), then follows new exits.
-	a = testenv.StartAgent(b, c, filepath.Join(b.TempDir(), "state-ctrs"), "--maximum-dead-containers-per-container=0")
+	a = testenv.StartAgent(b, c, filepath.Join(b.TempDir(), "state-ctrs"), "--uncollected-exit-grace=1s")
 	waitSynced(b, a)
 	testenv.Eventually(b, time.Minute, func() string {
 		for _, id := range ids {
