@@ -57,7 +57,9 @@ func (r Runtime) ImageNames(ctx context.Context, digest string) ([]ImageName, er
 }
 
 // ImageUsers returns what holds the image right now, sorted: containers of
-// the namespace whose image is one of names; active or view snapshots
+// the namespace whose image is one of names and that have no rootfs
+// snapshot to tell by content (or the image's chain is unknown); active or
+// view snapshots
 // prepared from its top layer (chain), which is every container rootfs, image
 // volume and mounted view made from it whatever its name says now; and CRI
 // containers whose image id is its config digest. It is the executor's
@@ -75,7 +77,9 @@ func (r Runtime) ImageUsers(ctx context.Context, names []string, config, chain s
 			return nil, fmt.Errorf("list containers of images %v: %w", names, err)
 		}
 		for _, c := range ctrs {
-			if slices.Contains(names, c.Image) {
+			// A container with a rootfs snapshot is matched by content below:
+			// its image name may point at another image by now.
+			if slices.Contains(names, c.Image) && (c.SnapshotKey == "" || chain == "") {
 				ids = append(ids, c.ID)
 			}
 		}
