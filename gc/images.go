@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/distribution/reference"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -236,7 +237,7 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 	}
 	for _, pattern := range p.KeepPatterns {
 		for _, name := range it.Names {
-			if ok, _ := path.Match(pattern, name); ok {
+			if keepMatch(pattern, name) {
 				it.Reason, it.Name, it.Rule = ReasonKeepPattern, name, pattern
 				return it
 			}
@@ -273,6 +274,23 @@ func inUseReason(s *projection.State, img *projection.Image, users []string) Rea
 		}
 	}
 	return best
+}
+
+// keepMatch reports whether a keep pattern matches an image name as stored
+// (docker.io/library/nginx:1.25) or in its familiar form (nginx:1.25), the
+// usual reference normalization, so nginx:* and docker.io/library/nginx:*
+// both keep it.
+func keepMatch(pattern, name string) bool {
+	if ok, _ := path.Match(pattern, name); ok {
+		return true
+	}
+	if n, err := reference.ParseNormalizedNamed(name); err == nil {
+		if fam := reference.FamiliarString(n); fam != name {
+			ok, _ := path.Match(pattern, fam)
+			return ok
+		}
+	}
+	return false
 }
 
 // matchRef reports whether ref names the image: equal to one of its names,

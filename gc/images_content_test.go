@@ -117,3 +117,27 @@ func TestImageExecutorRecheckByContent(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepPatternsMatchNormalizedNames: a keep pattern written the way
+// people write images (nginx:*) keeps the image containerd stores under its
+// normalized name, and the full spelling works too.
+func TestKeepPatternsMatchNormalizedNames(t *testing.T) {
+	tests := []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"nginx:*", "docker.io/library/nginx:1.25", true},
+		{"docker.io/library/nginx:*", "docker.io/library/nginx:1.25", true},
+		{"library/nginx:*", "docker.io/library/nginx:1.25", false},
+		{"nginx:*", "docker.io/other/nginx:1.25", false},
+		{"other/*", "docker.io/other/nginx:1.25", true},
+		{"registry.k8s.io/pause:*", "registry.k8s.io/pause:3.10", true},
+		{"pause:*", "registry.k8s.io/pause:3.10", false},
+		{"sha256:*", "sha256:0123", true},
+	}
+	for _, tt := range tests {
+		if got := keepMatch(tt.pattern, tt.name); got != tt.want {
+			t.Errorf("keepMatch(%q, %q) = %v, want %v", tt.pattern, tt.name, got, tt.want)
+		}
+	}
+}
