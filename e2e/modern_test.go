@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/projection"
+	"golang.org/x/sys/unix"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -172,4 +174,50 @@ func runPlan(t *testing.T, c *testenv.Containerd, v any, flags ...string) {
 	if err := json.Unmarshal(out, v); err != nil {
 		t.Fatalf("plan output: %v\n%s", err, out)
 	}
+}
+
+// TestImageFSFollowsCRI: without --image-fs the agent measures the
+// filesystem holding CRI's image filesystem (ImageFsInfo's first entry, the
+// kubelet's choice), here a tmpfs root; an explicit --image-fs elsewhere is
+// measured as given, and the agent says it is not CRI's.
+func TestImageFSFollowsCRI(t *testing.T) {
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "96m"})
+		var st unix.Statfs_t
+		if err := unix.Statfs(c.Root, &st); err != nil {
+			t.Fatal(err)
+		}
+		rootCapacity := st.Blocks * uint64(st.Bsize)
+		plan := func(extra ...string) (doc struct {
+			ImageFS     string `json:"imageFS"`
+			HistoryNote string `json:"historyNote"`
+			Images      struct {
+				Disk struct {
+					CapacityBytes uint64 `json:"capacityBytes"`
+				} `json:"disk"`
+			} `json:"images"`
+		}) {
+			args := append([]string{"plan", "--json", "--containerd-address", c.Address, "--namespace", testenv.Namespace,
+				"--state-dir", t.TempDir()}, extra...)
+			out, err := exec.Command(testenv.AgentBinary(t), args...).Output()
+			if err != nil {
+				t.Fatalf("gcagent plan: %v", err)
+			}
+			if err := json.Unmarshal(out, &doc); err != nil {
+				t.Fatalf("plan output: %v\n%s", err, out)
+			}
+			return doc
+		}
+		auto := plan()
+		if !strings.HasPrefix(auto.ImageFS, c.Root+"/") || auto.Images.Disk.CapacityBytes != rootCapacity {
+			t.Errorf("auto: measured %s (capacity %d), want CRI's snapshotter root under %s (capacity %d)",
+				auto.ImageFS, auto.Images.Disk.CapacityBytes, c.Root, rootCapacity)
+		}
+		other := t.TempDir()
+		given := plan("--image-fs", other)
+		if given.ImageFS != other || given.Images.Disk.CapacityBytes == rootCapacity ||
+			!strings.Contains(given.HistoryNote, "not on CRI's image filesystem") {
+			t.Errorf("explicit: measured %s (capacity %d), note %q", given.ImageFS, given.Images.Disk.CapacityBytes, given.HistoryNote)
+		}
+	})
 }

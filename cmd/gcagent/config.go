@@ -26,7 +26,8 @@ type Config struct {
 	ContainerdAddress string
 	// Namespace is the containerd namespace to manage. Default k8s.io.
 	Namespace string
-	// ImageFS is the directory whose filesystem is measured. Default /var/lib/containerd.
+	// ImageFS is the directory whose filesystem is measured. Default empty:
+	// CRI's image filesystem (ImageFsInfo), else /var/lib/containerd.
 	ImageFS string
 	// ImageGCHighThreshold is the disk usage percent that starts image GC. Default 85.
 	ImageGCHighThreshold int
@@ -103,7 +104,6 @@ func DefaultConfig() Config {
 	return Config{
 		ContainerdAddress:    "/run/containerd/containerd.sock",
 		Namespace:            "k8s.io",
-		ImageFS:              "/var/lib/containerd",
 		ImageGCHighThreshold: 85,
 		ImageGCLowThreshold:  80,
 		MinimumImageTTL:      2 * time.Minute,
@@ -209,7 +209,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress, "namespace": c.Namespace,
-		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster, "image-fs": c.ImageFS} {
+		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {
 		if strings.TrimSpace(v) == "" {
 			checks = append(checks, fmt.Errorf("invalid --%s: must not be empty", name))
 		}
@@ -250,7 +250,7 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.String("config", "", "file of `name = value` lines (flags and environment win)")
 	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", cfg.ContainerdAddress, "containerd socket")
 	fs.StringVar(&cfg.Namespace, "namespace", cfg.Namespace, "containerd namespace to manage")
-	fs.StringVar(&cfg.ImageFS, "image-fs", cfg.ImageFS, "directory whose filesystem is measured for image GC")
+	fs.StringVar(&cfg.ImageFS, "image-fs", cfg.ImageFS, "directory whose filesystem is measured for image GC (default: CRI's image filesystem, as the kubelet measures, else /var/lib/containerd)")
 	fs.IntVar(&cfg.ImageGCHighThreshold, "image-gc-high-threshold", cfg.ImageGCHighThreshold, "disk usage percent that starts image GC (100 disables)")
 	fs.IntVar(&cfg.ImageGCLowThreshold, "image-gc-low-threshold", cfg.ImageGCLowThreshold, "disk usage percent image GC frees down to")
 	fs.DurationVar(&cfg.MinimumImageTTL, "minimum-image-ttl-duration", cfg.MinimumImageTTL, "minimum age of an image, from first seen, before GC may delete it")
@@ -368,3 +368,7 @@ func readConfigFile(file string) ([][2]string, error) {
 	}
 	return out, sc.Err()
 }
+
+// defaultContainerdRoot is measured for image GC when --image-fs is not
+// given and CRI cannot say where its image filesystem is.
+const defaultContainerdRoot = "/var/lib/containerd"

@@ -72,7 +72,7 @@ type ControlPlan struct {
 // plan computes both plans from one snapshot of the projection.
 func (h controlHandler) plan() (ControlPlan, error) {
 	a := h.a
-	disk, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk()
+	disk, err := a.imageFS.Disk()
 	if err != nil {
 		return ControlPlan{}, err
 	}

@@ -131,7 +131,7 @@ type Heartbeat struct {
 // heartbeat builds the current heartbeat from the projection and the disk.
 func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 	var hb Heartbeat
-	disk, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk()
+	disk, err := a.imageFS.Disk()
 	if err != nil {
 		hb.DiskError = err.Error()
 	} else {

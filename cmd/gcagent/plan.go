@@ -143,7 +143,12 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	}
 	p.SandboxImages = gc.SandboxImageSet(p.SandboxImages, learned, gc.SandboxImagesOf(state))
 	doc.SandboxImages = p.SandboxImages
-	disk, err := gc.Statfs{Path: cfg.ImageFS}.Disk()
+	fs := gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, runtimeapi.NewImageServiceClient(conn))
+	disk, err := fs.Disk()
+	doc.ImageFS = fs.Chosen()
+	if note := fs.Note(); note != "" {
+		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; "+note, "; ")
+	}
 	if err != nil {
 		return doc, err
 	}

@@ -46,6 +46,8 @@ type agent struct {
 	live    *projection.Live
 	source  *events.Source
 	runtime gc.Runtime
+	// imageFS is the filesystem image GC measures (--image-fs, or CRI's).
+	imageFS *gc.ImageFS
 	pub     gc.Publisher
 	bus     *bus
 	// lastGC, set by the image GC component, reports its last pass for
@@ -109,6 +111,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	})
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{},
 		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
+	a.imageFS = gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
 
 	b, err := a.startNATS()
 	if err != nil {
@@ -125,6 +128,11 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	if err := a.setupLogs(); err != nil {
 		return err
+	}
+	if note := a.imageFS.Note(); note != "" {
+		log.Warn().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg(note)
+	} else {
+		log.Info().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg("measuring the image filesystem")
 	}
 	boot := time.Now().UTC()
 	_ = a.pub.Publish(a.startedAction(boot))
@@ -187,6 +195,10 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		}
 		if !a.live.Synced() {
 			problems = append(problems, "projection: not synced")
+		}
+		if note := a.imageFS.Note(); note != "" {
+			// Not a readiness failure: GC measures the filesystem it says.
+			defer fmt.Fprintln(w, "image-fs:", note)
 		}
 		if a.bus != nil && a.bus.pub.Mode() == natsbus.ModeCore {
 			// Not a readiness failure: GC goes on; events lose their dedupe.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"github.com/gcagent/gcagent/gc"
 	"io"
 	"strings"
 	"sync"
@@ -231,6 +232,7 @@ func TestCtlCommand(t *testing.T) {
 	}
 	a := &agent{cfg: DefaultConfig(), live: live}
 	a.cfg.Cluster, a.cfg.NodeName, a.cfg.ImageFS = "c1", "n1", t.TempDir()
+	a.imageFS = gc.NewImageFS(a.cfg.ImageFS, "", nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
