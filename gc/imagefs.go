@@ -109,4 +109,3 @@ func sameFilesystem(a, b string) bool {
 	}
 	return sa.Dev == sb.Dev
 }
-
