@@ -682,7 +682,7 @@ type imageTrigger struct {
 // observe takes a disk sample (ok false when statfs failed).
 func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 	usage, valid := usagePercent(d)
-	above := ok && valid && tr.policy.HighThresholdPercent < 100 && usage >= tr.policy.HighThresholdPercent
+	above := ok && valid && (tr.policy.HighThresholdPercent < 100 || tr.policy.MaxAge > 0) && usage >= tr.policy.HighThresholdPercent
 	if above && !tr.above {
 		tr.crossedAt, tr.didReact = now, false
 	}

@@ -24,7 +24,8 @@ type DiskStats struct {
 // passed Validate.
 type ImagePolicy struct {
 	// HighThresholdPercent is the disk usage at which threshold GC starts;
-	// 100 disables threshold GC (MaxAge still applies).
+	// 100 with no MaxAge disables image GC (the kubelet's rule); 100 with a
+	// MaxAge triggers threshold GC only on a full disk (under 1% free).
 	HighThresholdPercent int
 	// LowThresholdPercent is the disk usage threshold GC frees down to.
 	LowThresholdPercent int
@@ -199,7 +200,9 @@ func (plan *ImagePlan) measure(p ImagePolicy) {
 		return
 	}
 	plan.Usage = 100 - int(mulDiv(available, 100, capacity))
-	plan.Triggered = p.HighThresholdPercent < 100 && plan.Usage >= p.HighThresholdPercent
+	// The kubelet turns image GC off only for high 100 with no max age;
+	// with a max age set, a full disk (usage rounds up to 100) triggers it.
+	plan.Triggered = (p.HighThresholdPercent < 100 || p.MaxAge > 0) && plan.Usage >= p.HighThresholdPercent
 	if plan.Triggered {
 		plan.AmountToFree = int64(mulDiv(capacity, uint64(100-p.LowThresholdPercent), 100)) - int64(available)
 	}
