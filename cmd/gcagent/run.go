@@ -188,6 +188,11 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		if !a.live.Synced() {
 			problems = append(problems, "projection: not synced")
 		}
+		if p := a.bus.problem(); p != "" {
+			// Not a readiness failure either: GC goes on and events wait in
+			// the outbox; only local NATS clients miss them meanwhile.
+			defer fmt.Fprintln(w, "nats: "+p)
+		}
 		if a.bus != nil && a.bus.pub.Mode() == natsbus.ModeCore {
 			// Not a readiness failure: GC goes on; events lose their dedupe.
 			defer fmt.Fprintln(w, "nats: core publish (the server has no JetStream)")
