@@ -79,7 +79,9 @@ func StartAgent(t testing.TB, c *Containerd, stateDir string, extra ...string) *
 		"--metrics-address", a.Addr, "--image-fs", c.Root, "--log-dir", c.LogDir, "--pod-log-dir", c.PodLogDir,
 		"--node-name", "test-node", "--log-level", "debug",
 	}, extra...)
-	if !slices.ContainsFunc(extra, func(s string) bool { return strings.HasPrefix(s, "--nats-url") }) {
+	if !slices.ContainsFunc(extra, func(s string) bool {
+		return strings.HasPrefix(s, "--nats-url") || strings.HasPrefix(s, "--embedded-nats-listen")
+	}) {
 		// Each agent's embedded NATS server gets its own port.
 		args = append(args, "--embedded-nats-listen", FreeAddr(t))
 	}

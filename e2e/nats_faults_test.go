@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/nats-io/nats.go"
+)
+
+// readyz returns the agent's /readyz status and body.
+func readyz(a *testenv.Agent) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+"/readyz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// localTool runs `gcagent <args>` as a local operator would on the node: no
+// NATS flags; only GCAGENT_STATE_DIR says where the agent keeps its state
+// (the agent under test does not use the default /var/lib/gcagent).
+func localTool(t *testing.T, stateDir string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(testenv.AgentBinary(t), args...)
+	cmd.Env = append(os.Environ(), "GCAGENT_STATE_DIR="+stateDir)
+	return cmd
+}
+
+// localWatch runs `gcagent watch --json` with no NATS flags and returns the
+// events it printed once cond holds for them.
+func localWatch(t *testing.T, stateDir string, cond func([]natsbus.CloudEvent) string) []natsbus.CloudEvent {
+	t.Helper()
+	cmd := localTool(t, stateDir, "watch", "--json", "--since", "1h")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var mu sync.Mutex
+	var evs []natsbus.CloudEvent
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var ev natsbus.CloudEvent
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				mu.Lock()
+				evs = append(evs, ev)
+				mu.Unlock()
+			}
+		}
+	}()
+	testenv.Eventually(t, 30*time.Second, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if why := cond(evs); why != "" {
+			return why + "; watch stderr: " + stderr.String()
+		}
+		return ""
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	return append([]natsbus.CloudEvent(nil), evs...)
+}
+
+// TestEmbeddedNATSPortTakenAndLocalAuth: the embedded server's port is
+// taken when the agent starts. The agent runs anyway: it removes a dead
+// container, logs the failure, and /readyz says 200 with the reason. When
+// the port frees, the server starts by itself; the removal made meanwhile
+// reaches the stream exactly once; an anonymous client is refused; a local
+// `gcagent watch` and `gcagent ctl status` work without NATS flags, with the
+// credentials the agent wrote (0600) into its state dir. One containerd
+// version suffices: nothing here depends on the daemon.
+func TestEmbeddedNATSPortTakenAndLocalAuth(t *testing.T) {
+	v := testenv.Versions()[len(testenv.Versions())-1]
+	c := testenv.StartContainerd(t, testenv.Options{Version: v})
+	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	state := filepath.Join(t.TempDir(), "state")
+	a := testenv.StartAgent(t, c, state, "--embedded-nats-listen", addr,
+		"--maximum-dead-containers-per-container", "0", "--image-gc-high-threshold", "100")
+	natsWaitSynced(t, a)
+
+	// GC works with the port taken.
+	runDead(t, c, "port-taken-1")
+	waitRemoved(t, c, "port-taken-1")
+	testenv.Eventually(t, 10*time.Second, func() string {
+		code, body, err := readyz(a)
+		if err != nil || code != http.StatusOK || !strings.Contains(body, "embedded NATS server not running") {
+			return fmt.Sprintf("/readyz %d %q %v, want 200 naming the embedded server", code, body, err)
+		}
+		m, err := metricsText(a)
+		if err != nil {
+			return err.Error()
+		}
+		if metricSum(m, "gcagent_natsbus_embedded_up") != 0 || metricSum(m, "gcagent_natsbus_embedded_start_failures_total") < 1 ||
+			metricSum(m, "gcagent_natsbus_outbox_depth") < 1 {
+			return "metrics do not show the server down with events waiting"
+		}
+		return ""
+	})
+	logb, _ := os.ReadFile(a.LogFile)
+	if !strings.Contains(string(logb), "embedded NATS server cannot start") {
+		t.Errorf("the agent did not log the listen failure:\n%s", a.LogTail(20))
+	}
+	downSince := time.Now()
+
+	// The port frees: the server starts, the waiting event is stored.
+	busy.Close()
+	testenv.Eventually(t, 30*time.Second, func() string {
+		if code, body, err := readyz(a); err != nil || code != http.StatusOK || strings.Contains(body, "embedded") {
+			return fmt.Sprintf("/readyz %d %q %v", code, body, err)
+		}
+		return ""
+	})
+	t.Logf("embedded server up %s after the port was freed", time.Since(downSince).Round(time.Millisecond))
+	seed := filepath.Join(state, natsbus.LocalNkeyFile)
+	fi, err := os.Stat(seed)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("credentials %s: %v %v, want 0600", seed, fi, err)
+	}
+	if nc, err := nats.Connect("nats://"+addr, nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("an anonymous client connected to the embedded server")
+	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Errorf("anonymous client: %v, want an authorization error", err)
+	}
+	opt, err := nats.NkeyOptionFromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect("nats://"+addr, opt, nats.Timeout(2*time.Second))
+	if err != nil {
+		t.Fatalf("connect with the state dir's nkey: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	waitDelivered(t, a, nc, []string{"port-taken-1"}, 1)
+
+	// Local tools without flags.
+	evs := localWatch(t, state, func(evs []natsbus.CloudEvent) string {
+		for _, ev := range evs {
+			if ev.Type == "io.gcagent.container.removed" && ev.Subject == "port-taken-1" {
+				return ""
+			}
+		}
+		return fmt.Sprintf("watch printed %d events, none the removal of port-taken-1", len(evs))
+	})
+	t.Logf("local watch printed %d events without flags", len(evs))
+	out, err := localTool(t, state, "ctl", "--timeout", "5s", "--node", natsNode, "status").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"ok":true`) {
+		t.Errorf("local ctl status without flags: %v\n%s", err, out)
+	}
+}
