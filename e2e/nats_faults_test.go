@@ -180,3 +180,47 @@ func TestEmbeddedNATSPortTakenAndLocalAuth(t *testing.T) {
 		t.Errorf("local ctl status without flags: %v\n%s", err, out)
 	}
 }
+
+// TestCorruptOutboxAgentRuns: the agent starts on a state dir whose
+// outbox.db is garbage. It does not crash-loop: the file is kept as
+// outbox.db.corrupt-<time>, the log and gcagent_natsbus_outbox_corrupt_total
+// say so, and the next removal reaches the stream exactly once.
+func TestCorruptOutboxAgentRuns(t *testing.T) {
+	v := testenv.Versions()[len(testenv.Versions())-1]
+	c := testenv.StartContainerd(t, testenv.Options{Version: v})
+	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))
+	ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
+	nc := natsConn(t, ns.ClientURL())
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	garbage := []byte(strings.Repeat("this is not a bbolt file\n", 4000))
+	if err := os.WriteFile(filepath.Join(state, natsbus.OutboxFile), garbage, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := testenv.StartAgent(t, c, state, "--nats-url", ns.ClientURL(),
+		"--maximum-dead-containers-per-container", "0", "--image-gc-high-threshold", "100")
+	natsWaitSynced(t, a)
+	runDead(t, c, "after-corrupt-1")
+	waitRemoved(t, c, "after-corrupt-1")
+	waitDelivered(t, a, nc, []string{"after-corrupt-1"}, 1)
+	moved, _ := filepath.Glob(filepath.Join(state, natsbus.OutboxFile+".corrupt-*"))
+	if len(moved) != 1 {
+		t.Fatalf("moved-aside files %v, want one", moved)
+	}
+	if b, err := os.ReadFile(moved[0]); err != nil || string(b) != string(garbage) {
+		t.Errorf("the corrupt outbox was not kept as it was: %v", err)
+	}
+	m, err := metricsText(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := metricSum(m, "gcagent_natsbus_outbox_corrupt_total"); n != 1 {
+		t.Errorf("gcagent_natsbus_outbox_corrupt_total %v, want 1", n)
+	}
+	logb, _ := os.ReadFile(a.LogFile)
+	if !strings.Contains(string(logb), "outbox cannot be opened: moved it aside") {
+		t.Errorf("no log line for the corrupt outbox:\n%s", a.LogTail(20))
+	}
+}

@@ -198,7 +198,9 @@ type Publisher struct {
 // NewPublisher opens the outbox under opts.StateDir and starts the sender on
 // nc, which the caller keeps owning and closes after Close; events left in the
 // outbox by an earlier Publisher are sent first. It fails on invalid options
-// or when the outbox cannot be opened (for example, another process holds it).
+// or when the outbox cannot be opened (for example, another process holds
+// it). An outbox file that is corrupt is moved aside (see
+// openOutboxOrMoveAside), logged and counted, and an empty one is used.
 func NewPublisher(nc *nats.Conn, opts PublisherOptions) (*Publisher, error) {
 	if nc == nil {
 		return nil, errors.New("natsbus: nil NATS connection")
@@ -217,9 +219,14 @@ func NewPublisher(nc *nats.Conn, opts PublisherOptions) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: jetstream: %w", err)
 	}
-	ob, err := openOutbox(filepath.Join(opts.StateDir, OutboxFile), limits{
+	ob, movedTo, why, err := openOutboxOrMoveAside(filepath.Join(opts.StateDir, OutboxFile), limits{
 		maxEntries: opts.MaxEntries, maxBytes: opts.MaxBytes, maxAge: opts.MaxAge,
-	})
+	}, opts.Now())
+	if movedTo != "" {
+		m.corrupt.Inc()
+		opts.Logger.Error().Str("component", "natsbus").Err(why).Str("moved_to", movedTo).
+			Msg("outbox cannot be opened: moved it aside and started an empty one; the events waiting in it are lost")
+	}
 	if err != nil {
 		return nil, err
 	}
