@@ -53,11 +53,6 @@ func (c Config) embeddedOptions() natsbus.EmbeddedOptions {
 		ServerName: natsbus.SafeToken(c.NodeName), MaxStore: c.EmbeddedNATSMaxStore}
 }
 
-// natsPublisher adapts the outbox publisher to gc's one-method interface.
-type natsPublisher struct{ p *natsbus.Publisher }
-
-func (n natsPublisher) Publish(a gc.Action) error { return n.p.Publish(natsbus.Action(a)) }
-
 // bus is the agent's NATS side: connection, publisher, maybe a server.
 type bus struct {
 	emb *natsbus.Embedded // nil with --nats-url

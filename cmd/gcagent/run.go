@@ -115,7 +115,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
-	a.bus, a.pub = b, natsPublisher{b.pub}
+	a.bus, a.pub = b, newNATSPublisher(b.pub)
 	// Components that subscribe to the projection are set up before it runs.
 	if err := a.setupImageGC(); err != nil {
 		return err
@@ -143,11 +143,24 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
+	// Delete intents a crash left are resolved before anything deletes.
+	resolved := make(chan struct{})
+	g.Go(func() error { defer close(resolved); return resolveIntents(gctx, b.pub, nodeObjects{cl}, log) })
+	afterIntents := func(run func(context.Context) error) func() error {
+		return func() error {
+			select {
+			case <-resolved:
+			case <-gctx.Done():
+				return nil
+			}
+			return run(gctx)
+		}
+	}
 	// Components that act on the projection start here, one g.Go each.
-	g.Go(func() error { return a.runImageGC(gctx) })
+	g.Go(afterIntents(a.runImageGC))
 	g.Go(func() error { return a.runControl(gctx) })
-	g.Go(func() error { return a.containerGC.Run(gctx) })
-	g.Go(func() error { return a.runLogs(gctx) })
+	g.Go(afterIntents(a.containerGC.Run))
+	g.Go(afterIntents(a.runLogs))
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
