@@ -18,7 +18,9 @@ import (
 
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // readyz returns the agent's /readyz status and body.
@@ -222,5 +224,94 @@ func TestCorruptOutboxAgentRuns(t *testing.T) {
 	logb, _ := os.ReadFile(a.LogFile)
 	if !strings.Contains(string(logb), "outbox cannot be opened: moved it aside") {
 		t.Errorf("no log line for the corrupt outbox:\n%s", a.LogTail(20))
+	}
+}
+
+// perNodeAuthConfig is natsbus/auth_test.go's per-node model for the agent
+// of these tests (cluster default, node test-node): it may publish only its
+// events and the JetStream calls of its publisher, subscribe only to its
+// control subjects and to its own reply inbox _INBOX.default.test-node.>.
+const perNodeAuthConfig = `
+listen: "127.0.0.1:-1"
+server_name: auth-e2e
+jetstream { store_dir: %q }
+accounts {
+  FLEET {
+    jetstream: enabled
+    users: [
+      { nkey: %s, permissions: {
+        publish: { allow: ["gcagent.v1.evt.default.test-node.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT"] }
+        subscribe: { allow: ["gcagent.v1.ctl.default.test-node.>", "gcagent.v1.ctl.default.all.>", "_INBOX.default.test-node.>"] }
+        allow_responses: { max: 1, expires: "1m" }
+      } }
+      { user: reader, password: r3ader, permissions: { publish: ["$JS.API.>"], subscribe: ["_INBOX.>"] } }
+    ]
+    exports: [ { service: "gcagent.v1.ctl.>", response_type: stream } ]
+  }
+  OPS {
+    users: [ { user: ops, password: s3cret } ]
+    imports: [ { service: { account: FLEET, subject: "gcagent.v1.ctl.>" }, share: true } ]
+  }
+}
+`
+
+// TestPerNodeCredentialsEndToEnd: the agent binary with a node's nkey and
+// the per-node authorization config (its replies only on its own inbox
+// prefix) stores its events in JetStream (the acks reach it on
+// _INBOX.default.test-node) and answers an operator's control request,
+// with no permission violation in its log.
+func TestPerNodeCredentialsEndToEnd(t *testing.T) {
+	v := testenv.Versions()[len(testenv.Versions())-1]
+	c := testenv.StartContainerd(t, testenv.Options{Version: v})
+	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	seedFile := filepath.Join(t.TempDir(), "node.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(perNodeAuthConfig, t.TempDir(), pub)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	reader, err := nats.Connect(s.ClientURL(), nats.UserInfo("reader", "r3ader"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reader.Close)
+
+	state := filepath.Join(t.TempDir(), "state")
+	a := testenv.StartAgent(t, c, state, "--nats-url", s.ClientURL(), "--nats-nkey", seedFile,
+		"--maximum-dead-containers-per-container", "0", "--image-gc-high-threshold", "100")
+	natsWaitSynced(t, a)
+	runDead(t, c, "per-node-1")
+	waitRemoved(t, c, "per-node-1")
+	waitDelivered(t, a, reader, []string{"per-node-1"}, 1)
+
+	out, err := exec.Command(testenv.AgentBinary(t), "ctl", "--nats-url", s.ClientURL(), "--nats-user", "ops", "--nats-password", "s3cret",
+		"--node", natsNode, "--timeout", "5s", "status").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"ok":true`) {
+		t.Errorf("operator's ctl status: %v\n%s", err, out)
+	}
+	if logHas(t, a, "Permissions Violation") {
+		t.Errorf("the agent hit a permission violation:\n%s", a.LogTail(30))
 	}
 }
