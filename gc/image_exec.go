@@ -174,7 +174,7 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			continue
 		}
 		// Intent before action: a crash after the delete still gets its event.
-		intent := Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest, Key: ImageRemovalKey(it.Digest, it.FirstSeen),
+		intent := Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest, Key: imageRemovalKey(it.Digest, it.FirstSeen),
 			Data: imageData{ImageOutcome: x.outcome(it, rule, ActionRemoved, rule, "")}}
 		intended := intendDelete(x.pub, intent, x.log)
 		via, err := x.rt.RemoveImage(ctx, it.Digest, names)

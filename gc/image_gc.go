@@ -387,7 +387,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 // through rep: a removal at once (with what rep held), a skip when the pass
 // ends.
 func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log zerolog.Logger) {
-	key := ImageRemovalKey(o.Digest, o.FirstSeen)
+	key := imageRemovalKey(o.Digest, o.FirstSeen)
 	lvl := zerolog.InfoLevel
 	if o.Action == ActionRemoved {
 		pass.Removed = append(pass.Removed, o)

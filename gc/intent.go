@@ -47,8 +47,8 @@ func abandonDelete(pub Publisher, a Action, intended bool, log zerolog.Logger) {
 	}
 }
 
-// ImageRemovalKey is the key of an image removal before its intent makes
+// imageRemovalKey is the key of an image removal before its intent makes
 // it unique: the digest and when the agent first saw the image.
-func ImageRemovalKey(digest string, firstSeen time.Time) string {
+func imageRemovalKey(digest string, firstSeen time.Time) string {
 	return digest + "@" + strconv.FormatInt(firstSeen.UnixNano(), 10)
 }
