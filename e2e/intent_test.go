@@ -66,7 +66,9 @@ func logHas(t *testing.T, a *testenv.Agent, msg string) bool {
 // image deleted by max age, the agent is SIGKILLed right after the delete
 // and before its event is stored (a test hook). After the restart the
 // intent it recorded before the delete is resolved against containerd and
-// the removal is in the stream exactly once. For the image, the same digest
+// the removal is in the stream exactly once. Killed after the intent but
+// before the delete, the restarted agent drops the intent (the container is
+// still there), deletes it and publishes one event. For the image, the same digest
 // is imported again while the agent is down: the restarted agent still
 // counts the first delete (the image it finds is newer than the intent) and
 // deletes the new copy too; the two removals of one digest are two events
@@ -92,6 +94,25 @@ func TestIntentKillBetweenDeleteAndEvent(t *testing.T) {
 			waitEvents(t, a2, nc, "container.removed", "intent-kill-1", 1)
 			if !logHas(t, a2, "delete intent resolved: the object is gone") {
 				t.Errorf("no intent resolution in the log:\n%s", a2.LogTail(30))
+			}
+			a2.Stop()
+		})
+
+		t.Run("container-killed-before-delete", func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "state")
+			flags := []string{"--nats-url", ns.ClientURL(), "--maximum-dead-containers-per-container", "0", "--image-gc-high-threshold", "100"}
+			a := testenv.StartAgentEnv(t, c, state, []string{"GCAGENT_TEST_KILL_AFTER_INTENT=container"}, flags...)
+			natsWaitSynced(t, a)
+			runDead(t, c, "intent-pre-1")
+			waitKilledAfterDelete(t, a, nc, "container.removed", "intent-pre-1")
+			if containerGone(t, c, "intent-pre-1") {
+				t.Fatal("the container was deleted although the agent died right after the intent")
+			}
+			a2 := testenv.StartAgent(t, c, state, flags...)
+			waitRemoved(t, c, "intent-pre-1")
+			waitEvents(t, a2, nc, "container.removed", "intent-pre-1", 1)
+			if !logHas(t, a2, "delete intent resolved: the object is still there, the intent is dropped") {
+				t.Errorf("the intent was not dropped:\n%s", a2.LogTail(30))
 			}
 			a2.Stop()
 		})

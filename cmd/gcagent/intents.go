@@ -27,13 +27,18 @@ import (
 // after the restart.
 const killAfterDeleteEnv = "GCAGENT_TEST_KILL_AFTER_DELETE"
 
+// killAfterIntentEnv is the same test hook one step earlier: SIGKILL right
+// after the intent is recorded, before the delete.
+const killAfterIntentEnv = "GCAGENT_TEST_KILL_AFTER_INTENT"
+
 // natsPublisher adapts the outbox publisher to gc's publisher interfaces.
 // Intend records an intent in the outbox; the next Publish of the same
 // kind, action and subject completes it (the event gets the intent's key),
 // Abandon drops it. It is safe for concurrent use.
 type natsPublisher struct {
-	p         *natsbus.Publisher
-	killAfter string // killAfterDeleteEnv
+	p               *natsbus.Publisher
+	killAfter       string // killAfterDeleteEnv
+	killAfterIntent string // killAfterIntentEnv
 
 	mu      sync.Mutex
 	pending map[string][]natsbus.Intent // by intentKey, oldest first
@@ -45,7 +50,8 @@ var (
 )
 
 func newNATSPublisher(p *natsbus.Publisher) *natsPublisher {
-	return &natsPublisher{p: p, pending: map[string][]natsbus.Intent{}, killAfter: os.Getenv(killAfterDeleteEnv)}
+	return &natsPublisher{p: p, pending: map[string][]natsbus.Intent{},
+		killAfter: os.Getenv(killAfterDeleteEnv), killAfterIntent: os.Getenv(killAfterIntentEnv)}
 }
 
 func intentKey(kind, action, subject string) string { return kind + "\x00" + action + "\x00" + subject }
@@ -55,6 +61,9 @@ func (n *natsPublisher) Intend(a gc.Action) error {
 	in, err := n.p.Intend(natsbus.Action(a))
 	if err != nil {
 		return err
+	}
+	if n.killAfterIntent != "" && n.killAfterIntent == a.Kind {
+		killSelf()
 	}
 	k := intentKey(a.Kind, a.Action, a.Subject)
 	n.mu.Lock()
@@ -92,14 +101,19 @@ func (n *natsPublisher) Abandon(a gc.Action) error {
 // Publish completes a's pending intent with a's data, or publishes a.
 func (n *natsPublisher) Publish(a gc.Action) error {
 	if n.killAfter != "" && n.killAfter == a.Kind && a.Action == "removed" {
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // SIGKILL cannot be caught: the process ends here
+		killSelf()
 	}
 	in, ok := n.take(a)
 	if !ok {
 		return n.p.Publish(natsbus.Action(a))
 	}
 	return n.p.Complete(in, a.Data)
+}
+
+// killSelf is kill -9 of this process, for the test hooks.
+func killSelf() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // SIGKILL cannot be caught: the process ends here
 }
 
 // IntendRemoval records a log removal's intent (logs.RemovalIntender).
