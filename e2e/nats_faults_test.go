@@ -145,6 +145,9 @@ func TestEmbeddedNATSPortTakenAndLocalAuth(t *testing.T) {
 		return ""
 	})
 	t.Logf("embedded server up %s after the port was freed", time.Since(downSince).Round(time.Millisecond))
+	if !logHas(t, a, "embedded NATS server started after retrying") {
+		t.Errorf("the agent did not log the listener coming up:\n%s", a.LogTail(20))
+	}
 	seed := filepath.Join(state, natsbus.LocalNkeyFile)
 	fi, err := os.Stat(seed)
 	if err != nil || fi.Mode().Perm() != 0o600 {
