@@ -355,6 +355,13 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			return r, nil
 		}
 	} else {
+		// Intent before action: a crash after the delete still gets its event.
+		intent := Action{Kind: "container", Action: "removed", Subject: it.ID, Key: key, Data: ContainerRemoval{
+			ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
+			PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image, ExitedAt: it.ExitedAt,
+			EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.opts.Now(),
+		}}
+		intended := intendDelete(e.opts.Publisher, intent, e.log)
 		var err error
 		switch kind {
 		case ContainerKindNative:
@@ -374,6 +381,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			return r, nil
 		}
 		if err != nil {
+			abandonDelete(e.opts.Publisher, intent, intended, e.log)
 			e.opts.Metrics.error("remove")
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)

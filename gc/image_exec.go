@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/projection"
+	"github.com/rs/zerolog"
 )
 
 // Why the image executor did not delete an image the plan named.
@@ -107,6 +108,10 @@ type imageExecutor struct {
 	// emit, if set, is called with each outcome as it happens (for logs,
 	// metrics and events), before execute returns.
 	emit func(ImageOutcome)
+	// pub, when it is an Intender, records an intent before each delete; the
+	// removal's Publish (through emit) completes it. log notes intent errors.
+	pub Publisher
+	log zerolog.Logger
 }
 
 // execute applies plan. Max-age images are all deleted; space images are
@@ -170,7 +175,14 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			skip(ReasonDryRun, "would remove ("+string(rule)+")")
 			continue
 		}
+		// Intent before action: a crash after the delete still gets its event.
+		intent := Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest, Key: imageRemovalKey(it.Digest, it.FirstSeen),
+			Data: imageData{ImageOutcome: x.outcome(it, rule, ActionRemoved, rule, "")}}
+		intended := intendDelete(x.pub, intent, x.log)
 		via, err := x.rt.RemoveImage(ctx, it.Digest, names)
+		if err != nil {
+			abandonDelete(x.pub, intent, intended, x.log)
+		}
 		if errors.Is(err, errImageChanged) {
 			skip(ReasonChanged, err.Error())
 			continue

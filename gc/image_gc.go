@@ -172,7 +172,7 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 	g.trig = imageTrigger{policy: o.Policy, retry: o.Retry, minGap: o.DiskInterval, dryRun: o.DryRun}
 	g.exec = &imageExecutor{
 		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
-		synced: o.Projection.Synced,
+		synced: o.Projection.Synced, pub: o.Publisher, log: o.Log,
 		users: func(digest string) (ids []string) {
 			o.Projection.View(func(s *projection.State) {
 				if img := s.Images[digest]; img != nil {
@@ -393,7 +393,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 // through rep: a removal at once (with what rep held), a skip when the pass
 // ends.
 func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log zerolog.Logger) {
-	key := o.Digest + "@" + strconv.FormatInt(o.FirstSeen.UnixNano(), 10)
+	key := imageRemovalKey(o.Digest, o.FirstSeen)
 	lvl := zerolog.InfoLevel
 	if o.Action == ActionRemoved {
 		pass.Removed = append(pass.Removed, o)

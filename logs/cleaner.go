@@ -297,11 +297,17 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		return nil
 	}
 
+	// Intent before action: a crash after the removal still gets its event.
+	intent := Removal{Kind: d.Kind, Dir: dir, Name: d.Name, Reason: d.Reason, Container: d.Container, UID: d.UID, At: c.now()}
+	intended := !c.cfg.DryRun && c.intendRemoval(ctx, intent)
 	var freed int64
 	if e.Kind == KindPodDir {
 		freed, err = removePodDir(root, dir, e.Name, c.cfg.DryRun)
 	} else {
 		err = removeLink(root, dir, e.Name, c.cfg.DryRun)
+	}
+	if err != nil {
+		c.abandonRemoval(ctx, intent, intended)
 	}
 	if errors.Is(err, errMount) {
 		if t.noted != ReasonMountPoint {

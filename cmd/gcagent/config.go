@@ -76,6 +76,12 @@ type Config struct {
 	NATSTLSCA, NATSTLSCert, NATSTLSKey                     string
 	// EmbeddedNATSListen is where the embedded NATS server listens. Default 127.0.0.1:4222.
 	EmbeddedNATSListen string
+	// EmbeddedNATSMaxStore bounds the embedded server's JetStream store and
+	// the stream in it, so events never fill the disk GC protects. Default 256MiB.
+	EmbeddedNATSMaxStore int64
+	// EmbeddedNATSMaxAge is how long the embedded server's stream keeps
+	// events; at least the duplicate window (the outbox max age, at least 24h). Default 168h.
+	EmbeddedNATSMaxAge time.Duration
 	// NATSStream is the JetStream stream of events. Default GCAGENT_EVT.
 	NATSStream string
 	// NATSNoCreateStream uses the stream as it is instead of ensuring it. Default false.
@@ -120,6 +126,8 @@ func DefaultConfig() Config {
 		NodeName:             host,
 		Cluster:              "default",
 		EmbeddedNATSListen:   "127.0.0.1:4222",
+		EmbeddedNATSMaxStore: DefaultEmbeddedNATSMaxStore,
+		EmbeddedNATSMaxAge:   natsbus.DefaultStreamMaxAge,
 		NATSStream:           natsbus.DefaultStream,
 		OutboxMaxBytes:       natsbus.DefaultMaxBytes,
 		OutboxMaxAge:         natsbus.DefaultMaxAge,
@@ -197,6 +205,17 @@ func (c Config) Validate() error {
 			checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 		}
 	}
+	if c.NATSURL == "" {
+		if err := c.embeddedOptions().Validate(); err != nil {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-listen or --state-dir: %v", err))
+		}
+		if c.EmbeddedNATSMaxStore < minEmbeddedNATSMaxStore {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-max-store %d: must be at least %d (1 MiB)", c.EmbeddedNATSMaxStore, minEmbeddedNATSMaxStore))
+		}
+		if w := max(c.OutboxMaxAge, natsbus.DefaultDuplicateWindow); c.EmbeddedNATSMaxAge < w {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-max-age %s: must be at least the duplicate window %s (the outbox max age, at least 24h)", c.EmbeddedNATSMaxAge, w))
+		}
+	}
 	if err := c.publisherOptions().Validate(); err != nil {
 		checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 	}
@@ -271,6 +290,8 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "node name in NATS subjects and events")
 	natsClientFlags(fs, cfg) // --nats-url (empty: embedded server), auth, --cluster, --nats-stream
 	fs.StringVar(&cfg.EmbeddedNATSListen, "embedded-nats-listen", cfg.EmbeddedNATSListen, "listen address of the embedded NATS server")
+	fs.Int64Var(&cfg.EmbeddedNATSMaxStore, "embedded-nats-max-store", cfg.EmbeddedNATSMaxStore, "bound of the embedded NATS server's JetStream store and stream, in bytes")
+	fs.DurationVar(&cfg.EmbeddedNATSMaxAge, "embedded-nats-max-age", cfg.EmbeddedNATSMaxAge, "how long the embedded NATS server's stream keeps events")
 	fs.BoolVar(&cfg.NATSNoCreateStream, "nats-no-create-stream", cfg.NATSNoCreateStream, "use the stream as it is instead of creating or updating it")
 	fs.Int64Var(&cfg.OutboxMaxBytes, "outbox-max-bytes", cfg.OutboxMaxBytes, "bound of the local outbox of unacked events, in bytes")
 	fs.DurationVar(&cfg.OutboxMaxAge, "outbox-max-age", cfg.OutboxMaxAge, "unacked events older than this are dropped (and logged)")

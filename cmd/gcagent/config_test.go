@@ -55,6 +55,14 @@ func TestParseRun(t *testing.T) {
 		{name: "nested log dirs", args: []string{"--log-dir=/var/log/pods/x"}, wantErr: "invalid log dirs"},
 		{name: "bad log level", args: []string{"--log-level=loud"}, wantErr: "invalid --log-level"},
 		{name: "stray argument", args: []string{"now"}, wantErr: `unexpected argument "now"`},
+		{name: "embedded NATS bounds default", check: func(c Config) bool {
+			po := c.publisherOptions()
+			return c.EmbeddedNATSMaxStore == 256<<20 && po.StreamMaxBytes == 256<<20 && po.StreamMaxAge == 7*24*time.Hour
+		}},
+		{name: "embedded max store too small", args: []string{"--embedded-nats-max-store=1000"}, wantErr: "invalid --embedded-nats-max-store 1000"},
+		{name: "embedded max age below the dedupe window", args: []string{"--embedded-nats-max-age=1h"}, wantErr: "invalid --embedded-nats-max-age 1h"},
+		{name: "embedded bounds ignored with a NATS URL", args: []string{"--nats-url=nats://127.0.0.1:4222", "--embedded-nats-max-store=1"},
+			check: func(c Config) bool { return c.publisherOptions().StreamMaxBytes == 0 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

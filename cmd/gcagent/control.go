@@ -223,6 +223,7 @@ func ctl(ctx context.Context, args []string, env func(string) string, stdout, st
 	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	natsClientFlags(fs, &cfg)
+	localStateDirFlag(fs, &cfg)
 	node := fs.String("node", natsbus.AllNodes, "node to ask, or all")
 	image := fs.String("image", "", "image name or digest (explain)")
 	id := fs.String("id", "", "request id (default random)")

@@ -118,7 +118,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
-	a.bus, a.pub = b, natsPublisher{b.pub}
+	a.bus, a.pub = b, newNATSPublisher(b.pub)
 	// Components that subscribe to the projection are set up before it runs.
 	if err := a.setupImageGC(); err != nil {
 		return err
@@ -151,11 +151,24 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
+	// Delete intents a crash left are resolved before anything deletes.
+	resolved := make(chan struct{})
+	g.Go(func() error { defer close(resolved); return resolveIntents(gctx, b.pub, nodeObjects{cl}, log) })
+	afterIntents := func(run func(context.Context) error) func() error {
+		return func() error {
+			select {
+			case <-resolved:
+			case <-gctx.Done():
+				return nil
+			}
+			return run(gctx)
+		}
+	}
 	// Components that act on the projection start here, one g.Go each.
-	g.Go(func() error { return a.runImageGC(gctx) })
+	g.Go(afterIntents(a.runImageGC))
 	g.Go(func() error { return a.runControl(gctx) })
-	g.Go(func() error { return a.containerGC.Run(gctx) })
-	g.Go(func() error { return a.runLogs(gctx) })
+	g.Go(afterIntents(a.containerGC.Run))
+	g.Go(afterIntents(a.runLogs))
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -199,6 +212,11 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		if note := a.imageFS.Note(); note != "" {
 			// Not a readiness failure: GC measures the filesystem it says.
 			defer fmt.Fprintln(w, "image-fs:", note)
+		}
+		if p := a.bus.problem(); p != "" {
+			// Not a readiness failure either: GC goes on and events wait in
+			// the outbox; only local NATS clients miss them meanwhile.
+			defer fmt.Fprintln(w, "nats: "+p)
 		}
 		if a.bus != nil && a.bus.pub.Mode() == natsbus.ModeCore {
 			// Not a readiness failure: GC goes on; events lose their dedupe.
