@@ -374,7 +374,8 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		r.At = e.opts.Now()
 		if errors.Is(err, errOwnerWon) {
 			// The owner deleted it between our re-check and our delete:
-			// counted, never an error, never retried.
+			// counted, never an error, never retried, and not our removal.
+			abandonDelete(e.opts.Publisher, intent, intended, e.log)
 			e.opts.Metrics.ownerWon(kind)
 			e.event(e.log.Debug(), it, kind).Msg("owner deleted it first")
 			r.Outcome = ContainerGone
