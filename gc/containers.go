@@ -135,12 +135,16 @@ func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) Conta
 // whether a pod, by uid, namespace and name, is still there.
 func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
 	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
-	items := make(map[string]*ContainerItem, len(s.Containers))
+	// Items live in one slice, reached by id: no allocation per container.
+	list := make([]ContainerItem, 0, len(s.Containers))
+	at := make(map[string]int, len(s.Containers))
+	items := itemIndex{list: &list, at: at}
 	units := map[string][]*projection.Container{}
 	var sandboxes []*projection.Container
 	for _, c := range s.Containers {
-		it := p.screen(c, now)
-		items[c.ID] = &it
+		at[c.ID] = len(list)
+		list = append(list, p.screen(c, now))
+		it := &list[len(list)-1]
 		switch {
 		case !it.EligibleAt.IsZero():
 			earliest(&plan.NextEligible, it.EligibleAt)
@@ -165,47 +169,53 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 			all := slices.Concat(slices.Collect(maps.Values(units))...)
 			slices.SortFunc(all, func(a, b *projection.Container) int { return byAge(b, a) })
 			for _, c := range all[p.MaxContainers:] {
-				items[c.ID].Reason = ReasonGlobalCap
+				items.get(c.ID).Reason = ReasonGlobalCap
 			}
 		}
 	}
 	for _, u := range units {
 		for _, c := range u {
-			if items[c.ID].Reason == "" {
-				items[c.ID].Reason = ReasonWithinCap
+			if it := items.get(c.ID); it.Reason == "" {
+				it.Reason = ReasonWithinCap
 			}
 		}
 	}
 
-	// One index of the pods' containers and newest sandboxes, so a pass
-	// is linear in the containers, not sandboxes times containers.
+	// One index of the pods' containers (by sandbox id and by pod uid) and
+	// newest sandboxes, so a pass is linear in the containers, not
+	// sandboxes times containers.
 	type pod struct {
 		containers, kept []string
 		newest           *projection.Container
 	}
-	pods := map[string]*pod{}
-	podOf := func(uid string) *pod {
-		if pods[uid] == nil {
-			pods[uid] = &pod{}
+	bySandbox, byUID := map[string]*pod{}, map[string]*pod{}
+	podOf := func(m map[string]*pod, key string) *pod {
+		pd := m[key]
+		if pd == nil {
+			pd = &pod{}
+			m[key] = pd
 		}
-		return pods[uid]
+		return pd
 	}
 	for _, c := range s.Containers {
 		switch c.CRIKind {
 		case projection.KindContainer:
-			for _, key := range []string{"sb:" + c.SandboxID, "uid:" + c.PodUID} {
-				if key == "sb:" || key == "uid:" {
-					continue
+			kept := !removes(items.get(c.ID).Reason)
+			add := func(m map[string]*pod, key string) {
+				if key == "" {
+					return
 				}
-				pd := podOf(key)
+				pd := podOf(m, key)
 				pd.containers = append(pd.containers, c.ID)
-				if !removes(items[c.ID].Reason) {
+				if kept {
 					pd.kept = append(pd.kept, c.ID)
 				}
 			}
+			add(bySandbox, c.SandboxID)
+			add(byUID, c.PodUID)
 		case projection.KindSandbox:
 			if c.PodUID != "" {
-				pd := podOf("uid:" + c.PodUID)
+				pd := podOf(byUID, c.PodUID)
 				if pd.newest == nil || byCreation(c, pd.newest) > 0 {
 					pd.newest = c
 				}
@@ -213,18 +223,19 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 		}
 	}
 	for _, sb := range sandboxes {
-		it := items[sb.ID]
+		it := items.get(sb.ID)
 		it.Reason = ReasonSandboxOrphaned
 		var kept, all []string
-		for _, key := range []string{"sb:" + sb.ID, "uid:" + sb.PodUID} {
-			if pd := pods[key]; pd != nil && key != "uid:" {
-				kept, all = append(kept, pd.kept...), append(all, pd.containers...)
-			}
+		var newest *projection.Container
+		if pd := bySandbox[sb.ID]; pd != nil {
+			kept, all = append(kept, pd.kept...), append(all, pd.containers...)
+		}
+		if pd := byUID[sb.PodUID]; pd != nil && sb.PodUID != "" {
+			kept, all, newest = append(kept, pd.kept...), append(all, pd.containers...), pd.newest
 		}
 		if len(kept) > 0 {
 			it.Reason, it.Containers = ReasonPodHasContainers, kept
-		} else if sb.PodUID != "" && pods["uid:"+sb.PodUID].newest == sb &&
-			(len(all) > 0 || (podKept != nil && podKept(sb.PodUID, sb.PodNamespace, sb.PodName))) {
+		} else if newest == sb && (len(all) > 0 || (podKept != nil && podKept(sb.PodUID, sb.PodNamespace, sb.PodName))) {
 			it.Reason, it.Containers = ReasonNewestSandbox, all
 		}
 		slices.Sort(it.Containers)
@@ -232,21 +243,30 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 	}
 
 	var remove []*projection.Container
-	for _, id := range slices.Sorted(maps.Keys(items)) {
-		if removes(items[id].Reason) {
-			remove = append(remove, s.Containers[id])
+	for i := range list {
+		if removes(list[i].Reason) {
+			remove = append(remove, s.Containers[list[i].ID])
 		} else {
-			plan.Keep = append(plan.Keep, *items[id])
+			plan.Keep = append(plan.Keep, list[i])
 		}
 	}
+	slices.SortFunc(plan.Keep, func(a, b ContainerItem) int { return strings.Compare(a.ID, b.ID) })
 	slices.SortFunc(remove, func(a, b *projection.Container) int {
 		return cmp.Or(cmp.Compare(sandboxLast(a), sandboxLast(b)), byAge(a, b))
 	})
 	for _, c := range remove {
-		plan.Remove = append(plan.Remove, *items[c.ID])
+		plan.Remove = append(plan.Remove, *items.get(c.ID))
 	}
 	return plan
 }
+
+// itemIndex reaches a plan's items by container id.
+type itemIndex struct {
+	list *[]ContainerItem
+	at   map[string]int
+}
+
+func (x itemIndex) get(id string) *ContainerItem { return &(*x.list)[x.at[id]] }
 
 // screen describes c and gives the reason it is kept whatever the caps:
 // running, never started, excluded by the prune mode, or too young; the
@@ -309,11 +329,11 @@ func (p ContainerPolicy) screenPlain(c *projection.Container, now time.Time, it 
 
 // capUnits keeps the newest n of each unit (sorted newest first) and marks
 // the rest with r.
-func capUnits(units map[string][]*projection.Container, n int, r Reason, items map[string]*ContainerItem) {
+func capUnits(units map[string][]*projection.Container, n int, r Reason, items itemIndex) {
 	for key, u := range units {
 		if len(u) > n {
 			for _, c := range u[n:] {
-				items[c.ID].Reason = r
+				items.get(c.ID).Reason = r
 			}
 			units[key] = u[:n]
 		}
