@@ -110,7 +110,7 @@ func splitJSONFlag(args []string) ([]string, bool, error) {
 // buildPlan lists containerd and plans against it.
 func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	doc := planDoc{At: time.Now().UTC(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS}
-	cl, err := client.New(cfg.ContainerdAddress, client.WithDefaultNamespace(cfg.Namespace), client.WithTimeout(10*time.Second))
+	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithDefaultNamespace(cfg.Namespace), client.WithTimeout(10*time.Second))...)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
 	}

@@ -46,6 +46,9 @@ type agent struct {
 	live    *projection.Live
 	source  *events.Source
 	runtime gc.Runtime
+	// version asks containerd for its version: the /readyz probe that it
+	// answers, not only that its socket is open.
+	version func(context.Context) (client.Version, error)
 	// imageFS is the filesystem image GC measures (--image-fs, or CRI's).
 	imageFS *gc.ImageFS
 	pub     gc.Publisher
@@ -86,7 +89,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	// client.New does not dial: containerd may come later, and the Source
 	// retries until it does.
-	cl, err := client.New(cfg.ContainerdAddress, client.WithDefaultNamespace(cfg.Namespace))
+	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithDefaultNamespace(cfg.Namespace))...)
 	if err != nil {
 		return fmt.Errorf("containerd client: %w", err)
 	}
@@ -111,6 +114,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	})
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{},
 		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
+	a.version = cl.Version
 	a.imageFS = gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
 
 	b, err := a.startNATS()
@@ -201,10 +205,14 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		var problems []string
 		if !a.source.Connected() {
 			problems = append(problems, "containerd: not connected")
+		} else if err := a.containerdAnswers(r.Context()); err != nil {
+			// Connected but not answering (stopped, overloaded): GC calls
+			// time out meanwhile; ready again as soon as it answers.
+			problems = append(problems, "containerd: not answering: "+err.Error())
 		}
 		if !a.live.Synced() {
 			problems = append(problems, "projection: not synced")
@@ -252,4 +260,19 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		_ = enc.Encode(doc)
 	})
 	return mux
+}
+
+// readyProbeTimeout bounds /readyz's call to containerd.
+const readyProbeTimeout = 2 * time.Second
+
+// containerdAnswers reports whether containerd answers a Version call
+// within readyProbeTimeout.
+func (a *agent) containerdAnswers(ctx context.Context) error {
+	if a.version == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyProbeTimeout)
+	defer cancel()
+	_, err := a.version(ctx)
+	return err
 }
