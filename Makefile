@@ -41,7 +41,7 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 	$(GO) test -count=1 -timeout 30m ./...
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./projection/ ./gc/ ./logs/ ./natsbus/ ./cmd/...
+	$(GO) test -count=1 ./events/ ./projection/ ./gc/ ./logs/ ./natsbus/ ./cmd/... ./deploy/ ./internal/ociimage/
 
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 30m -v ./e2e/
