@@ -126,6 +126,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err := a.setupLogs(); err != nil {
 		return err
 	}
+	reg.MustRegister(newOpsCollector(a))
 	boot := time.Now().UTC()
 	_ = a.pub.Publish(a.startedAction(boot))
 
