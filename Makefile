@@ -49,7 +49,7 @@ e2e: deps image ## run only the end-to-end tests
 bench: deps ## run the benchmarks (reducer, reconcile over the real API) and print figures
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./projection/ ./e2e/ ./natsbus/
 
-demo: deps ## private containerd + agent + scripted workload, with the agent's live view printed
+demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/
 
 lint: ## gofmt and go vet
