@@ -44,8 +44,8 @@ func TestDemo(t *testing.T) {
 	high, low := base+15, base+5
 	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--nats-url", ns.ClientURL(),
 		fmt.Sprintf("--image-gc-high-threshold=%d", high), fmt.Sprintf("--image-gc-low-threshold=%d", low),
-		"--minimum-image-ttl-duration=2s", "--minimum-container-ttl-duration=2s",
-		"--maximum-dead-containers-per-container=0", "--pod-log-grace=2s", "--keep-image=example.test/keep:*",
+		"--minimum-image-ttl-duration=2s", "--minimum-container-ttl-duration=2s", "--uncollected-exit-grace=2s",
+		"--pod-log-grace=2s", "--keep-image=example.test/keep:*",
 		"--heartbeat-interval=2s")
 
 	watchOut := filepath.Join(t.TempDir(), "watch.out")
@@ -127,7 +127,7 @@ func TestDemo(t *testing.T) {
 		}
 		return ""
 	})
-	step("a CRI pod runs web; a plain containerd job exited and was pruned 2s (its TTL) later", "container.removed", "nightly-job")
+	step("a CRI pod runs web; a plain containerd job exited; nobody collected it for 2s (--uncollected-exit-grace), then its 2s TTL passed: pruned", "container.removed", "nightly-job")
 
 	link := danglingLog(t, c, "batch", "5e1f0a9b7c3d2e10")
 	testenv.Eventually(t, 30*time.Second, func() string {

@@ -284,7 +284,7 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 		}
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--nats-url", ns.ClientURL(),
 			"--image-gc-high-threshold", "1", "--image-gc-low-threshold", "0",
-			"--minimum-image-ttl-duration", "0s", "--maximum-dead-containers-per-container", "0",
+			"--minimum-image-ttl-duration", "0s", "--uncollected-exit-grace", "1s",
 			"--pod-log-grace", "1s", "--heartbeat-interval", "1s")
 		natsWaitSynced(t, a)
 
@@ -546,7 +546,7 @@ func TestNATSOutageAndKill9(t *testing.T) {
 	url := ns.ClientURL()
 	nc := natsConn(t, url)
 	state := filepath.Join(t.TempDir(), "state")
-	flags := []string{"--nats-url", url, "--maximum-dead-containers-per-container", "0",
+	flags := []string{"--nats-url", url, "--uncollected-exit-grace", "1s",
 		"--image-gc-high-threshold", "100", "--heartbeat-interval", "1s"}
 	a := testenv.StartAgent(t, c, state, flags...)
 	natsWaitSynced(t, a)

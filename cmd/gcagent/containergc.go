@@ -17,6 +17,8 @@ func (c Config) containerPolicy() gc.ContainerPolicy {
 		MaxPerEvictUnit: c.MaxDeadPerContainer,
 		MaxContainers:   c.MaxDeadContainers,
 		Prune:           gc.PruneMode(c.PruneContainers),
+
+		UncollectedGrace: c.UncollectedExitGrace,
 	}
 }
 
