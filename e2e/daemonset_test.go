@@ -199,13 +199,13 @@ func TestDaemonSetAsCRIPod(t *testing.T) {
 		}
 		metricsAddr := testenv.FreeAddr(t)
 		overrides := map[string]string{
-			"GCAGENT_METRICS_ADDRESS":                       metricsAddr, // 9617 may be taken on this machine
-			"GCAGENT_NATS_URL":                              ns.ClientURL(),
-			"GCAGENT_IMAGE_GC_HIGH_THRESHOLD":               strconv.Itoa(high),
-			"GCAGENT_IMAGE_GC_LOW_THRESHOLD":                strconv.Itoa(low),
-			"GCAGENT_MINIMUM_IMAGE_TTL_DURATION":            "0s",
-			"GCAGENT_MAXIMUM_DEAD_CONTAINERS_PER_CONTAINER": "0",
-			"GCAGENT_POD_LOG_GRACE":                         "1s", // a link of an unknown container waits this long
+			"GCAGENT_METRICS_ADDRESS":            metricsAddr, // 9617 may be taken on this machine
+			"GCAGENT_NATS_URL":                   ns.ClientURL(),
+			"GCAGENT_IMAGE_GC_HIGH_THRESHOLD":    strconv.Itoa(high),
+			"GCAGENT_IMAGE_GC_LOW_THRESHOLD":     strconv.Itoa(low),
+			"GCAGENT_MINIMUM_IMAGE_TTL_DURATION": "0s",
+			"GCAGENT_UNCOLLECTED_EXIT_GRACE":     "1s", // nobody collects the job's exit here
+			"GCAGENT_POD_LOG_GRACE":              "1s", // a link of an unknown container waits this long
 		}
 		for k, v := range overrides {
 			if _, ok := env[k]; !ok {

@@ -196,7 +196,7 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	}
 	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
 		"--image-gc-high-threshold="+strconv.Itoa(u1), "--image-gc-low-threshold="+strconv.Itoa((u0+u1)/2),
-		"--minimum-image-ttl-duration=0s", "--maximum-dead-containers-per-container=0", "--pod-log-grace=1s")
+		"--minimum-image-ttl-duration=0s", "--uncollected-exit-grace=1s", "--pod-log-grace=1s")
 	natsWaitSynced(t, a)
 	task, err := job.NewTask(c.Ctx(), cio.NullIO)
 	if err == nil {
