@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -147,4 +149,18 @@ func TestLoopHealth(t *testing.T) {
 	}
 	close(block)
 	waitFor(t, "healthy after the read answers", func() bool { return h.check() == nil })
+}
+
+// TestVersionCommand: `gcagent version` names the version, the commit and
+// the Go version, as stamped by -ldflags.
+func TestVersionCommand(t *testing.T) {
+	defer func(v, c string) { version, commit = v, c }(version, commit)
+	version, commit = "v9.8.7", "0123abc"
+	var out strings.Builder
+	if err := dispatch(context.Background(), []string{"version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := out.String(), "gcagent v9.8.7 commit 0123abc "+runtime.Version()+"\n"; got != want {
+		t.Errorf("version printed %q, want %q", got, want)
+	}
 }
