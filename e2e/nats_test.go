@@ -346,7 +346,7 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 		}
 		r, err = natsbus.Request(ctx, caller, natsCluster, natsNode, natsbus.VerbExplain, natsbus.RequestOptions{ID: "ex-1",
 			Args: natsbus.ExplainArgs{Image: "example.test/keep:1"}})
-		if err != nil || !r.OK || !strings.Contains(string(r.Data), `"decision":"keep"`) || !strings.Contains(string(r.Data), `"reason":"in-use"`) {
+		if err != nil || !r.OK || !strings.Contains(string(r.Data), `"decision":"keep"`) || !strings.Contains(string(r.Data), `"reason":"in-use-by-snapshot"`) {
 			t.Errorf("explain of the image in use: %+v %v", r, err)
 		}
 		r, err = natsbus.Request(ctx, caller, natsCluster, natsNode, natsbus.VerbPlan, natsbus.RequestOptions{ID: "pl-1"})

@@ -98,7 +98,13 @@ func ctrLoop(t *testing.T, bin string, c *testenv.Containerd, prefix string, n i
 // container's own status and output and prints nothing on stderr but what
 // the control runs without the agent printed too (ctr 2.3 warns that cgroup
 // v1 is deprecated on every call here); a detached run starts cleanly.
-func checkClientSaw(t *testing.T, runs []ctrRun, control map[string]bool) {
+//
+// ctr 1.6 itself sometimes loses a foreground container's output when the
+// process exits at once (seen in the control runs, without any agent).
+// When the control lost some, a run beside the agent may lose it too;
+// what the agent could cause, a task deleted under the client, shows as
+// exit status 1 and an error on stderr, which are never tolerated.
+func checkClientSaw(t *testing.T, runs []ctrRun, control map[string]bool, lostOK bool) (lost int) {
 	t.Helper()
 	bad := 0
 	for _, r := range runs {
@@ -114,7 +120,12 @@ func checkClientSaw(t *testing.T, runs []ctrRun, control map[string]bool) {
 		}
 		ok := r.code == want && len(extra) == 0
 		if r.mode != "detached" && r.stdout != "out-"+r.id+"\n" {
-			ok = false
+			if r.stdout == "" {
+				lost++
+			}
+			if r.stdout != "" || !lostOK {
+				ok = false
+			}
 		}
 		if !ok {
 			bad++
@@ -126,6 +137,7 @@ func checkClientSaw(t *testing.T, runs []ctrRun, control map[string]bool) {
 	if bad > 0 {
 		t.Errorf("%d of %d ctr runs saw something else than without the agent", bad, len(runs))
 	}
+	return lost
 }
 
 var logTime = regexp.MustCompile(`time="[^"]*" `)
@@ -165,7 +177,7 @@ func TestOwnerClientsUndisturbed(t *testing.T) {
 		// Control: the same loop with no agent.
 		control := ctrLoop(t, bin, c, "ctl", n)
 		seen := stderrLines(control)
-		checkClientSaw(t, control, seen)
+		lostControl := checkClientSaw(t, control, seen, true)
 		for _, r := range control {
 			if r.mode == "rm" {
 				continue
@@ -188,7 +200,8 @@ func TestOwnerClientsUndisturbed(t *testing.T) {
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--uncollected-exit-grace="+grace.String())
 		waitSynced(t, a)
 		runs := ctrLoop(t, bin, c, "run", n)
-		checkClientSaw(t, runs, seen)
+		lost := checkClientSaw(t, runs, seen, lostControl > 0)
+		t.Logf("ctr lost a foreground output %d times without the agent, %d times beside it", lostControl, lost)
 
 		// Every container is deleted: --rm ones by ctr itself, the others by
 		// the agent, each within 3 s of its owner being done.

@@ -141,3 +141,41 @@ func TestKeepPatternsMatchNormalizedNames(t *testing.T) {
 		}
 	}
 }
+
+// TestNewestSandboxKeptWhilePodLogDirExists: with --prune-containers=all,
+// a pod with no container left loses its newest sandbox only when podKept
+// says the pod is gone (the kubelet removed its log dir); older sandboxes
+// of the same pod go either way.
+func TestNewestSandboxKeptWhilePodLogDirExists(t *testing.T) {
+	s := build(flat(
+		sandbox(0, "old", "u1"), start(0, "old"), exit(time.Minute, "old"),
+		sandbox(2*time.Minute, "new", "u1"), start(2*time.Minute, "new"), exit(3*time.Minute, "new"),
+	)...)
+	p := ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll}
+	for _, tt := range []struct {
+		name   string
+		kept   bool
+		remove []string
+		keep   []string
+	}{
+		{"log dir exists", true, []string{"old sandbox-orphaned"}, []string{"new newest-sandbox"}},
+		{"log dir gone", false, []string{"old sandbox-orphaned", "new sandbox-orphaned"}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var asked []string
+			plan := PlanContainersWith(s, p, at(time.Hour), func(uid, ns, name string) bool {
+				asked = append(asked, ns+"/"+name+"/"+uid)
+				return tt.kept
+			})
+			if got := containerSummary(plan.Remove); !slices.Equal(got, tt.remove) {
+				t.Errorf("remove %q, want %q", got, tt.remove)
+			}
+			if got := containerSummary(plan.Keep); !slices.Equal(got, tt.keep) {
+				t.Errorf("keep %q, want %q", got, tt.keep)
+			}
+			if !slices.Equal(asked, []string{"default/pod-u1/u1"}) {
+				t.Errorf("asked about %q, want only the newest sandbox's pod", asked)
+			}
+		})
+	}
+}

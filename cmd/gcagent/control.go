@@ -81,7 +81,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	a.live.View(func(s *projection.State) {
 		p.Synced = s.Synced
 		p.Images = gc.PlanImages(s, disk, a.imagePolicy(), now)
-		p.Containers = gc.PlanContainers(s, a.cfg.containerPolicy(), now)
+		p.Containers = gc.PlanContainersWith(s, a.cfg.containerPolicy(), now, podLogDirExists(a.cfg.PodLogDir))
 	})
 	return p, nil
 }

@@ -154,7 +154,7 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	}
 	doc.Images = gc.PlanImages(state, disk, p, doc.At)
 	doc.ContainerPolicy = cfg.containerPolicy()
-	doc.Containers = gc.PlanContainers(state, doc.ContainerPolicy, doc.At)
+	doc.Containers = gc.PlanContainersWith(state, doc.ContainerPolicy, doc.At, podLogDirExists(cfg.PodLogDir))
 	doc.LogsConfig = cfg.logsConfig()
 	if doc.Logs, err = planLogs(cfg, state); err != nil {
 		return doc, err
