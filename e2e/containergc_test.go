@@ -345,13 +345,18 @@ func TestContainerGCCRIPods(t *testing.T) {
 		batch := c.RunPod(t, rt, "batch", "default", "2b9d1e44-batch")
 		once := c.RunPodContainerAttempt(t, rt, batch, "once", 0, gcImage, "true")
 		waitCRIExited(t, c, rt, once)
-		// The kubelet deletes the finished pod: it removes the containers
-		// and stops the sandbox; removing the sandbox is left to GC.
+		// The kubelet deletes the finished pod: it removes the containers,
+		// stops the sandbox and removes the pod's log dir; removing the
+		// sandbox is left to GC (a pod whose log dir is still there keeps
+		// its newest sandbox).
 		ctx := c.Ctx()
 		if _, err := rt.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: once}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := rt.StopPodSandbox(ctx, &runtime.StopPodSandboxRequest{PodSandboxId: batch.SandboxID}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(batch.LogDir); err != nil {
 			t.Fatal(err)
 		}
 

@@ -100,10 +100,12 @@ func ctrLoop(t *testing.T, bin string, c *testenv.Containerd, prefix string, n i
 // v1 is deprecated on every call here); a detached run starts cleanly.
 //
 // ctr 1.6 itself sometimes loses a foreground container's output when the
-// process exits at once (seen in the control runs, without any agent).
-// When the control lost some, a run beside the agent may lose it too;
-// what the agent could cause, a task deleted under the client, shows as
-// exit status 1 and an error on stderr, which are never tolerated.
+// process exits at once: seen in the control runs without any agent (2 of
+// 100 once, 0 of 100 the next time), about as often beside it. So with ctr
+// 1.6 an empty stdout is tolerated (and counted); a different output never
+// is. What the agent could cause, a task deleted under the client before it
+// read the status, shows as exit status 1 and an error on stderr, which are
+// never tolerated.
 func checkClientSaw(t *testing.T, runs []ctrRun, control map[string]bool, lostOK bool) (lost int) {
 	t.Helper()
 	bad := 0
@@ -200,7 +202,7 @@ func TestOwnerClientsUndisturbed(t *testing.T) {
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--uncollected-exit-grace="+grace.String())
 		waitSynced(t, a)
 		runs := ctrLoop(t, bin, c, "run", n)
-		lost := checkClientSaw(t, runs, seen, lostControl > 0)
+		lost := checkClientSaw(t, runs, seen, lostControl > 0 || v == testenv.V16)
 		t.Logf("ctr lost a foreground output %d times without the agent, %d times beside it", lostControl, lost)
 
 		// Every container is deleted: --rm ones by ctr itself, the others by

@@ -39,6 +39,11 @@ type ContainerPolicy struct {
 	UncollectedGrace time.Duration
 }
 
+// PodRecheck is how often a sandbox kept only because its pod's log dir
+// exists is looked at again: the kubelet removes that dir without any
+// containerd event.
+const PodRecheck = 5 * time.Second
+
 // DefaultUncollectedGrace is UncollectedGrace's default.
 const DefaultUncollectedGrace = 10 * time.Second
 
@@ -237,8 +242,12 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 		}
 		if len(kept) > 0 {
 			it.Reason, it.Containers = ReasonPodHasContainers, kept
-		} else if newest == sb && (len(all) > 0 || (podKept != nil && podKept(sb.PodUID, sb.PodNamespace, sb.PodName))) {
+		} else if newest == sb && len(all) > 0 {
 			it.Reason, it.Containers = ReasonNewestSandbox, all
+		} else if newest == sb && podKept != nil && podKept(sb.PodUID, sb.PodNamespace, sb.PodName) {
+			// The pod's log dir goes without a projection change: look again.
+			it.Reason = ReasonNewestSandbox
+			earliest(&plan.NextEligible, now.Add(PodRecheck))
 		}
 		slices.Sort(it.Containers)
 		it.Containers = slices.Compact(it.Containers)

@@ -176,6 +176,9 @@ func TestNewestSandboxKeptWhilePodLogDirExists(t *testing.T) {
 			if !slices.Equal(asked, []string{"default/pod-u1/u1"}) {
 				t.Errorf("asked about %q, want only the newest sandbox's pod", asked)
 			}
+			if want := at(time.Hour).Add(PodRecheck); tt.kept && !plan.NextEligible.Equal(want) {
+				t.Errorf("next look %v, want %v: the log dir goes without an event", plan.NextEligible, want)
+			}
 		})
 	}
 }

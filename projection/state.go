@@ -96,6 +96,9 @@ type Container struct {
 	RootChain      string   `json:"rootChain,omitempty"`
 	VolumeImageIDs []string `json:"volumeImageIDs,omitempty"`
 	VolumeChains   []string `json:"volumeChains,omitempty"`
+	// RootKey is the use key of the image the rootfs runs, chosen when the
+	// container is upserted (see rootKey).
+	RootKey string `json:"rootKey,omitempty"`
 	// RestartManaged: a restart policy wants it running.
 	RestartManaged bool `json:"restartManaged,omitempty"`
 	// CollectedAt is when the task of the last run was deleted, by its
@@ -114,20 +117,12 @@ const (
 	keyChain  = "chain:"
 )
 
-// UseKeys returns the keys by which c holds images: the CRI image id and
-// the chain its rootfs was prepared from (the target its name resolved to
-// when neither is known), plus its image volumes. An image is in use when
-// any of its keys is held.
+// UseKeys returns the keys by which c holds images: its RootKey, plus its
+// image volumes. An image is in use when any of its keys is held.
 func (c *Container) UseKeys() []string {
 	var keys []string
-	if c.ImageID != "" {
-		keys = append(keys, keyConfig+c.ImageID)
-	}
-	if c.RootChain != "" {
-		keys = append(keys, keyChain+c.RootChain)
-	}
-	if len(keys) == 0 && c.ImageDigest != "" {
-		keys = append(keys, c.ImageDigest)
+	if c.RootKey != "" {
+		keys = append(keys, c.RootKey)
 	}
 	for _, v := range c.VolumeImageIDs {
 		keys = append(keys, keyConfig+v)
@@ -136,6 +131,24 @@ func (c *Container) UseKeys() []string {
 		keys = append(keys, keyChain+v)
 	}
 	return keys
+}
+
+// rootKey picks the key of the image c's rootfs runs: CRI's image id
+// (exact); else the target its name resolved to when that image's top layer
+// is the rootfs snapshot's parent (the name still says what it runs); else,
+// when the name moved or is unknown, the parent chain itself, which holds
+// every image with that top layer; else the name's target.
+func (s *State) rootKey(c *Container) string {
+	switch {
+	case c.ImageID != "":
+		return keyConfig + c.ImageID
+	case c.RootChain != "":
+		if img := s.Images[c.ImageDigest]; img != nil && img.ChainID == c.RootChain {
+			return c.ImageDigest
+		}
+		return keyChain + c.RootChain
+	}
+	return c.ImageDigest
 }
 
 // keys are the use keys that name img.
@@ -335,6 +348,7 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	if e.VolumeChains != nil {
 		c.VolumeChains = e.VolumeChains
 	}
+	c.RootKey = s.rootKey(c)
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
 	c.RestartManaged = e.RestartManaged
 	c.op(e.At)

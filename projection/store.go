@@ -196,4 +196,10 @@ func (s *State) fill() {
 		}
 	}
 	s.reindex()
+	// States written before RootKey existed: the key their Users hold.
+	for _, c := range s.Containers {
+		if c.RootKey == "" {
+			c.RootKey = s.rootKey(c)
+		}
+	}
 }
