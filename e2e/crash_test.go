@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -196,59 +197,98 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 	junk := map[string]string{} // name -> digest of every unprotected image imported
 	var dead []string           // unprotected containers
 	var logPaths []string       // dangling links and orphaned pod dirs
+	// work adds two unused images, two plain containers that exit and a
+	// dangling log symlink (and every fifth time an orphaned pod log dir),
+	// in a random order, so that what is made last, right before a kill,
+	// varies.
 	work := func(i int) {
-		// Bound what waits: a run of early kills must not fill the tmpfs.
-		pending := 0
-		for name := range junk {
-			if !imageGone(t, c, name) {
-				pending++
-			}
+		steps := []func(){
+			func() {
+				// Bound what waits: a run of early kills must not fill the tmpfs.
+				pending := 0
+				for name := range junk {
+					if !imageGone(t, c, name) {
+						pending++
+					}
+				}
+				if pending >= 12 {
+					return
+				}
+				var imgs []testenv.Image
+				for k := range 2 {
+					name := fmt.Sprintf("example.test/junk-%d-%d:1", i, k)
+					imgs = append(imgs, testenv.Image{Name: name, Layers: []testenv.Layer{{Seed: fmt.Sprintf("crash-%s-junk-%d-%d", v, i, k), Size: 1 << 20}}})
+				}
+				for _, r := range c.Import(t, imgs...) {
+					junk[r.Name] = r.Target.Digest.String()
+					addAlias(r.Name, junk[r.Name])
+				}
+			},
+			func() {
+				for k := range 2 {
+					id := fmt.Sprintf("dead-%d-%d", i, k)
+					c.RunNative(t, id, "keep.test/job:1", "true")
+					dead = append(dead, id)
+				}
+			},
+			func() {
+				logPaths = append(logPaths, danglingLog(t, c, fmt.Sprintf("crash%d", i), fmt.Sprintf("%016x", 0xdead0000+i)))
+				if i%5 == 0 {
+					dir := filepath.Join(c.PodLogDir, fmt.Sprintf("default_gone%d_%08d-uid", i, i))
+					mustWrite(t, filepath.Join(dir, "app", "0.log"), "bye\n")
+					logPaths = append(logPaths, dir)
+				}
+			},
 		}
-		if pending < 8 {
-			name := fmt.Sprintf("example.test/junk-%d:1", i)
-			r := c.Import(t, testenv.Image{Name: name, Layers: []testenv.Layer{{Seed: fmt.Sprintf("crash-%s-junk-%d", v, i), Size: 1 << 20}}})
-			junk[name] = r[0].Target.Digest.String()
-			addAlias(name, junk[name])
-		}
-		id := fmt.Sprintf("dead-%d", i)
-		c.RunNative(t, id, "keep.test/job:1", "true")
-		dead = append(dead, id)
-		logPaths = append(logPaths, danglingLog(t, c, fmt.Sprintf("crash%d", i), fmt.Sprintf("%016x", 0xdead0000+i)))
-		if i%5 == 0 {
-			dir := filepath.Join(c.PodLogDir, fmt.Sprintf("default_gone%d_%08d-uid", i, i))
-			mustWrite(t, filepath.Join(dir, "app", "0.log"), "bye\n")
-			logPaths = append(logPaths, dir)
+		rng.Shuffle(len(steps), func(a, b int) { steps[a], steps[b] = steps[b], steps[a] })
+		for _, step := range steps {
+			step()
 		}
 	}
 
 	start := time.Now()
 	var lived []time.Duration
+	modes := map[string]int{}
+	ms := func(n int) time.Duration { return time.Duration(rng.IntN(n)) * time.Millisecond }
 	for i := range iterations {
-		workFirst := rng.IntN(3) == 0
-		before := time.Duration(rng.IntN(400)) * time.Millisecond
-		after := time.Duration(rng.IntN(700)) * time.Millisecond
-		if workFirst {
-			work(i)
-		}
-		a := testenv.StartAgent(t, c, state, flags...)
-		began := time.Now()
 		// The sleeps are the random moment of the kill, not a wait for a result.
-		time.Sleep(before)
-		if !workFirst {
+		var a *testenv.Agent
+		var began time.Time
+		startAgent := func() { a, began = testenv.StartAgent(t, c, state, flags...), time.Now() }
+		switch mode := rng.IntN(3); mode {
+		case 0: // work made while the agent is down: killed during startup, listing or the first passes
+			modes["work-while-down"]++
 			work(i)
+			startAgent()
+			time.Sleep(ms(800))
+		case 1: // killed right after the work: during the image pass or the log removal it starts
+			modes["kill-right-after-work"]++
+			startAgent()
+			time.Sleep(ms(300))
+			work(i)
+			time.Sleep(ms(150))
+		case 2: // killed around the plain containers' eligibility (exit + 1 s grace)
+			modes["kill-near-container-eligibility"]++
+			startAgent()
+			time.Sleep(ms(300))
+			work(i)
+			time.Sleep(800*time.Millisecond + ms(700))
 		}
-		time.Sleep(after)
 		if a.Exited(0) {
 			t.Fatalf("iteration %d: the agent exited by itself:\n%s", i, a.LogTail(30))
 		}
 		a.Kill()
 		lived = append(lived, time.Since(began))
 	}
+	t.Logf("kill schedules: %v", modes)
 	sort.Slice(lived, func(i, j int) bool { return lived[i] < lived[j] })
 	imgs, ctrs, _ := deletes.snapshot()
 	t.Logf("%d kills in %s (agent lived %s..%s, median %s); so far containerd deleted %d images, %d containers",
 		iterations, time.Since(start).Round(time.Millisecond), lived[0].Round(time.Millisecond),
 		lived[len(lived)-1].Round(time.Millisecond), lived[len(lived)/2].Round(time.Millisecond), len(imgs), len(ctrs))
+
+	hits := crashHits(t, state)
+	t.Logf("where the kills landed (from the agents' logs): %v", hits)
 
 	// Settle: one more agent finishes the work and delivers every event.
 	settle := time.Now()
@@ -392,4 +432,30 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 	check("log.removed", gonePaths)
 	t.Logf("%d images, %d containers and %d log entries removed, each in the stream once", len(deletedDigests), len(ctrs), len(gonePaths))
 	a.Stop()
+}
+
+// crashHits counts, in the logs of every agent that ran on stateDir, the
+// kills that left a delete intent behind (resolved by the next start: the
+// delete happened and its event had not been stored, or it had not
+// happened yet) and the image passes that were started and never completed.
+func crashHits(t *testing.T, stateDir string) map[string]int {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(stateDir, "agent-*.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hits := map[string]int{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		hits["intent-after-delete"] += strings.Count(text, "delete intent resolved: the object is gone")
+		hits["intent-before-delete"] += strings.Count(text, "delete intent resolved: the object is still there")
+		if strings.Count(text, "image gc pass started") > strings.Count(text, "image gc pass completed") {
+			hits["image-pass-cut"]++
+		}
+	}
+	return hits
 }
