@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -138,26 +141,22 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 	rt, _ := c.CRI(t)
 
 	// Protected objects.
-	recs := c.Import(t,
+	ids := map[string]string{} // image name -> image id (config digest)
+	protected := []testenv.Image{
 		testenv.Pause(c.SandboxImage),
 		testenv.Runnable("example.test/run:1", testenv.Layer{Seed: "crash-run", Size: 1 << 20}),
 		testenv.Runnable("example.test/pinned:1", testenv.Layer{Seed: "crash-pinned", Size: 1 << 20}),
 		testenv.Runnable("keep.test/tools:1", testenv.Layer{Seed: "crash-keep", Size: 1 << 20}),
 		testenv.Runnable("keep.test/job:1", testenv.Layer{Seed: "crash-job", Size: 256 << 10}), // the dead containers' image
-	)
+	}
+	maps.Copy(ids, imageIDs(t, protected...))
+	recs := c.Import(t, protected...)
 	// CRI adds a second name to each image, its id (the config digest):
-	// containerd reports the delete of each name.
+	// containerd reports the delete of each name. The id is read from the
+	// archive, as the agent may delete an unused image right after its import.
 	alias := map[string]string{} // image id name -> target digest
 	addAlias := func(name, digest string) {
-		img, err := c.Client.GetImage(c.Ctx(), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := img.Config(c.Ctx())
-		if err != nil {
-			t.Fatal(err)
-		}
-		alias[cfg.Digest.String()] = digest
+		alias[ids[name]] = digest
 	}
 	protectedImages := map[string]string{} // name -> digest
 	for _, r := range recs {
@@ -219,6 +218,7 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 					name := fmt.Sprintf("example.test/junk-%d-%d:1", i, k)
 					imgs = append(imgs, testenv.Image{Name: name, Layers: []testenv.Layer{{Seed: fmt.Sprintf("crash-%s-junk-%d-%d", v, i, k), Size: 1 << 20}}})
 				}
+				maps.Copy(ids, imageIDs(t, imgs...))
 				for _, r := range c.Import(t, imgs...) {
 					junk[r.Name] = r.Target.Digest.String()
 					addAlias(r.Name, junk[r.Name])
@@ -458,4 +458,38 @@ func crashHits(t *testing.T, stateDir string) map[string]int {
 		}
 	}
 	return hits
+}
+
+// imageIDs returns each image's id (its config digest, the name CRI adds)
+// as written by testenv.Archive.
+func imageIDs(t *testing.T, imgs ...testenv.Image) map[string]string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := testenv.Archive(&buf, imgs...); err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("archive: no manifest.json: %v", err)
+		}
+		if h.Name != "manifest.json" {
+			continue
+		}
+		var manifest []struct {
+			Config   string
+			RepoTags []string
+		}
+		if err := json.NewDecoder(tr).Decode(&manifest); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, m := range manifest {
+			for _, tag := range m.RepoTags {
+				out[tag] = "sha256:" + strings.TrimSuffix(m.Config, ".json")
+			}
+		}
+		return out
+	}
 }
