@@ -32,6 +32,7 @@ type deleteLog struct {
 	images     map[string]int // image name -> deletes seen
 	containers map[string]int // container id -> deletes seen
 	broken     error          // the subscription ended
+	seen       int            // events received
 }
 
 func recordDeletes(t testing.TB, c *testenv.Containerd) *deleteLog {
@@ -55,6 +56,7 @@ func recordDeletes(t testing.TB, c *testenv.Containerd) *deleteLog {
 			case env := <-envs:
 				v, err := typeurl.UnmarshalAny(env.Event)
 				d.mu.Lock()
+				d.seen++
 				if err == nil {
 					switch e := v.(type) {
 					case *apievents.ImageDelete:
@@ -129,7 +131,7 @@ func TestCrashConsistency(t *testing.T) {
 	n := crashIterations(t)
 	t.Logf("seed %d (GCAGENT_CRASH_SEED=%d replays it), %d iterations per daemon", seed, seed, n)
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
-		testCrashConsistency(t, v, rand.New(rand.NewPCG(seed, uint64(len(v)))), n)
+		testCrashConsistency(t, v, rand.New(rand.NewPCG(seed, uint64(v[0])<<8|uint64(v[len(v)-1]))), n)
 	})
 }
 
@@ -180,6 +182,17 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 	mustSymlink(t, liveTarget, liveLink)
 	protectedContainers := []string{"p-running", podCtr, pod.SandboxID}
 	protectedPaths := []string{pod.LogDir, liveLink, liveTarget}
+
+	// The recorder is live before anything can be deleted.
+	testenv.Eventually(t, 10*time.Second, func() string {
+		d := deletes
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.seen == 0 {
+			return "no containerd event recorded yet"
+		}
+		return ""
+	})
 
 	// Lasting disk pressure: usage stays above the high threshold (1%) and
 	// cannot reach the low one (0%), so each image that becomes eligible
