@@ -259,6 +259,31 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 		}
 	}
 
+	// The first kill comes right after the agent showed its projection: the
+	// first-seen times it showed must survive this and every later kill
+	// (the LRU history a restart keeps).
+	firstSeen := map[string]time.Time{} // digest -> first seen
+	{
+		a := testenv.StartAgent(t, c, state, flags...)
+		var rep projection.Report
+		testenv.Eventually(t, 30*time.Second, func() string {
+			rep = projection.Report{}
+			if code, err := a.Get("/status", &rep); err != nil || code != 200 || !rep.Synced {
+				return fmt.Sprintf("agent not synced (%d %v)", code, err)
+			}
+			return ""
+		})
+		a.Kill()
+		for _, img := range rep.Images {
+			if slices.Contains(slices.Collect(maps.Values(protectedImages)), img.Digest) {
+				firstSeen[img.Digest] = img.FirstSeen
+			}
+		}
+		if len(firstSeen) != len(protectedImages) {
+			t.Fatalf("the first agent showed %d of the %d protected images", len(firstSeen), len(protectedImages))
+		}
+	}
+
 	start := time.Now()
 	var lived []time.Duration
 	modes := map[string]int{}
@@ -395,8 +420,14 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 		t.Errorf("the live pod's sandbox is not ready: %v %v", resp, err)
 	}
 
-	// (2) The projection equals containerd's truth.
-	converge(t, c, a)
+	// (2) The projection equals containerd's truth, and the history shown
+	// before the first kill is kept.
+	rep := converge(t, c, a)
+	for _, img := range rep.Images {
+		if want, ok := firstSeen[img.Digest]; ok && !img.FirstSeen.Equal(want) {
+			t.Errorf("image %s %v: first seen %v after the kills, %v before", img.Digest, img.Names, img.FirstSeen, want)
+		}
+	}
 
 	// (3) Every removal is in the stream exactly once, and only removals.
 	types := checkContract(t, evs) // every id stored once
@@ -468,6 +499,12 @@ func crashHits(t *testing.T, stateDir string) map[string]int {
 		hits["intent-before-delete"] += strings.Count(text, "delete intent resolved: the object is still there")
 		if strings.Count(text, "image gc pass started") > strings.Count(text, "image gc pass completed") {
 			hits["image-pass-cut"]++
+		}
+		for _, line := range strings.Split(text, "\n") {
+			var l struct{ Level, Message, Error string }
+			if json.Unmarshal([]byte(line), &l) == nil && (l.Level == "error" || l.Level == "warn") {
+				hits[l.Level+": "+l.Message+": "+l.Error]++
+			}
 		}
 	}
 	return hits
