@@ -114,20 +114,24 @@ func crashIterations(t *testing.T) int {
 // TestCrashConsistency: on each daemon, the agent is started and SIGKILLed
 // 50 times on one state dir, at a random moment (seeded; the seed is
 // logged, GCAGENT_CRASH_SEED replays it) while it works: each iteration
-// adds an unused image under lasting disk pressure, a plain container that
-// exits, a dangling log symlink and, every few iterations, an orphaned pod
-// log dir, before the agent starts or between two random delays while it
-// runs, so kills land in startup, listing, intent resolution and the middle
-// of image, container and log passes. Then the agent runs once more and
-// settles. Afterwards: nothing protected (a running plain container and a
-// running pod container with their image, a pinned image, two images kept
-// by a pattern, the sandbox image, the live pod's sandbox and log dir, a
-// live log link) was deleted; the projection equals containerd's truth;
-// every image and container containerd reports deleted (its own
-// /images/delete and /containers/delete events; the test deletes nothing
-// itself) and every log entry that is gone has exactly one removal event
-// in the stream, no removal event names an object that still exists, and
-// every event id is stored once.
+// adds two unused images under lasting disk pressure, two plain containers
+// that exit, a dangling log symlink and, every fifth time, an orphaned pod
+// log dir, in a random order, either while the agent is down or while it
+// runs, with the kill right after the work or around the containers'
+// eligibility, so kills land in startup, listing, intent resolution and
+// the middle of image, container and log passes. Right before each kill
+// the test reads /status: what it shows (each image's first-seen time)
+// must survive the kill. Then the agent runs once more and settles.
+// Afterwards: nothing protected (a running plain container and a running
+// pod container with their image, a pinned image, two images kept by a
+// pattern, the sandbox image, the live pod's sandbox and log dir, a live
+// log link) was deleted; the projection equals containerd's truth and kept
+// every first-seen time; every image and container containerd reports
+// deleted (its own /images/delete and /containers/delete events; the test
+// deletes nothing itself) and every log entry removed has exactly one
+// removal event in the stream, no removal event names an object that was
+// not removed, every event id is stored once, and every agent that
+// answered /status has its agent.started event.
 func TestCrashConsistency(t *testing.T) {
 	seed := crashSeed(t)
 	n := crashIterations(t)
@@ -490,6 +494,12 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 		gonePaths[p] = 1
 	}
 	check("log.removed", gonePaths)
+	// agent.started is in the outbox before /status answers: every agent
+	// that answered (the first, the ones counted in shown, the last) has
+	// one, and no agent has two.
+	if n := types["agent.started"]; n < shown+2 || n > iterations+2 {
+		t.Errorf("%d agent.started events: %d agents ran, %d of them answered /status", n, iterations+2, shown+2)
+	}
 	t.Logf("%d images, %d containers and %d log entries removed, each in the stream once", len(deletedDigests), len(ctrs), len(gonePaths))
 	a.Stop()
 }
