@@ -129,13 +129,19 @@ func (l *Live) Apply(batch ...events.Event) {
 		}
 		applied = append(applied, evs...)
 	}
-	seq := l.state.Seq
+	// The batch is journaled before the lock is released: nobody (GC,
+	// /status, control replies) sees a state that a kill -9 would lose, such
+	// as the first-seen time of an image.
+	var appendErr error
+	if st := l.opts.Store; st != nil {
+		appendErr = st.Append(l.state.Seq, applied)
+	}
 	l.mu.Unlock()
 
 	if st := l.opts.Store; st != nil {
 		// A full disk must not stop the agent that frees it: the state in
 		// memory stays right, and the next snapshot catches the file up.
-		if err := st.Append(seq, applied); err != nil {
+		if err := appendErr; err != nil {
 			l.m.journalErrors.Inc()
 			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
