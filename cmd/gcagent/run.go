@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
@@ -65,6 +66,9 @@ type agent struct {
 	// logs cleans the log dirs, woken by logsChanges (logs.go).
 	logs        *logs.Cleaner
 	logsChanges <-chan struct{}
+	// clock is the one time every planner reads (monotonic after start:
+	// a wall-clock step moves no age; internal/clock).
+	clock *clock.Clock
 }
 
 // run is the daemon: it returns when ctx ends or a part fails for good.
@@ -73,6 +77,12 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
+	// skew is nil unless a test emulates wall-clock steps (clock.TestOffsetEnv).
+	skew, err := clock.SkewFromEnv()
+	if err != nil {
+		return err
+	}
+	clk := clock.New(skew)
 	store, err := projection.OpenStore(filepath.Join(cfg.StateDir, "state.db"))
 	if err != nil {
 		return err
@@ -82,7 +92,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	live, err := projection.NewLive(projection.LiveOptions{
-		Store: store, Log: log.With().Str("component", "projection").Logger(), Registerer: reg,
+		Store: store, Log: log.With().Str("component", "projection").Logger(), Registerer: reg, Now: clk.Now,
 	})
 	if err != nil {
 		return err
@@ -101,7 +111,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	defer criConn.Close()
 	cri := runtimeapi.NewRuntimeServiceClient(criConn)
 	src := events.NewSource(events.Options{
-		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
+		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
 		KnownFacts: func(digest string) (f events.ImageFacts) {
 			live.View(func(s *projection.State) {
 				if img := s.Images[digest]; img != nil {
@@ -112,7 +122,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
-	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{},
+	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
 		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
 	a.version = cl.Version
 	a.imageFS = gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
@@ -155,6 +165,11 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
+	if skew != nil {
+		g.Go(func() error {
+			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
+		})
+	}
 	// Delete intents a crash left are resolved before anything deletes.
 	resolved := make(chan struct{})
 	g.Go(func() error { defer close(resolved); return resolveIntents(gctx, b.pub, nodeObjects{cl}, log) })
@@ -241,7 +256,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		var doc statusDoc
-		a.live.View(func(s *projection.State) { doc.Report = projection.NewReport(s, time.Now().UTC()) })
+		a.live.View(func(s *projection.State) { doc.Report = projection.NewReport(s, a.clock.Now()) })
 		if a.imageGC != nil {
 			st := a.imageGC.Status()
 			doc.ImageGC = &st
@@ -275,4 +290,22 @@ func (a *agent) containerdAnswers(ctx context.Context) error {
 	defer cancel()
 	_, err := a.version(ctx)
 	return err
+}
+
+// followTestSkew re-reads the test-only clock offset file until ctx ends:
+// end-to-end tests step the emulated wall clock by writing it.
+func followTestSkew(ctx context.Context, skew *clock.Skew, path string, log zerolog.Logger) error {
+	log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset enabled (" + clock.TestOffsetEnv + ")")
+	t := time.NewTicker(clock.TestOffsetPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if skew.ReadFile(path) {
+				log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset stepped")
+			}
+		}
+	}
 }
