@@ -82,7 +82,12 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	clk := clock.New(skew)
+	clockFile := filepath.Join(cfg.StateDir, clock.File)
+	clk, stepped := clock.Continue(skew, clockFile)
+	if stepped != 0 {
+		log.Warn().Str("component", "clock").Dur("step", stepped).
+			Msg("the wall clock stepped while the agent was down; ages go on from the agent's own time")
+	}
 	store, err := projection.OpenStore(filepath.Join(cfg.StateDir, "state.db"))
 	if err != nil {
 		return err
@@ -165,6 +170,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
+	g.Go(func() error { return saveClock(gctx, clk, clockFile, log) })
 	if skew != nil {
 		g.Go(func() error {
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
@@ -306,6 +312,32 @@ func followTestSkew(ctx context.Context, skew *clock.Skew, path string, log zero
 			if skew.ReadFile(path) {
 				log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset stepped")
 			}
+		}
+	}
+}
+
+// clockSaveInterval is how often the agent's time is saved for the next
+// start (clock.Continue): any mark of this boot serves, so it can be rare.
+const clockSaveInterval = 30 * time.Second
+
+// saveClock saves the agent's clock now, every clockSaveInterval and when
+// ctx ends. A failure (full state disk) is logged once per run of
+// failures and costs only the continuity of the next start.
+func saveClock(ctx context.Context, clk *clock.Clock, path string, log zerolog.Logger) error {
+	t := time.NewTicker(clockSaveInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		err := clk.Save(path)
+		if err != nil && !failing {
+			log.Warn().Str("component", "clock").Err(err).Msg("cannot save the agent's time")
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			_ = clk.Save(path)
+			return nil
+		case <-t.C:
 		}
 	}
 }
