@@ -79,7 +79,7 @@ func (l *clockTruth) life(image bool, key string) (born, deleted time.Time) {
 
 // TestClockStep steps the host's wall clock, as the agent and containerd
 // see it, by +1 h and then by -2 h (to an hour behind) while the agent
-// runs under constant disk pressure (every unused image past its minimum
+// runs, then by +2 h while it is down (kill -9, restart), under constant disk pressure (every unused image past its minimum
 // age must go) and a container TTL. The step is emulated at the process
 // level (the real clock is shared): the test-only offset shifts the wall
 // clock the agent reads and every time stamp it reads from containerd.
@@ -105,12 +105,14 @@ func testClockStep(t *testing.T, v testenv.Version) {
 	c.Import(t, testenv.Runnable("example.test/ctr:1", layer("ctr")))
 
 	stateDir := t.TempDir()
-	a := testenv.StartAgentEnv(t, c, stateDir, []string{clock.TestOffsetEnv + "=0s"},
+	flags := []string{
 		// Threshold 1%: always under pressure, so only the minimum age
 		// keeps an unused image.
 		"--image-gc-high-threshold=1", "--image-gc-low-threshold=0",
-		"--minimum-image-ttl-duration="+imageAge.String(), "--minimum-container-ttl-duration="+ttl.String(),
-		"--uncollected-exit-grace="+grace.String(), "--prune-containers=native")
+		"--minimum-image-ttl-duration=" + imageAge.String(), "--minimum-container-ttl-duration=" + ttl.String(),
+		"--uncollected-exit-grace=" + grace.String(), "--prune-containers=native",
+	}
+	a := testenv.StartAgentEnv(t, c, stateDir, []string{clock.TestOffsetEnv + "=0s"}, flags...)
 	waitSynced(t, a)
 
 	// step writes the offset file and waits for the agent to log it.
@@ -142,6 +144,20 @@ func testClockStep(t *testing.T, v testenv.Version) {
 	born("ahead")   // stamped +1 h: must not look an hour younger either
 	step(-time.Hour)
 	born("behind") // stamped -1 h: must not look an hour older
+
+	// kill -9, step +2 h while the agent is down, start again: the ages
+	// recorded so far must not jump by 2 h either.
+	a.Kill()
+	if err := os.WriteFile(filepath.Join(stateDir, clock.TestOffsetFile), []byte("1h"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a = testenv.StartAgentEnv(t, c, stateDir, []string{clock.TestOffsetEnv + "=1h"}, flags...)
+	waitSynced(t, a)
+	if !strings.Contains(readLog(t, a), "the wall clock stepped while the agent was down") {
+		t.Fatal("the restarted agent did not notice the step while it was down")
+	}
+	t.Logf("wall clock stepped to 1h while the agent was down")
+	born("restarted") // stamped +1 h by containerd, after the restart
 
 	type obj struct {
 		image bool
