@@ -279,6 +279,15 @@ func stampAt(t, received time.Time) time.Time {
 	return t
 }
 
+// skewed is a time containerd stamped, in UTC, plus the test-only
+// StampSkew; zero (not sent) stays zero.
+func (s *Source) skewed(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return t.Add(s.o.StampSkew()).UTC()
+}
+
 // notAfter bounds a time a listing read from containerd (an exit, a
 // creation) by the listing's own time: a listing shows what happened before
 // it, possibly long before (the agent was down), but never after.
@@ -307,13 +316,7 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope, received ti
 		}
 		return nil, nil
 	}
-	skew := s.o.StampSkew()
-	stamp := func(t time.Time) time.Time {
-		if t.IsZero() {
-			return t
-		}
-		return stampAt(t.Add(skew).UTC(), received)
-	}
+	stamp := func(t time.Time) time.Time { return stampAt(s.skewed(t), received) }
 	at := stamp(env.Timestamp)
 	switch e := v.(type) {
 	case *apievents.ImageCreate:
@@ -375,7 +378,7 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 		return img.Target.Digest.String()
 	}
 	ev := containerEvent(at, c, digestOf)
-	ev.Created = notAfter(ev.Created.Add(s.o.StampSkew()), at)
+	ev.Created = notAfter(s.skewed(ev.Created), at)
 	parentOf := func(c containers.Container) string {
 		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
 		if err != nil {
@@ -420,7 +423,7 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 	ctx = namespaces.WithNamespace(ctx, s.o.Namespace)
 	began := time.Now()
 	defer func() { s.m.listSeconds.Observe(time.Since(began).Seconds()) }()
-	at, skew := s.o.Now().UTC(), s.o.StampSkew()
+	at := s.o.Now().UTC()
 
 	imgs, err := s.o.Client.ImageService().List(ctx)
 	if err != nil {
@@ -460,7 +463,7 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
 	for _, c := range ctrs {
 		ev := containerEvent(at, c, func(n string) string { return digests[n] })
-		ev.Created = notAfter(ev.Created.Add(skew), at)
+		ev.Created = notAfter(s.skewed(ev.Created), at)
 		contentFacts(&ev, c, parentOf, volumesOf, configOf)
 		l.Containers = append(l.Containers, ev)
 	}
@@ -476,7 +479,7 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 		}
 		t := Task{ContainerID: id, Pid: p.Pid, Status: taskStatus(p.Status), ExitStatus: p.ExitStatus}
 		if p.ExitedAt != nil && t.Status == TaskStopped {
-			t.ExitedAt = notAfter(p.ExitedAt.AsTime().Add(skew).UTC(), at)
+			t.ExitedAt = notAfter(s.skewed(p.ExitedAt.AsTime()), at)
 		}
 		l.Tasks = append(l.Tasks, t)
 	}
@@ -529,7 +532,7 @@ func (s *Source) criExits(ctx context.Context, l *Listing) {
 			if st, err := s.o.CRI.ContainerStatus(ctx, &runtime.ContainerStatusRequest{ContainerId: c.ID}); err == nil && st.Status != nil {
 				t.ExitStatus = uint32(st.Status.ExitCode)
 				if st.Status.FinishedAt > 0 {
-					t.ExitedAt = notAfter(time.Unix(0, st.Status.FinishedAt).Add(s.o.StampSkew()).UTC(), l.At)
+					t.ExitedAt = notAfter(s.skewed(time.Unix(0, st.Status.FinishedAt)), l.At)
 				}
 			}
 		}
