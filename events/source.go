@@ -48,8 +48,9 @@ type Options struct {
 	// KnownFacts returns what the projection already holds for a target
 	// digest (zero if none), so a listing does not read the content again.
 	KnownFacts func(digest string) ImageFacts
-	// Now is the agent's clock (monotonic: internal/clock); default
-	// time.Now. Event times are bounded by it at receipt (see stampAt).
+	// Now is the agent's clock (internal/clock: no wall-clock step moves
+	// it); default time.Now. Event times are bounded by it at receipt
+	// (see stampAt).
 	Now func() time.Time
 	// StampSkew, for end-to-end tests only, is added to every time
 	// containerd stamps (event times, exits, creations): it emulates a step
@@ -263,12 +264,14 @@ const maxStampLag = 10 * time.Second
 
 // stampAt is when something containerd stamped t happened, in the agent's
 // clock, given that the agent received the news at received: t when it is
-// within [received-maxStampLag, received], else received. A stamp in the
-// future (containerd's clock ahead: a forward step) cannot make anything
-// look younger for longer than it is; a stamp far in the past (a backward
-// step) cannot make anything look older than its receipt. Either way ages
-// only ever come out shorter, so nothing is deleted early. Zero stays zero
-// (not sent).
+// within [received-maxStampLag, received], else received. containerd
+// stamps with the host's wall clock, the agent plans with its own: after a
+// forward step a stamp is after its receipt (taken as it is, the thing
+// would look younger than it is for as long as the step), after a backward
+// step far before it (the thing would look older and be deleted early).
+// The receipt is never before the real event, so an age counted from it is
+// never longer than the real one: nothing is deleted early, and nothing is
+// kept more than the delivery delay longer. Zero stays zero (not sent).
 func stampAt(t, received time.Time) time.Time {
 	if t.IsZero() {
 		return t

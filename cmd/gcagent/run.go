@@ -66,8 +66,8 @@ type agent struct {
 	// logs cleans the log dirs, woken by logsChanges (logs.go).
 	logs        *logs.Cleaner
 	logsChanges <-chan struct{}
-	// clock is the one time every planner reads (monotonic after start:
-	// a wall-clock step moves no age; internal/clock).
+	// clock is the one time every planner reads (internal/clock: a
+	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
 }
 
