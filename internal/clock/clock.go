@@ -87,7 +87,10 @@ const maxDrift = 2 * time.Second
 // uptime elapsed since. It also returns the step it absorbed (the wall
 // clock minus the agent's time; zero when within maxDrift). Without a
 // usable mark of this boot (first start, after a reboot, unreadable file)
-// it is New: across a reboot a step cannot be told from downtime.
+// it is New: across a reboot a step cannot be told from downtime. It
+// trusts that uptime is the same clock for every agent of a boot, which
+// holds unless agents run in different time namespaces with different
+// boot-time offsets.
 func Continue(skew *Skew, path string) (c *Clock, step time.Duration) {
 	c = New(skew)
 	b, err := os.ReadFile(path)
@@ -151,7 +154,9 @@ func (s *Skew) Set(d time.Duration) { s.ns.Store(int64(d)) }
 // TestOffsetEnv names the hidden, test-only environment variable that
 // enables a Skew: its value is the initial skew (a Go duration, e.g. "-1h").
 // While it is set, the file TestOffsetFile in the state dir, when present,
-// holds the current skew and is read again every TestOffsetPoll.
+// holds the current skew and is read again every TestOffsetPoll (so a file
+// left by an earlier run wins over the variable after the first poll: a
+// test restarting the agent sets both to the same value).
 const (
 	TestOffsetEnv  = "GCAGENT_TEST_CLOCK_OFFSET"
 	TestOffsetFile = "test-clock-offset"
