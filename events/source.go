@@ -48,8 +48,14 @@ type Options struct {
 	// KnownFacts returns what the projection already holds for a target
 	// digest (zero if none), so a listing does not read the content again.
 	KnownFacts func(digest string) ImageFacts
-	// Now is the clock; default time.Now.
-	Now        func() time.Time
+	// Now is the agent's clock (internal/clock: no wall-clock step moves
+	// it); default time.Now. Event times are bounded by it at receipt
+	// (see stampAt).
+	Now func() time.Time
+	// StampSkew, for end-to-end tests only, is added to every time
+	// containerd stamps (event times, exits, creations): it emulates a step
+	// of the host's wall clock as containerd would see it. Nil: none.
+	StampSkew  func() time.Duration
 	Log        zerolog.Logger
 	Registerer prometheus.Registerer
 }
@@ -87,6 +93,9 @@ func NewSource(o Options) *Source {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.StampSkew == nil {
+		o.StampSkew = func() time.Duration { return 0 }
 	}
 	if o.KnownFacts == nil {
 		o.KnownFacts = func(string) ImageFacts { return ImageFacts{} }
@@ -187,8 +196,9 @@ func (s *Source) session(ctx context.Context, out chan<- Event, reason string) e
 		case <-q.ready:
 			batch, overflowed, done, qerr := q.take()
 			needList := overflowed
-			for _, env := range batch {
-				ev, err := s.decode(ctx, env)
+			for _, r := range batch {
+				env := r.env
+				ev, err := s.decode(ctx, env, r.at)
 				if err != nil {
 					s.m.lookupErrors.Inc()
 					s.o.Log.Warn().Err(err).Str("topic", env.Topic).Msg("event lookup failed; will relist")
@@ -219,7 +229,7 @@ func (s *Source) pump(ctx context.Context, envs <-chan *cdevents.Envelope, errs 
 		select {
 		case env := <-envs:
 			s.m.received.WithLabelValues(env.Topic).Inc()
-			if !q.push(env) {
+			if !q.push(env, s.o.Now()) {
 				s.m.dropped.Inc()
 			}
 		case err := <-errs:
@@ -247,9 +257,55 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
 }
 
+// maxStampLag is how much earlier than its receipt an envelope's stamp may
+// be and still be taken as it is. containerd publishes within milliseconds;
+// an older stamp means its wall clock stepped back (or a replay).
+const maxStampLag = 10 * time.Second
+
+// stampAt is when something containerd stamped t happened, in the agent's
+// clock, given that the agent received the news at received: t when it is
+// within [received-maxStampLag, received], else received. containerd
+// stamps with the host's wall clock, the agent plans with its own: after a
+// forward step a stamp is after its receipt (taken as it is, the thing
+// would look younger than it is for as long as the step), after a backward
+// step far before it (the thing would look older and be deleted early).
+// The receipt is never before the real event, so an age counted from it is
+// never longer than the real one: nothing is deleted early, and nothing is
+// kept more than the delivery delay longer. Zero stays zero (not sent).
+func stampAt(t, received time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	if t.After(received) || t.Before(received.Add(-maxStampLag)) {
+		return received
+	}
+	return t
+}
+
+// skewed is a time containerd stamped, in UTC, plus the test-only
+// StampSkew; zero (not sent) stays zero.
+func (s *Source) skewed(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return t.Add(s.o.StampSkew()).UTC()
+}
+
+// notAfter bounds a time a listing read from containerd (an exit, a
+// creation) by the listing's own time: a listing shows what happened before
+// it, possibly long before (the agent was down), but never after.
+func notAfter(t, at time.Time) time.Time {
+	if t.After(at) {
+		return at
+	}
+	return t
+}
+
 // decode turns an envelope into a domain event, or nil for one gcagent does
-// not need. An error means a lookup failed and the state may now be behind.
-func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, error) {
+// not need; received is the agent's time of its receipt, which bounds the
+// envelope's stamps (stampAt). An error means a lookup failed and the state
+// may now be behind.
+func (s *Source) decode(ctx context.Context, env *cdevents.Envelope, received time.Time) (Event, error) {
 	if env.Namespace != s.o.Namespace || env.Event == nil {
 		return nil, nil
 	}
@@ -263,7 +319,8 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, err
 		}
 		return nil, nil
 	}
-	at := env.Timestamp.UTC()
+	stamp := func(t time.Time) time.Time { return stampAt(s.skewed(t), received) }
+	at := stamp(env.Timestamp)
 	switch e := v.(type) {
 	case *apievents.ImageCreate:
 		return s.lookupImage(ctx, at, e.Name)
@@ -283,12 +340,12 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, err
 		if e.ID != "" && e.ID != e.ContainerID {
 			break // an exec process, not the container's init
 		}
-		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: timeOf(e.ExitedAt)}, nil
+		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: stamp(timeOf(e.ExitedAt))}, nil
 	case *apievents.TaskDelete:
 		if e.ID != "" && e.ID != e.ContainerID {
 			break
 		}
-		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: timeOf(e.ExitedAt), Collected: true}, nil
+		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: stamp(timeOf(e.ExitedAt)), Collected: true}, nil
 	}
 	s.m.ignored.WithLabelValues(env.Topic).Inc()
 	return nil, nil
@@ -324,6 +381,7 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 		return img.Target.Digest.String()
 	}
 	ev := containerEvent(at, c, digestOf)
+	ev.Created = notAfter(s.skewed(ev.Created), at)
 	parentOf := func(c containers.Container) string {
 		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
 		if err != nil {
@@ -408,6 +466,7 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
 	for _, c := range ctrs {
 		ev := containerEvent(at, c, func(n string) string { return digests[n] })
+		ev.Created = notAfter(s.skewed(ev.Created), at)
 		contentFacts(&ev, c, parentOf, volumesOf, configOf)
 		l.Containers = append(l.Containers, ev)
 	}
@@ -423,7 +482,7 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 		}
 		t := Task{ContainerID: id, Pid: p.Pid, Status: taskStatus(p.Status), ExitStatus: p.ExitStatus}
 		if p.ExitedAt != nil && t.Status == TaskStopped {
-			t.ExitedAt = p.ExitedAt.AsTime().UTC()
+			t.ExitedAt = notAfter(s.skewed(p.ExitedAt.AsTime()), at)
 		}
 		l.Tasks = append(l.Tasks, t)
 	}
@@ -476,7 +535,7 @@ func (s *Source) criExits(ctx context.Context, l *Listing) {
 			if st, err := s.o.CRI.ContainerStatus(ctx, &runtime.ContainerStatusRequest{ContainerId: c.ID}); err == nil && st.Status != nil {
 				t.ExitStatus = uint32(st.Status.ExitCode)
 				if st.Status.FinishedAt > 0 {
-					t.ExitedAt = time.Unix(0, st.Status.FinishedAt).UTC()
+					t.ExitedAt = notAfter(s.skewed(time.Unix(0, st.Status.FinishedAt)), l.At)
 				}
 			}
 		}
@@ -552,7 +611,7 @@ func taskStatus(st tasktypes.Status) TaskStatus {
 // queue is the bounded hand-off between the receive loop and enrichment.
 type queue struct {
 	mu         sync.Mutex
-	items      []*cdevents.Envelope
+	items      []received
 	max        int
 	overflowed bool
 	done       bool
@@ -562,13 +621,19 @@ type queue struct {
 
 func newQueue(max int) *queue { return &queue{max: max, ready: make(chan struct{}, 1)} }
 
-// push adds an envelope; it returns false (and remembers the overflow) when
-// the queue is full.
-func (q *queue) push(env *cdevents.Envelope) bool {
+// received is an envelope and the agent's time of its receipt.
+type received struct {
+	env *cdevents.Envelope
+	at  time.Time
+}
+
+// push adds an envelope received at at; it returns false (and remembers the
+// overflow) when the queue is full.
+func (q *queue) push(env *cdevents.Envelope, at time.Time) bool {
 	q.mu.Lock()
 	ok := len(q.items) < q.max
 	if ok {
-		q.items = append(q.items, env)
+		q.items = append(q.items, received{env, at})
 	} else {
 		q.overflowed = true
 	}
@@ -592,7 +657,7 @@ func (q *queue) signal() {
 }
 
 // take returns everything queued and resets the overflow flag.
-func (q *queue) take() (items []*cdevents.Envelope, overflowed, done bool, err error) {
+func (q *queue) take() (items []received, overflowed, done bool, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	items, q.items = q.items, nil

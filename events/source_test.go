@@ -52,7 +52,7 @@ func TestDecode(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := s.decode(context.Background(), tc.env)
+			got, err := s.decode(context.Background(), tc.env, at)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,12 +69,71 @@ func TestDecode(t *testing.T) {
 	}
 }
 
+// TestStampAt: containerd's stamps are believed only within
+// [receipt-maxStampLag, receipt]; outside, the receipt time is used, so a
+// wall-clock step of containerd's host in either direction never makes
+// anything look older than it is.
+func TestStampAt(t *testing.T) {
+	rcv := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name        string
+		stamp, want time.Time
+	}{
+		{"on time", rcv.Add(-time.Millisecond), rcv.Add(-time.Millisecond)},
+		{"at receipt", rcv, rcv},
+		{"lag at the bound", rcv.Add(-maxStampLag), rcv.Add(-maxStampLag)},
+		{"forward step +1h", rcv.Add(time.Hour), rcv},
+		{"slightly ahead", rcv.Add(time.Millisecond), rcv},
+		{"backward step -1h", rcv.Add(-time.Hour), rcv},
+		{"just past the lag", rcv.Add(-maxStampLag - time.Nanosecond), rcv},
+		{"not sent", time.Time{}, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := stampAt(tc.stamp, rcv); !got.Equal(tc.want) {
+				t.Fatalf("stampAt(%v) = %v, want %v", tc.stamp, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDecodeStepped: envelopes stamped by a containerd whose clock stepped
+// an hour either way come out at their receipt, exit times included; a skew
+// (the e2e's emulated host step) applies to every stamp before the bound.
+func TestDecodeStepped(t *testing.T) {
+	stamped := time.Unix(100, 0).UTC() // envelope's Timestamp
+	for _, tc := range []struct {
+		name     string
+		received time.Time
+		skew     time.Duration
+		want     time.Time
+	}{
+		{"containerd 1h ahead", stamped.Add(-time.Hour), 0, stamped.Add(-time.Hour)},
+		{"containerd 1h behind", stamped.Add(time.Hour), 0, stamped.Add(time.Hour)},
+		{"host stepped +1h (skew)", stamped.Add(time.Second), time.Hour, stamped.Add(time.Second)},
+		{"host stepped -1h (skew)", stamped.Add(time.Second), -time.Hour, stamped.Add(time.Second)},
+		{"skew within the lag", stamped.Add(time.Second), -time.Second, stamped.Add(-time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewSource(Options{Registerer: prometheus.NewRegistry(), StampSkew: func() time.Duration { return tc.skew }})
+			env := envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7, ExitedAt: timestamppb.New(stamped)})
+			got, err := s.decode(context.Background(), env, tc.received)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := TaskExited{At: tc.want, ContainerID: "c", Pid: 7, ExitedAt: tc.want}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("got %#v\nwant %#v", got, want)
+			}
+		})
+	}
+}
+
 // TestQueueOverflowIsRemembered: the receive loop never blocks; a full
 // queue drops and says so, which makes the session relist.
 func TestQueueOverflowIsRemembered(t *testing.T) {
 	q := newQueue(2)
 	for i := range 3 {
-		ok := q.push(&cdevents.Envelope{Topic: "/tasks/start"})
+		ok := q.push(&cdevents.Envelope{Topic: "/tasks/start"}, time.Time{})
 		if want := i < 2; ok != want {
 			t.Fatalf("push %d: %v", i, ok)
 		}

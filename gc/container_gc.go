@@ -26,9 +26,20 @@ type ContainerTimer interface {
 	Stop()
 }
 
-type systemContainerClock struct{}
+// SystemContainerClock returns Go's timers (monotonic: a wall-clock step
+// does not move them) with now as the time; nil now is time.Now.
+func SystemContainerClock(now func() time.Time) ContainerClock {
+	return systemContainerClock{now: now}
+}
 
-func (systemContainerClock) Now() time.Time { return time.Now() }
+type systemContainerClock struct{ now func() time.Time }
+
+func (c systemContainerClock) Now() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
+}
 func (systemContainerClock) NewTimer(d time.Duration) ContainerTimer {
 	return systemContainerTimer{time.NewTimer(d)}
 }

@@ -38,6 +38,7 @@ func (a *agent) setupContainerGC() error {
 		Metrics:   m,
 		Logger:    a.log,
 		PodKept:   podLogDirExists(a.cfg.PodLogDir),
+		Clock:     gc.SystemContainerClock(a.clock.Now),
 	})
 	if err != nil {
 		return err

@@ -76,7 +76,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	if err != nil {
 		return ControlPlan{}, err
 	}
-	now := time.Now().UTC()
+	now := a.clock.Now()
 	var p ControlPlan
 	a.live.View(func(s *projection.State) {
 		p.Synced = s.Synced

@@ -22,6 +22,7 @@ func (a *agent) setupImageGC() error {
 		LearnSandboxImages: a.runtime.SandboxImages,
 		DryRun:             a.cfg.DryRun,
 		DiskInterval:       a.cfg.DiskInterval,
+		Now:                a.clock.Now,
 		Publisher:          a.pub,
 		Log:                a.log.With().Str("component", "imagegc").Logger(),
 		Registerer:         a.reg,

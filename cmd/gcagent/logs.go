@@ -147,7 +147,7 @@ func (a *agent) setupLogs() error {
 		return err
 	}
 	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live, a.runtime.CRI), logs.Options{
-		Publisher: logsPublisher{a.pub}, Metrics: m, Logger: a.log,
+		Publisher: logsPublisher{a.pub}, Metrics: m, Logger: a.log, Now: a.clock.Now,
 	})
 	if err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
 )
@@ -109,7 +110,10 @@ func splitJSONFlag(args []string) ([]string, bool, error) {
 
 // buildPlan lists containerd and plans against it.
 func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
-	doc := planDoc{At: time.Now().UTC(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS}
+	// The running agent's time (a wall-clock step since it started does
+	// not move it), so that this plan's ages are the agent's.
+	clk, _ := clock.Continue(nil, filepath.Join(cfg.StateDir, clock.File))
+	doc := planDoc{At: clk.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS}
 	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithDefaultNamespace(cfg.Namespace), client.WithTimeout(10*time.Second))...)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
@@ -121,7 +125,7 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	}
 	defer conn.Close()
 	cri := runtimeapi.NewRuntimeServiceClient(conn)
-	src := events.NewSource(events.Options{Client: cl, CRI: cri, Namespace: cfg.Namespace, Log: zerolog.Nop()})
+	src := events.NewSource(events.Options{Client: cl, CRI: cri, Namespace: cfg.Namespace, Log: zerolog.Nop(), Now: clk.Now})
 	listing, err := src.List(ctx)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
@@ -65,6 +66,9 @@ type agent struct {
 	// logs cleans the log dirs, woken by logsChanges (logs.go).
 	logs        *logs.Cleaner
 	logsChanges <-chan struct{}
+	// clock is the one time every planner reads (internal/clock: a
+	// wall-clock step, running or while down, moves no age).
+	clock *clock.Clock
 }
 
 // run is the daemon: it returns when ctx ends or a part fails for good.
@@ -72,6 +76,17 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	log := newLogger(cfg, logOut)
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
+	}
+	// skew is nil unless a test emulates wall-clock steps (clock.TestOffsetEnv).
+	skew, err := clock.SkewFromEnv()
+	if err != nil {
+		return err
+	}
+	clockFile := filepath.Join(cfg.StateDir, clock.File)
+	clk, stepped := clock.Continue(skew, clockFile)
+	if stepped != 0 {
+		log.Warn().Str("component", "clock").Dur("step", stepped).
+			Msg("the wall clock stepped while the agent was down; ages go on from the agent's own time")
 	}
 	store, err := projection.OpenStore(filepath.Join(cfg.StateDir, "state.db"))
 	if err != nil {
@@ -82,7 +97,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	live, err := projection.NewLive(projection.LiveOptions{
-		Store: store, Log: log.With().Str("component", "projection").Logger(), Registerer: reg,
+		Store: store, Log: log.With().Str("component", "projection").Logger(), Registerer: reg, Now: clk.Now,
 	})
 	if err != nil {
 		return err
@@ -101,7 +116,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	defer criConn.Close()
 	cri := runtimeapi.NewRuntimeServiceClient(criConn)
 	src := events.NewSource(events.Options{
-		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
+		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
 		KnownFacts: func(digest string) (f events.ImageFacts) {
 			live.View(func(s *projection.State) {
 				if img := s.Images[digest]; img != nil {
@@ -112,7 +127,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
-	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{},
+	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
 		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
 	a.version = cl.Version
 	a.imageFS = gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
@@ -159,6 +174,12 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
+	g.Go(func() error { return saveClock(gctx, clk, clockFile, log) })
+	if skew != nil {
+		g.Go(func() error {
+			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
+		})
+	}
 	// Delete intents a crash left are resolved before anything deletes.
 	resolved := make(chan struct{})
 	g.Go(func() error { defer close(resolved); return resolveIntents(gctx, b.pub, nodeObjects{cl}, log) })
@@ -245,7 +266,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		var doc statusDoc
-		a.live.View(func(s *projection.State) { doc.Report = projection.NewReport(s, time.Now().UTC()) })
+		a.live.View(func(s *projection.State) { doc.Report = projection.NewReport(s, a.clock.Now()) })
 		if a.imageGC != nil {
 			st := a.imageGC.Status()
 			doc.ImageGC = &st
@@ -279,4 +300,48 @@ func (a *agent) containerdAnswers(ctx context.Context) error {
 	defer cancel()
 	_, err := a.version(ctx)
 	return err
+}
+
+// followTestSkew re-reads the test-only clock offset file until ctx ends:
+// end-to-end tests step the emulated wall clock by writing it.
+func followTestSkew(ctx context.Context, skew *clock.Skew, path string, log zerolog.Logger) error {
+	log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset enabled (" + clock.TestOffsetEnv + ")")
+	t := time.NewTicker(clock.TestOffsetPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if skew.ReadFile(path) {
+				log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset stepped")
+			}
+		}
+	}
+}
+
+// clockSaveInterval is how often the agent's time is saved for the next
+// start (clock.Continue): any mark of this boot serves, so it can be rare.
+const clockSaveInterval = 30 * time.Second
+
+// saveClock saves the agent's clock now, every clockSaveInterval and when
+// ctx ends. A failure (full state disk) is logged once per run of
+// failures and costs only the continuity of the next start.
+func saveClock(ctx context.Context, clk *clock.Clock, path string, log zerolog.Logger) error {
+	t := time.NewTicker(clockSaveInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		err := clk.Save(path)
+		if err != nil && !failing {
+			log.Warn().Str("component", "clock").Err(err).Msg("cannot save the agent's time")
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			_ = clk.Save(path)
+			return nil
+		case <-t.C:
+		}
+	}
 }
