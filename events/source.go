@@ -216,7 +216,7 @@ func (s *Source) pump(ctx context.Context, envs <-chan *cdevents.Envelope, errs 
 	for {
 		select {
 		case env := <-envs:
-			s.m.received.WithLabelValues(env.Topic).Inc()
+			s.m.received.WithLabelValues(topicLabel(env.Topic)).Inc()
 			if !q.push(env) {
 				s.m.dropped.Inc()
 			}
@@ -262,6 +262,9 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, err
 		return nil, nil
 	}
 	at := env.Timestamp.UTC()
+	if !inJSONRange(at) {
+		at = s.o.Now().UTC()
+	}
 	switch e := v.(type) {
 	case *apievents.ImageCreate:
 		return s.lookupImage(ctx, at, e.Name)
@@ -288,7 +291,7 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, err
 		}
 		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: timeOf(e.ExitedAt)}, nil
 	}
-	s.m.ignored.WithLabelValues(env.Topic).Inc()
+	s.m.ignored.WithLabelValues(topicLabel(env.Topic)).Inc()
 	return nil, nil
 }
 
@@ -466,8 +469,8 @@ func DialCRI(address string) (*grpc.ClientConn, error) {
 // timeOf converts a protobuf timestamp; nil (not sent) is the zero time,
 // not 1970.
 func timeOf(ts *timestamppb.Timestamp) time.Time {
-	if ts == nil {
-		return time.Time{}
+	if ts == nil || !inJSONRange(ts.AsTime()) {
+		return time.Time{} // not sent, or not a time a task could exit at
 	}
 	return ts.AsTime().UTC()
 }
