@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
@@ -36,6 +37,29 @@ type Live struct {
 	subs  []chan struct{}
 	since int // journal entries since the last snapshot
 	m     liveMetrics
+	fault atomic.Pointer[JournalFault] // nil while persisting works
+}
+
+// JournalFault describes a failure to persist the projection (a full or
+// broken state disk) that has not yet been repaired by a later write.
+type JournalFault struct {
+	Err      string    // the last error
+	Since    time.Time // the first failure of this run of failures
+	Failures int       // failed appends and snapshots since then
+}
+
+// JournalFault returns the current persistence failure, or nil when the
+// last write to the store succeeded. Safe for concurrent use.
+func (l *Live) JournalFault() *JournalFault { return l.fault.Load() }
+
+// failed records a failed write; only Run's goroutine writes.
+func (l *Live) failed(err error) {
+	l.m.journalErrors.Inc()
+	f := JournalFault{Err: err.Error(), Since: l.opts.Now(), Failures: 1}
+	if old := l.fault.Load(); old != nil {
+		f.Since, f.Failures = old.Since, old.Failures+1
+	}
+	l.fault.Store(&f)
 }
 
 type liveMetrics struct {
@@ -136,7 +160,7 @@ func (l *Live) Apply(batch ...events.Event) {
 		// A full disk must not stop the agent that frees it: the state in
 		// memory stays right, and the next snapshot catches the file up.
 		if err := st.Append(seq, applied); err != nil {
-			l.m.journalErrors.Inc()
+			l.failed(err)
 			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
 		}
@@ -158,12 +182,15 @@ func (l *Live) snapshot() {
 	s := l.state.Clone()
 	l.mu.Unlock()
 	if err := st.Snapshot(s); err != nil {
-		l.m.journalErrors.Inc()
+		l.failed(err)
 		l.opts.Log.Error().Err(err).Msg("snapshot failed")
 		return
 	}
 	l.m.snapshots.Inc()
 	l.since = 0
+	if l.fault.Swap(nil) != nil {
+		l.opts.Log.Info().Uint64("seq", s.Seq).Msg("journal resumed: snapshot written")
+	}
 }
 
 // Snapshot returns a deep copy of the current state.

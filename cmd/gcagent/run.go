@@ -68,7 +68,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	store, err := projection.OpenStore(filepath.Join(cfg.StateDir, "state.db"))
+	store, reset, err := projection.OpenStoreOrReset(filepath.Join(cfg.StateDir, "state.db"), time.Now())
 	if err != nil {
 		return err
 	}
@@ -116,6 +116,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
 	a.bus, a.pub = b, natsPublisher{b.pub}
+	a.reportStateReset(reset)
 	// Components that subscribe to the projection are set up before it runs.
 	if err := a.setupImageGC(); err != nil {
 		return err
@@ -191,6 +192,9 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		if a.bus != nil && a.bus.pub.Mode() == natsbus.ModeCore {
 			// Not a readiness failure: GC goes on; events lose their dedupe.
 			defer fmt.Fprintln(w, "nats: core publish (the server has no JetStream)")
+		}
+		if d := a.journalDetail(); d != "" {
+			defer fmt.Fprintln(w, d) // not a readiness failure: GC goes on
 		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
