@@ -34,7 +34,7 @@ const (
 
 // documentedTypes are the only event types of the NATS contract (ARCHITECTURE.md).
 var documentedTypes = []string{
-	"agent.started", "agent.heartbeat",
+	"agent.started", "agent.heartbeat", "agent.state_reset",
 	"image.removed", "image.skipped", "container.removed", "log.removed",
 	"gc.started", "gc.completed", "gc.failed",
 }
