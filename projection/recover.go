@@ -65,9 +65,13 @@ func OpenStoreOrReset(path string, now time.Time) (*Store, *Reset, error) {
 // caller's goroutine, so that a damaged file is moved aside instead of
 // crash-looping the agent.
 func openChecked(path string) (st *Store, err error) {
+	var ro *Store
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
+			if ro != nil {
+				_ = ro.Close() // unmaps and unlocks; the file is moved next
+			}
 			st, err = nil, errUnreadable{fmt.Errorf("reading state panicked: %v", r)}
 		}
 	}()
@@ -78,7 +82,7 @@ func openChecked(path string) (st *Store, err error) {
 			// agent wrote is never empty, so history was lost: say so.
 			return nil, errUnreadable{errors.New("state file is empty")}
 		}
-		ro, err := OpenStoreReadOnly(path)
+		ro, err = OpenStoreReadOnly(path)
 		if err != nil {
 			if isCorruptOpen(err) {
 				return nil, errUnreadable{err}
@@ -87,6 +91,7 @@ func openChecked(path string) (st *Store, err error) {
 		}
 		err = ro.check()
 		_ = ro.Close()
+		ro = nil
 		if err != nil {
 			return nil, errUnreadable{err}
 		}
