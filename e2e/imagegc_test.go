@@ -93,7 +93,10 @@ func TestImageGC(t *testing.T) {
 }
 
 func testImageGC(t *testing.T, v testenv.Version) {
-	c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "320m"})
+	// The root starts larger than the disk the thresholds are planned for;
+	// shrinking it to that size is the crossing (see below).
+	const rootMiB, extraMiB = 320, 200
+	c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: fmt.Sprintf("%dm", rootMiB+extraMiB)})
 	ctx := c.Ctx()
 	const data = 12 * imgMiB
 	base := testenv.Layer{Seed: "shared-base", Size: 8 * imgMiB}
@@ -127,13 +130,25 @@ func testImageGC(t *testing.T, v testenv.Version) {
 	exited := c.RunNative(t, "c-exited", "example.test/exited:1", "true")
 	c.WaitExit(t, exited)
 
-	// Thresholds from the measured disk: the fill (2x fill bytes, what an
-	// image of that size takes: blob and snapshot) crosses high; low falls
-	// halfway through the third image to delete, so exactly three go: v0
-	// (never used), v3, v1.
+	// The fill (2x fill bytes, what an image of that size takes: blob and
+	// snapshot) is allocated now, while the disk is large enough for it to
+	// cross nothing.
 	const fill = 24 * imgMiB
-	capacity, pre := imgDisk(t, c.Root)
-	post := pre + 2*fill
+	fillFile, err := os.Create(filepath.Join(c.Root, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(fillFile.Fd()), 0, 0, int64(2*fill)); err != nil {
+		t.Fatalf("fallocate the fill: %v", err)
+	}
+	fillFile.Close()
+
+	// Thresholds from the measured disk, as it will be once shrunk: the
+	// fill crosses high; low falls halfway through the third image to
+	// delete, so exactly three go: v0 (never used), v3, v1.
+	capacity := uint64(rootMiB * imgMiB)
+	_, post := imgDisk(t, c.Root)
+	pre := post - 2*fill
 	lru := []string{"example.test/v0:1", "example.test/v3:1", "example.test/v1:1", "example.test/v4:1", "example.test/v2:1"}
 	freed := []uint64{2 * data, 2 * data, 2 * data, 2 * data, 2*data + 2*uint64(base.Size)} // v2 frees the base v1 shared
 	const k = 3
@@ -150,6 +165,9 @@ func testImageGC(t *testing.T, v testenv.Version) {
 	if after(k)+6*imgMiB > lowBytes || after(k-1) < lowBytes+6*imgMiB || float64(post)*100/float64(capacity) < float64(high)+3 || low >= high {
 		t.Fatalf("test setup: thresholds %d/%d on %d MiB (pre %d MiB, post %d MiB) leave no margin", high, low,
 			capacity/imgMiB, pre/imgMiB, post/imgMiB)
+	}
+	if before := float64(post) * 100 / float64((rootMiB+extraMiB)*imgMiB); before+3 > float64(high) {
+		t.Fatalf("test setup: %.1f%% used before the shrink, too close to the high threshold %d%%", before, high)
 	}
 	t.Logf("disk %d MiB, used %d MiB (%.1f%%), after fill ~%d MiB; high %d%% low %d%%", capacity/imgMiB, pre/imgMiB,
 		float64(pre)*100/float64(capacity), post/imgMiB, high, low)
@@ -198,31 +216,26 @@ func testImageGC(t *testing.T, v testenv.Version) {
 		t.Fatalf("removed %v below the high threshold", got)
 	}
 
-	// Push usage over the high threshold in one step. fallocate takes every
-	// block of the fill at once, so whichever sample sees the crossing (the
-	// 1 s statfs, or a projection change) sees all of it. An image import
-	// would take seconds to land (blob, then unpack, and containerd 1.6
-	// sends no event during the unpack): on a loaded machine the statfs
-	// caught it halfway, the pass freed down to the low threshold of a disk
-	// still growing, and the unpack then left usage between low and high,
-	// so two images went instead of three. The agent was right; the test
-	// assumed the crossing was instant.
-	// The fill is what brings usage to post from what is used now, so the
-	// crossing lands where the thresholds were planned even if the runs
-	// above moved usage since they were set (logged; 0 MiB so far).
-	_, now := imgDisk(t, c.Root)
-	if now+imgMiB > post {
-		t.Fatalf("test setup: %d MiB used before the fill, planned %d MiB after it", now/imgMiB, post/imgMiB)
+	// Push usage over the high threshold in one step: shrink the tmpfs to
+	// the planned capacity. statfs sees the new size at once and the used
+	// bytes do not move, so whichever sample sees the crossing (the 1 s
+	// statfs, or a projection change) plans from the whole fill. The fill
+	// used to be an image import, which takes seconds to land (blob, then
+	// unpack, and containerd 1.6 sends no event during the unpack): on a
+	// loaded machine the statfs caught it halfway, the pass freed down to
+	// the low threshold of a disk still growing, and the rest of the unpack
+	// left usage between low and high, so two images went instead of
+	// three. The agent was right; the test assumed the crossing was
+	// instant (fallocate is not either: tmpfs allocates page by page).
+	if _, used := imgDisk(t, c.Root); used+imgMiB < post || used > post+imgMiB {
+		t.Fatalf("test setup: %d MiB used before the crossing, thresholds planned for %d MiB", used/imgMiB, post/imgMiB)
 	}
-	t.Logf("used %d MiB before the fill (%+d MiB since the thresholds were set)", now/imgMiB, (int64(now)-int64(pre))/imgMiB)
-	fillFile, err := os.Create(filepath.Join(c.Root, "fill"))
-	if err != nil {
-		t.Fatal(err)
+	if err := unix.Mount("tmpfs", c.Root, "tmpfs", unix.MS_REMOUNT, fmt.Sprintf("size=%dm", rootMiB)); err != nil {
+		t.Fatalf("shrink the image filesystem: %v", err)
 	}
-	if err := unix.Fallocate(int(fillFile.Fd()), 0, 0, int64(post-now)); err != nil {
-		t.Fatalf("fallocate the fill: %v", err)
+	if got, _ := imgDisk(t, c.Root); got != capacity {
+		t.Fatalf("test setup: capacity %d MiB after the shrink, want %d MiB", got/imgMiB, capacity/imgMiB)
 	}
-	fillFile.Close()
 	crossed := time.Now()
 	var st imgStatus
 	testenv.Eventually(t, 30*time.Second, func() string {
@@ -233,9 +246,10 @@ func testImageGC(t *testing.T, v testenv.Version) {
 		return ""
 	})
 	t.Logf("low threshold reached %s after the fill", time.Since(crossed).Round(time.Millisecond))
-	// The pass planned from the whole fill, not from a disk on its way there.
-	if d := st.ImageGC.LastPass.Disk; d.CapacityBytes-d.AvailableBytes+imgMiB < post || d.CapacityBytes-d.AvailableBytes > post+imgMiB {
-		t.Fatalf("the pass planned from %d MiB used, want the %d MiB after the fill", (d.CapacityBytes-d.AvailableBytes)/imgMiB, post/imgMiB)
+	// The pass planned from the whole crossing.
+	if d := st.ImageGC.LastPass.Disk; d.CapacityBytes != capacity || d.CapacityBytes-d.AvailableBytes+imgMiB < post || d.CapacityBytes-d.AvailableBytes > post+imgMiB {
+		t.Fatalf("the pass planned from %d of %d MiB used, want %d of %d MiB", (d.CapacityBytes-d.AvailableBytes)/imgMiB,
+			d.CapacityBytes/imgMiB, post/imgMiB, capacity/imgMiB)
 	}
 
 	var want []string
