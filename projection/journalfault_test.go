@@ -24,7 +24,8 @@ func TestJournalFaultAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	l, err := NewLive(LiveOptions{Store: st, Registerer: reg, Now: func() time.Time { return at(100) }})
+	now := at(100)
+	l, err := NewLive(LiveOptions{Store: st, Registerer: reg, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +42,10 @@ func TestJournalFaultAndResume(t *testing.T) {
 	}
 	l.Apply(img(2))
 	l.Apply(img(3))
+	// Two appends failed, and one snapshot: the second batch came within
+	// snapshotRetry of the first attempt.
 	f := l.JournalFault()
-	if f == nil || f.Failures < 2 || f.Err == "" || !f.Since.Equal(at(100)) {
+	if f == nil || f.Failures != 3 || f.Err == "" || !f.Since.Equal(at(100)) {
 		t.Fatalf("fault after failed writes: %+v", f)
 	}
 	if got := testutil.ToFloat64(l.m.journalErrors); got != float64(f.Failures) {
@@ -52,11 +55,17 @@ func TestJournalFaultAndResume(t *testing.T) {
 		t.Fatalf("projection holds %d images while the journal fails, want 3", n)
 	}
 
-	// Space returns: the next batch persists everything, gap included.
+	// Space returns: the first batch after snapshotRetry persists
+	// everything, gap included.
 	if st.db, err = bolt.Open(path, 0o600, nil); err != nil {
 		t.Fatal(err)
 	}
 	l.Apply(img(4))
+	if l.JournalFault() == nil {
+		t.Fatal("a snapshot was tried again within snapshotRetry")
+	}
+	now = now.Add(snapshotRetry)
+	l.Apply(img(5))
 	if f := l.JournalFault(); f != nil {
 		t.Fatalf("fault after the store works again: %+v", f)
 	}
@@ -73,7 +82,7 @@ func TestJournalFaultAndResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.State.Images) != 4 || res.State.Seq != want.Seq {
-		t.Fatalf("restored %d images at seq %d, want 4 at seq %d", len(res.State.Images), res.State.Seq, want.Seq)
+	if len(res.State.Images) != 5 || res.State.Seq != want.Seq {
+		t.Fatalf("restored %d images at seq %d, want 5 at seq %d", len(res.State.Images), res.State.Seq, want.Seq)
 	}
 }

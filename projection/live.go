@@ -38,7 +38,12 @@ type Live struct {
 	since int // journal entries since the last snapshot
 	m     liveMetrics
 	fault atomic.Pointer[JournalFault] // nil while persisting works
+	tried time.Time                    // last snapshot attempt; Run's goroutine only
 }
+
+// snapshotRetry spaces snapshot attempts while writes fail: each encodes the
+// whole state, and on a full disk every batch would otherwise try one.
+const snapshotRetry = time.Second
 
 // JournalFault describes a failure to persist the projection (a full or
 // broken state disk) that has not yet been repaired by a later write.
@@ -114,12 +119,25 @@ func NewLive(opts LiveOptions) (*Live, error) {
 
 // Run applies events from in until ctx ends, then writes a final snapshot.
 // Events that arrive together are applied and journaled as one batch.
+// After a failed write it retries a snapshot every second until one
+// succeeds.
 func (l *Live) Run(ctx context.Context, in <-chan events.Event) error {
+	// While writes fail, a snapshot is retried every snapshotRetry even when
+	// no event comes, so persistence resumes soon after space returns.
+	var retry <-chan time.Time
 	for {
+		if retry == nil && l.fault.Load() != nil {
+			retry = time.After(snapshotRetry)
+		}
 		select {
 		case <-ctx.Done():
 			l.snapshot()
 			return nil
+		case <-retry:
+			retry = nil
+			if l.fault.Load() != nil {
+				l.snapshot()
+			}
 		case ev := <-in:
 			batch := []events.Event{ev}
 		drain:
@@ -165,11 +183,21 @@ func (l *Live) Apply(batch ...events.Event) {
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
 		}
 		l.since += len(applied)
-		if l.since >= l.opts.SnapshotEvery {
+		if l.since >= l.opts.SnapshotEvery && l.snapshotDue() {
 			l.snapshot()
 		}
 	}
 	l.notify()
+}
+
+// snapshotDue is false for a second after a failed attempt (a clock step
+// backwards does not hold it off).
+func (l *Live) snapshotDue() bool {
+	if l.fault.Load() == nil {
+		return true
+	}
+	d := l.opts.Now().Sub(l.tried)
+	return d < 0 || d >= snapshotRetry
 }
 
 func (l *Live) snapshot() {
@@ -177,6 +205,7 @@ func (l *Live) snapshot() {
 	if st == nil {
 		return
 	}
+	l.tried = l.opts.Now()
 	l.mu.Lock()
 	l.state.ForgetPodsGoneBefore(l.opts.Now().Add(-l.opts.PodHistory))
 	s := l.state.Clone()
