@@ -315,6 +315,24 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 			if n := len(subjectsOf(evs, "agent.heartbeat")); n == 0 {
 				return "no heartbeat stored"
 			}
+			// An object is gone in containerd a moment before the agent
+			// counts and publishes its removal (a loaded machine makes the
+			// moment long): wait for each event, not only for the counts.
+			for _, n := range wantImages {
+				if subjectsOf(evs, "image.removed")[digest[n]] == 0 {
+					return "no image.removed for " + n + " in the stream yet"
+				}
+			}
+			for _, id := range jobs {
+				if subjectsOf(evs, "container.removed")[id] == 0 {
+					return "no container.removed for " + id + " in the stream yet"
+				}
+			}
+			for _, l := range links {
+				if subjectsOf(evs, "log.removed")[l] == 0 {
+					return "no log.removed for " + l + " in the stream yet"
+				}
+			}
 			removed := len(subjectsOf(evs, "image.removed")) + len(subjectsOf(evs, "container.removed")) + len(subjectsOf(evs, "log.removed"))
 			if want := metricSum(m, "gcagent_image_gc_images_removed_total") + metricSum(m, "gcagent_containers_removed_total") +
 				metricSum(m, "gcagent_logs_removed_total"); float64(removed) != want {
