@@ -132,3 +132,31 @@ func (st *Store) check() error {
 	_, err = st.Load()
 	return err
 }
+
+// ReadStore loads the store at path read-only, for tools beside a stopped
+// agent: a damaged file is an error, never a panic. It fails when the
+// agent holds the file.
+func ReadStore(path string) (res LoadResult, err error) {
+	var ro *Store
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if ro != nil {
+				_ = ro.Close()
+			}
+			res, err = LoadResult{}, fmt.Errorf("state %s unreadable: %v", path, r)
+		}
+	}()
+	if ro, err = OpenStoreReadOnly(path); err != nil {
+		return LoadResult{}, err
+	}
+	defer func() {
+		if ro != nil {
+			_ = ro.Close()
+		}
+	}()
+	if err := ro.check(); err != nil {
+		return LoadResult{}, fmt.Errorf("state %s unreadable: %w", path, err)
+	}
+	return ro.Load()
+}

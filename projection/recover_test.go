@@ -157,3 +157,23 @@ func writeFile(t *testing.T, path string, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestReadStore: tools read a good file and get an error, not a panic,
+// from a damaged one.
+func TestReadStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	want := writeStore(t, path)
+	res, err := ReadStore(path)
+	if err != nil || len(res.State.Images) != len(want.Images) {
+		t.Fatalf("good file: %d images, %v", len(res.State.Images), err)
+	}
+	good, _ := os.ReadFile(path)
+	b := bytes.Clone(good)
+	for i := 4 * 4096; i < len(b); i++ {
+		b[i] = 0xa5
+	}
+	writeFile(t, path, b)
+	if _, err := ReadStore(path); err == nil {
+		t.Fatal("damaged file read without an error")
+	}
+}
