@@ -11,17 +11,18 @@ export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps: ## install what is missing: containerd 1.6, runc, busybox-static (apt), containerd 2.3 (go install), Go modules
+deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static (apt), containerd 2.3 and its ctr (go install), Go modules
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
-	@if [ ! -x $(CONTAINERD2_DIR)/containerd ] || [ ! -x $(CONTAINERD2_DIR)/containerd-shim-runc-v2 ]; then \
-		echo "building containerd $(CONTAINERD2_VERSION) into $(CONTAINERD2_DIR)"; \
+	@if [ ! -x $(CONTAINERD2_DIR)/containerd ] || [ ! -x $(CONTAINERD2_DIR)/containerd-shim-runc-v2 ] || [ ! -x $(CONTAINERD2_DIR)/ctr ]; then \
+		echo "building containerd $(CONTAINERD2_VERSION) (daemon, shim, ctr) into $(CONTAINERD2_DIR)"; \
 		GOBIN=$(CONTAINERD2_DIR) GOFLAGS=-tags=no_btrfs $(GO) install \
 			github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD2_VERSION) \
-			github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION); \
+			github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION) \
+			github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD2_VERSION); \
 	fi
 	@$(GO) mod download
 

@@ -85,11 +85,11 @@ func BenchmarkStartupReconcile(b *testing.B) {
 					for b.Loop() {
 						opts := events.Options{Client: c.Client, Namespace: testenv.Namespace}
 						if mode == "restored" {
-							opts.KnownSize = func(d string) int64 {
+							opts.KnownFacts = func(d string) events.ImageFacts {
 								if img := known.Images[d]; img != nil {
-									return img.Size
+									return events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
 								}
-								return 0
+								return events.ImageFacts{}
 							}
 						}
 						l, err := events.NewSource(opts).List(context.Background())

@@ -27,17 +27,18 @@ const gcImage = "example.test/app:1"
 // containerd deleted the container (the envelope's timestamp): the ground
 // truth for removal latencies.
 type lifecycle struct {
-	mu      sync.Mutex
-	exits   map[string]time.Time
-	deletes map[string]time.Time
-	seen    int
+	mu        sync.Mutex
+	exits     map[string]time.Time
+	collected map[string]time.Time // task deletes: the client read the exit status
+	deletes   map[string]time.Time
+	seen      int
 }
 
 // recordLifecycle subscribes to the daemon's events until the test ends.
 // Call waitActive after causing an event to be sure the stream is live.
 func recordLifecycle(t testing.TB, c *testenv.Containerd) *lifecycle {
 	t.Helper()
-	l := &lifecycle{exits: map[string]time.Time{}, deletes: map[string]time.Time{}}
+	l := &lifecycle{exits: map[string]time.Time{}, collected: map[string]time.Time{}, deletes: map[string]time.Time{}}
 	ctx, cancel := context.WithCancel(c.Ctx())
 	t.Cleanup(cancel)
 	envs, errs := c.Client.Subscribe(ctx, fmt.Sprintf(`namespace==%q`, testenv.Namespace))
@@ -57,6 +58,10 @@ func recordLifecycle(t testing.TB, c *testenv.Containerd) *lifecycle {
 					case *apievents.TaskExit:
 						if e.ID == "" || e.ID == e.ContainerID {
 							l.exits[e.ContainerID] = e.ExitedAt.AsTime()
+						}
+					case *apievents.TaskDelete:
+						if e.ID == "" || e.ID == e.ContainerID {
+							l.collected[e.ContainerID] = env.Timestamp
 						}
 					case *apievents.ContainerDelete:
 						l.deletes[e.ID] = env.Timestamp
@@ -164,10 +169,12 @@ func assertStays(t *testing.T, c *testenv.Containerd, running, created string) {
 	}
 }
 
-// TestContainerGCNativeTTL: plain containers that exit are removed through
-// containerd within a second of their TTL, measured from containerd's exit
-// time to containerd's delete; a running and a never-started container stay.
-// Then the same with TTL 0: removed within a second of the exit.
+// TestContainerGCNativeTTL: plain containers whose exits nobody collects
+// are removed through containerd within a second of the uncollected-exit
+// grace plus their TTL, measured from containerd's exit time to
+// containerd's delete, with the default per-unit cap (it does not apply to
+// plain containers); a running and a never-started container stay. Then the
+// same with TTL 0: removed within a second of exit plus grace.
 func TestContainerGCNativeTTL(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
@@ -177,19 +184,19 @@ func TestContainerGCNativeTTL(t *testing.T) {
 		c.RunNative(t, "keep-running", gcImage, "sleep", "600")
 		c.CreateNative(t, "keep-created", gcImage, "true")
 
-		const ttl = 2 * time.Second
+		const ttl, grace = 2 * time.Second, time.Second
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
-			"--minimum-container-ttl-duration="+ttl.String(), "--maximum-dead-containers-per-container=0")
+			"--minimum-container-ttl-duration="+ttl.String(), "--uncollected-exit-grace="+grace.String())
 		waitSynced(t, a)
 		// Exits spread over a second: the one timer is re-armed in between.
 		c.RunNative(t, "ttl-a", gcImage, "true")
 		c.RunNative(t, "ttl-b", gcImage, "sh", "-c", "sleep 1")
 		c.RunNative(t, "ttl-c", gcImage, "sh", "-c", "sleep 0.3; exit 7")
-		assertRemovedOnTime(t, c, l, ttl, time.Second, "ttl-a", "ttl-b", "ttl-c")
+		assertRemovedOnTime(t, c, l, grace+ttl, time.Second, "ttl-a", "ttl-b", "ttl-c")
 		assertStays(t, c, "keep-running", "keep-created")
 		m := mustMetrics(t, a)
 		for _, want := range []string{
-			`gcagent_containers_removed_total{kind="native",reason="per-unit-cap"} 3`,
+			`gcagent_containers_removed_total{kind="native",reason="ttl-expired"} 3`,
 			`gcagent_container_removal_latency_seconds_count{kind="native"} 3`,
 		} {
 			if !containsLine(m, want) {
@@ -198,11 +205,11 @@ func TestContainerGCNativeTTL(t *testing.T) {
 		}
 		a.Stop()
 
-		a0 := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state0"), "--maximum-dead-containers-per-container=0")
+		a0 := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state0"), "--uncollected-exit-grace="+grace.String())
 		waitSynced(t, a0)
 		c.RunNative(t, "zero-a", gcImage, "true")
 		c.RunNative(t, "zero-b", gcImage, "sh", "-c", "sleep 0.5; exit 1")
-		assertRemovedOnTime(t, c, l, 0, time.Second, "zero-a", "zero-b")
+		assertRemovedOnTime(t, c, l, grace, time.Second, "zero-a", "zero-b")
 		assertStays(t, c, "keep-running", "keep-created")
 	})
 }
@@ -213,7 +220,7 @@ func TestContainerGCDryRunDeletesNothing(t *testing.T) {
 	v := testenv.Versions()[0]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable(gcImage))
-	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--dry-run", "--maximum-dead-containers-per-container=0")
+	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--dry-run", "--uncollected-exit-grace=1s")
 	waitSynced(t, a)
 	ctr := c.RunNative(t, "dry-a", gcImage, "true")
 	c.WaitExit(t, ctr)

@@ -29,7 +29,7 @@ func TestDemo(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
 	a := testenv.StartAgent(t, c, state,
 		"--image-gc-high-threshold=70", "--image-gc-low-threshold=50", "--minimum-image-ttl-duration=2s",
-		"--minimum-container-ttl-duration=3s", "--pod-log-grace=3s", "--keep-image=example.test/keep:*")
+		"--minimum-container-ttl-duration=3s", "--uncollected-exit-grace=2s", "--pod-log-grace=3s", "--keep-image=example.test/keep:*")
 	rt, _ := c.CRI(t)
 	printed := 0
 	show := func(step string) {

@@ -312,7 +312,7 @@ func testImageGC(t *testing.T, v testenv.Version) {
 		reason[it.Digest] = it.Reason
 	}
 	for name, want := range map[string]gc.Reason{
-		"example.test/run:1": gc.ReasonInUse, "example.test/exited:1": gc.ReasonInUse,
+		"example.test/run:1": gc.ReasonInUseBySnap, "example.test/exited:1": gc.ReasonInUseBySnap,
 		"example.test/pinned:1": gc.ReasonPinned, "keep.test/tools:1": gc.ReasonKeepPattern,
 	} {
 		if got := reason[digest[name]]; got != want {

@@ -283,3 +283,83 @@ func TestLogsPodDirNeedsCRIToAgree(t *testing.T) {
 		t.Fatalf("live pod's log dir removed although CRI lists its sandbox: %v", err)
 	}
 }
+
+// TestLogsDeepRemovalAndBlindPodDir: a link whose target is removed deep
+// inside a pod's container log dir, with no container event, is gone within
+// a second (the pod and container dirs are watched); an agent whose
+// --pod-log-dir is missing while CRI containers run removes no link (every
+// link would look dangling to it).
+func TestLogsDeepRemovalAndBlindPodDir(t *testing.T) {
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v})
+		rt, _ := c.CRI(t)
+		c.Import(t, testenv.Runnable(gcImage), testenv.Pause(c.SandboxImage))
+		pod := c.RunPod(t, rt, "deep", "default", "6d1e2f3a-deep")
+		c.RunPodContainerAttempt(t, rt, pod, "server", 0, gcImage, "sleep", "600")
+		job := c.RunPodContainerAttempt(t, rt, pod, "job", 0, gcImage, "sh", "-c", "echo done")
+		waitCRIExited(t, c, rt, job)
+		link := filepath.Join(c.LogDir, fmt.Sprintf("deep_default_job-%s.log", job))
+
+		// The blind agent first: its pod log dir does not exist.
+		blind := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "blind"), "--prune-containers=off",
+			"--pod-log-dir", filepath.Join(t.TempDir(), "missing"))
+		waitSynced(t, blind)
+		if err := os.Remove(filepath.Join(pod.LogDir, "job", "0.log")); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 30*time.Second, func() string {
+			b, _ := os.ReadFile(blind.LogFile)
+			if !strings.Contains(string(b), `"reason":"no-pod-log-dir"`) && !strings.Contains(string(b), "no-pod-log-dir") {
+				var st struct {
+					Logs struct {
+						Decisions []struct{ Name, Reason string } `json:"decisions"`
+					} `json:"logs"`
+				}
+				if _, err := blind.Get("/status", &st); err == nil {
+					for _, d := range st.Logs.Decisions {
+						if strings.Contains(d.Name, job) && d.Reason == "no-pod-log-dir" {
+							return ""
+						}
+					}
+				}
+				return "the blind agent has not planned the dangling link yet"
+			}
+			return ""
+		})
+		if _, err := os.Lstat(link); err != nil {
+			t.Fatalf("the blind agent removed %s: %v", link, err)
+		}
+		blind.Stop()
+
+		// Restore the log, start the right agent, then remove the log again
+		// with no container event: the link goes within a second.
+		mustWrite(t, filepath.Join(pod.LogDir, "job", "0.log"), "done\n")
+		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--prune-containers=off")
+		waitSynced(t, a)
+		jobDir := filepath.Join(pod.LogDir, "job")
+		testenv.Eventually(t, 10*time.Second, func() string {
+			b, _ := os.ReadFile(a.LogFile)
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, `"path":"`+jobDir+`"`) && strings.Contains(line, `"message":"watching"`) {
+					return ""
+				}
+			}
+			return "not watching " + jobDir + " yet"
+		})
+		removed := time.Now()
+		if err := os.Remove(filepath.Join(pod.LogDir, "job", "0.log")); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() string {
+			if _, err := os.Lstat(link); err == nil {
+				return "link still there"
+			}
+			return ""
+		})
+		if took := time.Since(removed); took > time.Second {
+			t.Errorf("link removed %s after its target, want within 1s (no container event; the floor sweep is 1m)", took)
+		} else {
+			t.Logf("link removed %s after its target", took.Round(time.Millisecond))
+		}
+	})
+}

@@ -284,7 +284,7 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 		}
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--nats-url", ns.ClientURL(),
 			"--image-gc-high-threshold", "1", "--image-gc-low-threshold", "0",
-			"--minimum-image-ttl-duration", "0s", "--maximum-dead-containers-per-container", "0",
+			"--minimum-image-ttl-duration", "0s", "--uncollected-exit-grace", "1s",
 			"--pod-log-grace", "1s", "--heartbeat-interval", "1s")
 		natsWaitSynced(t, a)
 
@@ -364,7 +364,7 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 		}
 		r, err = natsbus.Request(ctx, caller, natsCluster, natsNode, natsbus.VerbExplain, natsbus.RequestOptions{ID: "ex-1",
 			Args: natsbus.ExplainArgs{Image: "example.test/keep:1"}})
-		if err != nil || !r.OK || !strings.Contains(string(r.Data), `"decision":"keep"`) || !strings.Contains(string(r.Data), `"reason":"in-use"`) {
+		if err != nil || !r.OK || !strings.Contains(string(r.Data), `"decision":"keep"`) || !strings.Contains(string(r.Data), `"reason":"in-use-by-snapshot"`) {
 			t.Errorf("explain of the image in use: %+v %v", r, err)
 		}
 		r, err = natsbus.Request(ctx, caller, natsCluster, natsNode, natsbus.VerbPlan, natsbus.RequestOptions{ID: "pl-1"})
@@ -564,7 +564,7 @@ func TestNATSOutageAndKill9(t *testing.T) {
 	url := ns.ClientURL()
 	nc := natsConn(t, url)
 	state := filepath.Join(t.TempDir(), "state")
-	flags := []string{"--nats-url", url, "--maximum-dead-containers-per-container", "0",
+	flags := []string{"--nats-url", url, "--uncollected-exit-grace", "1s",
 		"--image-gc-high-threshold", "100", "--heartbeat-interval", "1s"}
 	a := testenv.StartAgent(t, c, state, flags...)
 	natsWaitSynced(t, a)

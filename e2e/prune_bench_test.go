@@ -33,6 +33,9 @@ var benchWorkers = func() int {
 
 // pruneQuantile returns the p-th percentile (nearest rank) of ds.
 func pruneQuantile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	i := (len(s)*p + 99) / 100
@@ -136,9 +139,11 @@ func benchPrune(b *testing.B, v testenv.Version) {
 	b.StopTimer()
 	a.Stop()
 
-	// Containers: TTL 0, no dead container kept. The agent first clears the
-	// exited containers above (not measured), then follows new exits.
-	a = testenv.StartAgent(b, c, filepath.Join(b.TempDir(), "state-ctrs"), "--maximum-dead-containers-per-container=0")
+	// Containers: TTL 0. The agent first clears the exited containers above
+	// (not measured), then follows new ones: half are collected by their
+	// client (task deleted after the exit, as ctr run does), half are not.
+	const grace = time.Second
+	a = testenv.StartAgent(b, c, filepath.Join(b.TempDir(), "state-ctrs"), "--uncollected-exit-grace="+grace.String())
 	waitSynced(b, a)
 	testenv.Eventually(b, time.Minute, func() string {
 		for _, id := range ids {
@@ -152,28 +157,49 @@ func benchPrune(b *testing.B, v testenv.Version) {
 	cids := make([]string, pruneBenchItems)
 	pruneParallel(pruneBenchItems, benchWorkers, func(i int) {
 		cids[i] = fmt.Sprintf("benchc%08d", i)
-		c.RunNative(b, cids[i], gcImage, "true")
+		ctr := c.RunNative(b, cids[i], gcImage, "true")
+		if i%2 == 0 {
+			c.WaitExit(b, ctr)
+			task, err := ctr.Task(c.Ctx(), nil)
+			if err == nil {
+				_, _ = task.Delete(c.Ctx()) // the client collects; a NotFound means the agent was first
+			}
+		}
 	})
-	ctrLat := make([]time.Duration, 0, pruneBenchItems)
+	var ctrLat, collLat []time.Duration
 	testenv.Eventually(b, time.Minute, func() string {
-		ctrLat = ctrLat[:0]
-		for _, id := range cids {
+		ctrLat, collLat = ctrLat[:0], collLat[:0]
+		for i, id := range cids {
 			ex, del := l.times(id)
 			if ex.IsZero() || del.IsZero() {
 				return id + " not removed yet"
 			}
-			ctrLat = append(ctrLat, del.Sub(ex))
+			if i%2 == 0 {
+				l.mu.Lock()
+				coll := l.collected[id]
+				l.mu.Unlock()
+				if !coll.IsZero() {
+					collLat = append(collLat, del.Sub(coll))
+				}
+				continue
+			}
+			ctrLat = append(ctrLat, del.Sub(ex.Add(grace)))
 		}
 		return ""
 	})
 	b.StopTimer()
 
-	b.ReportMetric(float64(pruneQuantile(ctrLat, 50).Microseconds())/1000, "ctr-p50-ms")
-	b.ReportMetric(float64(pruneQuantile(ctrLat, 99).Microseconds())/1000, "ctr-p99-ms")
+	b.ReportMetric(float64(pruneQuantile(ctrLat, 50).Microseconds())/1000, "uncollected-p50-ms")
+	b.ReportMetric(float64(pruneQuantile(ctrLat, 99).Microseconds())/1000, "uncollected-p99-ms")
+	if len(collLat) > 0 {
+		b.ReportMetric(float64(pruneQuantile(collLat, 50).Microseconds())/1000, "collected-p50-ms")
+		b.ReportMetric(float64(pruneQuantile(collLat, 99).Microseconds())/1000, "collected-p99-ms")
+	}
 	b.ReportMetric(float64(pruneQuantile(logLat, 50).Microseconds())/1000, "log-p50-ms")
 	b.ReportMetric(float64(pruneQuantile(logLat, 99).Microseconds())/1000, "log-p99-ms")
 	b.ReportMetric(kubeletPeriod.Seconds(), "kubelet-period-s")
-	b.Logf("containerd %s, %d items each: exit->removal p50 %s p99 %s max %s; target->link removal p50 %s p99 %s max %s; kubelet: up to %s",
-		v, pruneBenchItems, pruneQuantile(ctrLat, 50), pruneQuantile(ctrLat, 99), slices.Max(ctrLat),
+	b.Logf("containerd %s, %d items each: plain container owner done->removal: collected (client task delete) p50 %s p99 %s (%d), uncollected (exit+%s grace) p50 %s p99 %s max %s; target->link removal p50 %s p99 %s max %s; kubelet: up to %s",
+		v, pruneBenchItems, pruneQuantile(collLat, 50), pruneQuantile(collLat, 99), len(collLat), grace,
+		pruneQuantile(ctrLat, 50), pruneQuantile(ctrLat, 99), slices.Max(ctrLat),
 		pruneQuantile(logLat, 50), pruneQuantile(logLat, 99), slices.Max(logLat), kubeletPeriod)
 }

@@ -2,12 +2,9 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,20 +19,6 @@ import (
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/projection"
 )
-
-// readyz returns the agent's /readyz status code and body.
-func readyz(a *testenv.Agent) (int, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+"/readyz", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
 
 // agentLogHas reports whether a line of the agent's log holds every one of parts.
 func agentLogHas(t testing.TB, a *testenv.Agent, parts ...string) bool {

@@ -24,15 +24,18 @@ const (
 	annContainerName    = "io.kubernetes.cri.container-name"
 )
 
-// imageEvent converts an image record; size is supplied by the caller.
-func imageEvent(at time.Time, img images.Image, size int64) ImageUpserted {
+// imageEvent converts an image record; its content facts are supplied by
+// the caller.
+func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
 	return ImageUpserted{
-		At:      at,
-		Name:    img.Name,
-		Digest:  img.Target.Digest.String(),
-		Labels:  img.Labels,
-		Size:    size,
-		Created: img.CreatedAt.UTC(),
+		At:           at,
+		Name:         img.Name,
+		Digest:       img.Target.Digest.String(),
+		Labels:       img.Labels,
+		Size:         f.Size,
+		Created:      img.CreatedAt.UTC(),
+		ConfigDigest: f.Config,
+		ChainID:      f.Chain,
 	}
 }
 

@@ -43,6 +43,12 @@ type ImageUpserted struct {
 	Labels  map[string]string `json:"labels,omitempty"`
 	Size    int64             `json:"size"` // manifest-declared (compressed) bytes, as the kubelet sees it
 	Created time.Time         `json:"created"`
+	// ConfigDigest is the image id CRI and the kubelet know it by (the
+	// platform config's digest); ChainID names the snapshot of its top
+	// layer, the parent of every container rootfs prepared from it. Both
+	// are empty when the content could not be read.
+	ConfigDigest string `json:"configDigest,omitempty"`
+	ChainID      string `json:"chainID,omitempty"`
 }
 
 // ImageDeleted says that an image name is gone.
@@ -64,6 +70,18 @@ type ContainerUpserted struct {
 	ContainerName string    `json:"containerName,omitempty"`
 	SandboxID     string    `json:"sandboxID,omitempty"`
 	Created       time.Time `json:"created"`
+	// What the container really runs, whatever its image name points at
+	// now: ImageID is the config digest CRI stored for it, RootChain the
+	// chain id its rootfs snapshot was prepared from. VolumeImageIDs are
+	// the config digests of images mounted as OCI image volumes, and
+	// VolumeChains the parents of image-volume snapshots a sandbox holds.
+	ImageID        string   `json:"imageID,omitempty"`
+	RootChain      string   `json:"rootChain,omitempty"`
+	VolumeImageIDs []string `json:"volumeImageIDs,omitempty"`
+	VolumeChains   []string `json:"volumeChains,omitempty"`
+	// RestartManaged says a restart policy (containerd's restart monitor,
+	// nerdctl --restart) wants the container running: its exit is not death.
+	RestartManaged bool `json:"restartManaged,omitempty"`
 }
 
 // ContainerDeleted says that a container is gone.
@@ -87,6 +105,9 @@ type TaskExited struct {
 	Pid         uint32    `json:"pid,omitempty"` // 0 when unknown
 	ExitStatus  uint32    `json:"exitStatus"`
 	ExitedAt    time.Time `json:"exitedAt"`
+	// Collected says the task was deleted (/tasks/delete, or a listing
+	// found the task gone): its owner has read the exit status.
+	Collected bool `json:"collected,omitempty"`
 }
 
 // Synced marks the end of a full reconcile with containerd.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -43,9 +45,9 @@ type Options struct {
 	// overflows, envelopes are dropped and a full listing repairs the state.
 	// Default 65536.
 	QueueSize int
-	// KnownSize returns the size the projection already holds for a target
-	// digest (0 if none), so a listing does not recompute it.
-	KnownSize func(digest string) int64
+	// KnownFacts returns what the projection already holds for a target
+	// digest (zero if none), so a listing does not read the content again.
+	KnownFacts func(digest string) ImageFacts
 	// Now is the clock; default time.Now.
 	Now        func() time.Time
 	Log        zerolog.Logger
@@ -59,7 +61,7 @@ type Source struct {
 	o         Options
 	connected atomic.Bool
 	sizesMu   sync.Mutex
-	sizes     map[string]int64 // target digest -> size; immutable per digest
+	sizes     map[string]ImageFacts // by target digest; immutable per digest
 	m         sourceMetrics
 }
 
@@ -86,10 +88,10 @@ func NewSource(o Options) *Source {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	if o.KnownSize == nil {
-		o.KnownSize = func(string) int64 { return 0 }
+	if o.KnownFacts == nil {
+		o.KnownFacts = func(string) ImageFacts { return ImageFacts{} }
 	}
-	s := &Source{o: o, sizes: map[string]int64{}}
+	s := &Source{o: o, sizes: map[string]ImageFacts{}}
 	s.m = sourceMetrics{
 		received:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_received_total", Help: "containerd envelopes received, by topic."}, []string{"topic"}),
 		ignored:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_ignored_total", Help: "Envelopes received but not needed, by topic."}, []string{"topic"}),
@@ -289,7 +291,7 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope) (Event, err
 		if e.ID != "" && e.ID != e.ContainerID {
 			break
 		}
-		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: timeOf(e.ExitedAt)}, nil
+		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: timeOf(e.ExitedAt), Collected: true}, nil
 	}
 	s.m.ignored.WithLabelValues(topicLabel(env.Topic)).Inc()
 	return nil, nil
@@ -303,7 +305,7 @@ func (s *Source) lookupImage(ctx context.Context, at time.Time, name string) (Ev
 	if err != nil {
 		return nil, fmt.Errorf("get image %q: %w", name, err)
 	}
-	return imageEvent(at, img, s.size(ctx, img)), nil
+	return imageEvent(at, img, s.facts(ctx, img)), nil
 }
 
 func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (Event, error) {
@@ -324,31 +326,44 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 		}
 		return img.Target.Digest.String()
 	}
-	return containerEvent(at, c, digestOf), nil
+	ev := containerEvent(at, c, digestOf)
+	parentOf := func(c containers.Container) string {
+		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
+		if err != nil {
+			return ""
+		}
+		return info.Parent
+	}
+	// A sandbox's image volumes appear after the sandbox; the listings and
+	// the app containers' own volume mounts cover them.
+	noVolumes := func(string) []string { return nil }
+	contentFacts(&ev, c, parentOf, noVolumes, s.configOf(ctx, nil))
+	return ev, nil
 }
 
-// size returns an image's manifest-declared (compressed) size, as the
-// kubelet sees it. It is fixed per target digest, so it is computed once.
-func (s *Source) size(ctx context.Context, img images.Image) int64 {
-	d := img.Target.Digest.String()
-	s.sizesMu.Lock()
-	n, ok := s.sizes[d]
-	s.sizesMu.Unlock()
-	if ok {
-		return n
+// configOf returns a resolver of image refs (names, normalized or not, or
+// CRI image ids) to config digests; listed maps names to images when a
+// listing has them, else the image service is asked.
+func (s *Source) configOf(ctx context.Context, listed map[string]images.Image) func(string) string {
+	return func(ref string) string {
+		for _, name := range normalizedRefs(ref) {
+			img, ok := listed[name]
+			if !ok && listed == nil {
+				var err error
+				img, err = s.o.Client.ImageService().Get(ctx, name)
+				ok = err == nil
+			}
+			if ok {
+				if cfg := s.facts(ctx, img).Config; cfg != "" {
+					return cfg
+				}
+			}
+		}
+		if configDigestRe.MatchString(ref) {
+			return ref // a CRI image id with no name of that spelling
+		}
+		return ""
 	}
-	if n = s.o.KnownSize(d); n > 0 {
-		return n
-	}
-	n, err := client.NewImage(s.o.Client, img).Size(ctx)
-	if err != nil {
-		s.o.Log.Debug().Err(err).Str("image", img.Name).Msg("image size unknown")
-		return 0
-	}
-	s.sizesMu.Lock()
-	s.sizes[d] = n
-	s.sizesMu.Unlock()
-	return n
 }
 
 // List takes a full picture of the namespace.
@@ -364,12 +379,14 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 	}
 	l := Listing{At: at, Images: make([]ImageUpserted, len(imgs))}
 	digests := make(map[string]string, len(imgs))
+	byName := make(map[string]images.Image, len(imgs))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for i, img := range imgs {
 		digests[img.Name] = img.Target.Digest.String()
+		byName[img.Name] = img
 		g.Go(func() error {
-			l.Images[i] = imageEvent(at, img, s.size(gctx, img))
+			l.Images[i] = imageEvent(at, img, s.facts(gctx, img))
 			return nil
 		})
 	}
@@ -379,9 +396,23 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 	if err != nil {
 		return Listing{}, fmt.Errorf("list containers: %w", err)
 	}
+	snapshotters := []string{defaultSnapshotter}
+	for _, c := range ctrs {
+		snapshotters = append(snapshotters, snapshotterOf(c))
+	}
+	slices.Sort(snapshotters)
+	ix, err := s.walkSnapshots(ctx, slices.Compact(snapshotters))
+	if err != nil {
+		return Listing{}, err
+	}
+	parentOf := func(c containers.Container) string { return ix.parents[snapshotterOf(c)+"/"+c.SnapshotKey] }
+	volumesOf := func(sb string) []string { return ix.volumes[sb] }
+	configOf := s.configOf(ctx, byName)
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
 	for _, c := range ctrs {
-		l.Containers = append(l.Containers, containerEvent(at, c, func(n string) string { return digests[n] }))
+		ev := containerEvent(at, c, func(n string) string { return digests[n] })
+		contentFacts(&ev, c, parentOf, volumesOf, configOf)
+		l.Containers = append(l.Containers, ev)
 	}
 
 	resp, err := s.o.Client.TaskService().List(ctx, &tasksapi.ListTasksRequest{})
@@ -456,10 +487,42 @@ func (s *Source) criExits(ctx context.Context, l *Listing) {
 	}
 }
 
-// DialCRI opens a gRPC connection for CRI clients on containerd's socket.
-// It does not dial until the first call.
+// CallTimeout bounds every unary call to containerd and CRI that its
+// caller did not bound: a hung daemon fails calls instead of stalling GC.
+const CallTimeout = 30 * time.Second
+
+// maxCRIMessage lets CRI listings of tens of thousands of containers
+// through (gRPC's default is 16 MiB).
+const maxCRIMessage = 256 << 20
+
+// DeadlineInterceptor gives every unary call without a deadline one of d.
+// Streams (the event subscription) are left alone.
+func DeadlineInterceptor(d time.Duration) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+}
+
+// ClientOpts are the containerd client options gcagent uses: every unary
+// call bounded by CallTimeout.
+func ClientOpts() []client.Opt {
+	return []client.Opt{client.WithExtraDialOpts([]grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(CallTimeout)),
+	})}
+}
+
+// DialCRI opens a gRPC connection for CRI clients on containerd's socket,
+// with every unary call bounded by CallTimeout and room for large
+// listings. It does not dial until the first call.
 func DialCRI(address string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(CallTimeout)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxCRIMessage)))
 	if err != nil {
 		return nil, fmt.Errorf("cri %s: %w", address, err)
 	}

@@ -41,7 +41,7 @@ func TestDecode(t *testing.T) {
 		{"task exit", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7, ExitStatus: 3, ExitedAt: timestamppb.New(exitedAt)}),
 			TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt}},
 		{"task delete", envelope(t, "k8s.io", "/tasks/delete", &apievents.TaskDelete{ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: timestamppb.New(exitedAt)}),
-			TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt}},
+			TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt, Collected: true}},
 		{"exit without a time", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7}),
 			TaskExited{At: at, ContainerID: "c", Pid: 7}},
 		{"exec exit is not the container's", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "exec-1"}), nil},

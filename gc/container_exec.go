@@ -122,6 +122,7 @@ type ContainerMetrics struct {
 	kept    *prometheus.CounterVec   // liveness
 	errors  *prometheus.CounterVec   // op
 	latency *prometheus.HistogramVec // kind
+	won     *prometheus.CounterVec   // kind
 	passes  prometheus.Counter
 	next    prometheus.Gauge
 }
@@ -147,6 +148,10 @@ func NewContainerMetrics(reg prometheus.Registerer) (*ContainerMetrics, error) {
 			Help:    "Time from a dead container becoming removable under the policy to its removal.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12), // 5ms .. ~5min
 		}, []string{"kind"}),
+		won: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_containers_owner_won_total",
+			Help: "Planned removals that the container's owner (a client such as ctr run --rm) deleted first, by kind.",
+		}, []string{"kind"}),
 		passes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gcagent_container_gc_passes_total",
 			Help: "Container GC passes (plan and apply) run.",
@@ -157,7 +162,7 @@ func NewContainerMetrics(reg prometheus.Registerer) (*ContainerMetrics, error) {
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.removed, m.kept, m.errors, m.latency, m.passes, m.next} {
+		for _, c := range []prometheus.Collector{m.removed, m.kept, m.errors, m.latency, m.won, m.passes, m.next} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -169,6 +174,12 @@ func NewContainerMetrics(reg prometheus.Registerer) (*ContainerMetrics, error) {
 func (m *ContainerMetrics) error(op string) {
 	if m != nil {
 		m.errors.WithLabelValues(op).Inc()
+	}
+}
+
+func (m *ContainerMetrics) ownerWon(kind string) {
+	if m != nil {
+		m.won.WithLabelValues(kind).Inc()
 	}
 }
 
@@ -344,6 +355,13 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			return r, nil
 		}
 	} else {
+		// Intent before action: a crash after the delete still gets its event.
+		intent := Action{Kind: "container", Action: "removed", Subject: it.ID, Key: key, Data: ContainerRemoval{
+			ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
+			PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image, ExitedAt: it.ExitedAt,
+			EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.opts.Now(),
+		}}
+		intended := intendDelete(e.opts.Publisher, intent, e.log)
 		var err error
 		switch kind {
 		case ContainerKindNative:
@@ -354,7 +372,17 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			err = e.rt.RemoveCRIContainer(ctx, it.ID)
 		}
 		r.At = e.opts.Now()
+		if errors.Is(err, errOwnerWon) {
+			// The owner deleted it between our re-check and our delete:
+			// counted, never an error, never retried, and not our removal.
+			abandonDelete(e.opts.Publisher, intent, intended, e.log)
+			e.opts.Metrics.ownerWon(kind)
+			e.event(e.log.Debug(), it, kind).Msg("owner deleted it first")
+			r.Outcome = ContainerGone
+			return r, nil
+		}
 		if err != nil {
+			abandonDelete(e.opts.Publisher, intent, intended, e.log)
 			e.opts.Metrics.error("remove")
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)

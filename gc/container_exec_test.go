@@ -178,8 +178,8 @@ func nodeState() *projection.State {
 	return s
 }
 
-// allPolicy keeps one dead container per unit and two in all: n-dead goes
-// by the global cap, app-1 and app-2 by the per-unit cap.
+// allPolicy keeps one dead container per unit and two in all: n-dead, a
+// plain container, goes by its TTL, app-1 and app-2 by the per-unit cap.
 var allPolicy = ContainerPolicy{MinAge: 0, MaxPerEvictUnit: 1, MaxContainers: 2, Prune: PruneAll}
 
 func TestContainerExecutorApply(t *testing.T) {
@@ -269,7 +269,7 @@ func TestContainerExecutorApply(t *testing.T) {
 			}
 			var sum float64
 			for _, k := range []string{"native", "container"} {
-				for _, r := range []Reason{ReasonPerUnitCap, ReasonGlobalCap} {
+				for _, r := range []Reason{ReasonPerUnitCap, ReasonGlobalCap, ReasonTTLExpired} {
 					sum += testutil.ToFloat64(m.removed.WithLabelValues(k, string(r)))
 				}
 			}
@@ -408,22 +408,61 @@ func TestContainerExecutorEligibility(t *testing.T) {
 // containers, and a pod with a running container keeps its sandbox.
 func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
 	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
-	plan := PlanContainers(nodeState(), p, at(time.Minute))
+	s := nodeState()
+	plan := PlanContainers(s, p, at(time.Minute))
 	f := newFakeContainerRuntime()
 	e := NewContainerExecutor(f, ContainerExecutorOptions{})
 	if _, err := e.Apply(context.Background(), plan, p); err != nil {
 		t.Fatal(err)
 	}
-	// Containers go on parallel workers, in any order; the sandbox last.
+	// Containers go on parallel workers, in any order; the newest sandbox
+	// of a pod stays while its containers exist.
 	want := []string{"cri-remove app-1", "cri-remove app-2", "cri-remove app-3", "cri-remove gone-1", "delete-native n-dead"}
-	got := f.Deletes()
-	if len(got) != len(want)+1 || got[len(got)-1] != "sandbox-remove sb2" {
-		t.Fatalf("deletes %v: want the sandbox last", got)
+	if got := slices.Sorted(slices.Values(f.Deletes())); !slices.Equal(got, want) {
+		t.Fatalf("first pass deletes %v, want %v", got, want)
 	}
-	if got = slices.Sorted(slices.Values(got[:len(want)])); !slices.Equal(got, want) {
-		t.Errorf("container deletes %v, want %v", got, want)
+	// The next pass, with the pod's containers gone, removes its sandbox.
+	for _, id := range []string{"app-1", "app-2", "app-3", "gone-1", "n-dead"} {
+		s.Apply(remove(time.Minute, id))
+	}
+	if _, err := e.Apply(context.Background(), PlanContainers(s, p, at(2*time.Minute)), p); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Deletes(); len(got) != len(want)+1 || got[len(got)-1] != "sandbox-remove sb2" {
+		t.Fatalf("deletes %v: want the sandbox after its containers", got)
 	}
 	if !slices.Contains(f.Calls(), "sandbox-liveness sb2") {
 		t.Errorf("sandbox removed without a CRI re-check: %v", f.Calls())
+	}
+}
+
+// TestContainerExecutorOwnerWon: when the owner deletes the container
+// between the re-check and our delete, that is counted, not an error, and
+// not retried; a lease holding its snapshot keeps it.
+func TestContainerExecutorOwnerWon(t *testing.T) {
+	p := ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneNative}
+	plan := PlanContainers(nodeState(), p, at(time.Minute))
+	m, err := NewContainerMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFakeContainerRuntime()
+	f.InjectError("delete-native", "n-dead", fmt.Errorf("delete container: %w", errOwnerWon))
+	res, err := NewContainerExecutor(f, ContainerExecutorOptions{Metrics: m}).Apply(context.Background(), plan, p)
+	if err != nil {
+		t.Fatalf("owner won is not an error: %v", err)
+	}
+	if len(res) != 1 || res[0].Outcome != ContainerGone {
+		t.Fatalf("results %+v, want n-dead gone", res)
+	}
+	if n := testutil.ToFloat64(m.won.WithLabelValues(ContainerKindNative)); n != 1 {
+		t.Errorf("owner-won metric %v, want 1", n)
+	}
+
+	f = newFakeContainerRuntime()
+	f.Set("n-dead", LiveLeased)
+	res, _ = NewContainerExecutor(f, ContainerExecutorOptions{}).Apply(context.Background(), plan, p)
+	if len(res) != 1 || res[0].Outcome != ContainerKept || res[0].Live != LiveLeased || len(f.Deletes()) != 0 {
+		t.Errorf("leased: results %+v, deletes %v", res, f.Deletes())
 	}
 }

@@ -59,6 +59,9 @@ type ContainerGCOptions struct {
 	Clock     ContainerClock    // nil: the real clock
 	// MaxRetry caps the backoff after failed deletes. Default 1m.
 	MaxRetry time.Duration
+	// PodKept says whether a pod is still there though no container of it
+	// is (its log dir exists), so its newest sandbox stays; nil: never.
+	PodKept func(uid, namespace, name string) bool
 }
 
 // ContainerGC removes dead containers as soon as the policy allows, without
@@ -182,7 +185,7 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 	var plan ContainerPlan
 	g.st.View(func(s *projection.State) {
 		if s.Synced { // re-read under the same lock as the plan
-			plan = PlanContainers(s, g.opts.Policy, now)
+			plan = PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept)
 		}
 	})
 	if plan.Remove == nil {
@@ -258,7 +261,7 @@ func (g *ContainerGC) Plan() (plan ContainerPlan, ok bool) {
 	now := g.opts.Clock.Now()
 	g.st.View(func(s *projection.State) {
 		if ok = s.Synced; ok {
-			plan = PlanContainers(s, g.opts.Policy, now)
+			plan = PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept)
 		}
 	})
 	return plan, ok

@@ -213,12 +213,12 @@ func TestContainerGCTimerAtTTL(t *testing.T) {
 	)...)
 	waitArmed(t, h.clock, time.Time{}) // nothing dead: no timer
 
-	h.apply(exit(0, "a")) // a exits at t0: eligible at t0+10s
+	h.apply(gone(0, "a")) // a exits at t0 and its client collects it: eligible at t0+10s
 	waitArmed(t, h.clock, at(10*time.Second))
 	if n := h.clock.Step(5 * time.Second); n != 0 {
 		t.Fatalf("%d timers fired 5s before the TTL", n)
 	}
-	h.apply(native(5*time.Second, "b", "img"), start(5*time.Second, "b"), exit(5*time.Second, "b"))
+	h.apply(native(5*time.Second, "b", "img"), start(5*time.Second, "b"), gone(5*time.Second, "b"))
 	waitArmed(t, h.clock, at(10*time.Second)) // b at t0+15s does not move the earlier deadline
 	noMoreDeletes(t, h.rt)
 
@@ -244,18 +244,18 @@ func TestContainerGCTimerAtTTL(t *testing.T) {
 	}
 }
 
-// TestContainerGCZeroTTLOnExit: with MinAge 0 the exit event alone removes
-// the container; the clock never moves.
+// TestContainerGCZeroTTLOnExit: with MinAge 0 the collect event alone
+// removes the container once its client is quiet; the clock never moves.
 func TestContainerGCZeroTTLOnExit(t *testing.T) {
 	p := nativePolicy
 	p.MinAge = 0
-	h := startGC(t, p, flat(native(0, "a", "img"), start(0, "a"), events.Synced{At: t0})...)
+	h := startGC(t, p, flat(native(-2*time.Second, "a", "img"), start(-2*time.Second, "a"), events.Synced{At: t0})...)
 	waitArmed(t, h.clock, time.Time{})
-	h.apply(exit(0, "a"))
+	h.apply(gone(-time.Second, "a"))
 	waitDeleted(t, h.rt, "a")
 	select {
 	case a := <-h.pub.published:
-		if a.Key != ContainerRemovalKey("a", t0) || a.Kind != "container" || a.Action != "removed" {
+		if a.Key != ContainerRemovalKey("a", at(-time.Second)) || a.Kind != "container" || a.Action != "removed" {
 			t.Errorf("action %+v", a)
 		}
 	case <-time.After(guard):
@@ -268,9 +268,9 @@ func TestContainerGCZeroTTLOnExit(t *testing.T) {
 func TestContainerGCWaitsForSync(t *testing.T) {
 	p := nativePolicy
 	p.MinAge = 0
-	h := startGC(t, p, dead(-2*time.Second, time.Second, "a", "img")...)
+	h := startGC(t, p, native(-2*time.Second, "a", "img"), start(-2*time.Second, "a"), gone(-time.Second, "a"))
 	waitArmed(t, h.clock, time.Time{})
-	h.apply(dead(-2*time.Second, time.Second, "b", "img")...)
+	h.apply(native(-2*time.Second, "b", "img"), start(-2*time.Second, "b"), gone(-time.Second, "b"))
 	waitArmed(t, h.clock, time.Time{})
 	if c := h.rt.Calls(); len(c) != 0 {
 		t.Fatalf("runtime called before sync: %v", c)
@@ -284,10 +284,10 @@ func TestContainerGCWaitsForSync(t *testing.T) {
 func TestContainerGCRetriesFailedDeletes(t *testing.T) {
 	p := nativePolicy
 	p.MinAge = 0
-	h := startGC(t, p, flat(native(0, "a", "img"), start(0, "a"), events.Synced{At: t0})...)
+	h := startGC(t, p, flat(native(-2*time.Second, "a", "img"), start(-2*time.Second, "a"), events.Synced{At: t0})...)
 	waitArmed(t, h.clock, time.Time{})
 	h.rt.InjectError("delete-native", "a", errors.New("containerd busy"))
-	h.apply(exit(0, "a"))
+	h.apply(gone(-time.Second, "a"))
 	waitArmed(t, h.clock, at(time.Second))
 	h.apply(native(0, "other", "img")) // a change before the backoff: a is not retried
 	waitArmed(t, h.clock, at(time.Second))

@@ -33,6 +33,26 @@ type ContainerPolicy struct {
 	MaxContainers int
 	// Prune selects which containers may be removed at all.
 	Prune PruneMode
+	// UncollectedGrace is how long a plain container's exited task waits
+	// for its client to collect the exit status (delete the task) before
+	// the agent counts the owner as done. Default (zero) 10s.
+	UncollectedGrace time.Duration
+}
+
+// DefaultUncollectedGrace is UncollectedGrace's default.
+const DefaultUncollectedGrace = 10 * time.Second
+
+// OwnerQuiet is how long after a client's last operation on a plain
+// container (create, task start, task delete) the agent leaves it alone: a
+// client such as `ctr run --rm` deletes the container right after it
+// collects the exit status.
+const OwnerQuiet = time.Second
+
+func (p ContainerPolicy) grace() time.Duration {
+	if p.UncollectedGrace <= 0 {
+		return DefaultUncollectedGrace
+	}
+	return p.UncollectedGrace
 }
 
 // Validate reports the first invalid field: a negative MinAge, a cap below
@@ -47,6 +67,8 @@ func (p ContainerPolicy) Validate() error {
 		return fmt.Errorf("maximum dead containers %d: must be -1 (no limit) or more", p.MaxContainers)
 	case p.Prune != PruneNative && p.Prune != PruneAll && p.Prune != PruneOff:
 		return fmt.Errorf("prune mode %q: must be native, all or off", p.Prune)
+	case p.UncollectedGrace < 0:
+		return fmt.Errorf("uncollected exit grace %s: must not be negative", p.UncollectedGrace)
 	}
 	return nil
 }
@@ -94,19 +116,40 @@ type ContainerItem struct {
 // an exited sandbox goes once no container of its pod is left after this
 // plan; caps do not apply to sandboxes (as in the kubelet), MinAge does. It
 // does no I/O and does not modify s.
+//
+// Plain containers (no CRI kind) have no restarts, so no per-unit cap: one
+// goes once its owner is done with it and MinAge has passed since. The owner
+// is done when it deleted the task (it read the exit status) or, if nobody
+// does, UncollectedGrace after the exit; and never within OwnerQuiet of a
+// client's last operation on it. One whose restart policy wants it running
+// is not dead.
+//
+// The newest sandbox of a pod is kept while any container of the pod exists
+// or podKept says the pod is still there (its log dir exists): the kubelet
+// removes sandboxes only of pods that are gone.
 func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) ContainerPlan {
+	return PlanContainersWith(s, p, now, nil)
+}
+
+// PlanContainersWith is PlanContainers with podKept (nil: never) saying
+// whether a pod, by uid, namespace and name, is still there.
+func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
 	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
-	items := make(map[string]*ContainerItem, len(s.Containers))
+	// Items live in one slice, reached by id: no allocation per container.
+	list := make([]ContainerItem, 0, len(s.Containers))
+	at := make(map[string]int, len(s.Containers))
+	items := itemIndex{list: &list, at: at}
 	units := map[string][]*projection.Container{}
 	var sandboxes []*projection.Container
 	for _, c := range s.Containers {
-		it := p.screen(c, now)
-		items[c.ID] = &it
+		at[c.ID] = len(list)
+		list = append(list, p.screen(c, now))
+		it := &list[len(list)-1]
 		switch {
-		case it.Reason == ReasonTooYoung:
+		case !it.EligibleAt.IsZero():
 			earliest(&plan.NextEligible, it.EligibleAt)
 		case it.Reason != "":
-			// kept whatever the caps
+			// kept whatever the caps, or (plain) removed whatever the caps
 		case c.CRIKind == projection.KindSandbox:
 			sandboxes = append(sandboxes, c)
 		default:
@@ -126,47 +169,104 @@ func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) Conta
 			all := slices.Concat(slices.Collect(maps.Values(units))...)
 			slices.SortFunc(all, func(a, b *projection.Container) int { return byAge(b, a) })
 			for _, c := range all[p.MaxContainers:] {
-				items[c.ID].Reason = ReasonGlobalCap
+				items.get(c.ID).Reason = ReasonGlobalCap
 			}
 		}
 	}
 	for _, u := range units {
 		for _, c := range u {
-			if items[c.ID].Reason == "" {
-				items[c.ID].Reason = ReasonWithinCap
+			if it := items.get(c.ID); it.Reason == "" {
+				it.Reason = ReasonWithinCap
 			}
 		}
 	}
 
-	for _, sb := range sandboxes {
-		it := items[sb.ID]
-		it.Reason = ReasonSandboxOrphaned
-		for _, c := range s.Containers {
-			if c.CRIKind == projection.KindContainer && !removes(items[c.ID].Reason) &&
-				(c.SandboxID == sb.ID || (sb.PodUID != "" && c.PodUID == sb.PodUID)) {
-				it.Reason = ReasonPodHasContainers
-				it.Containers = append(it.Containers, c.ID)
+	// One index of the pods' containers (by sandbox id and by pod uid) and
+	// newest sandboxes, so a pass is linear in the containers, not
+	// sandboxes times containers.
+	type pod struct {
+		containers, kept []string
+		newest           *projection.Container
+	}
+	bySandbox, byUID := map[string]*pod{}, map[string]*pod{}
+	podOf := func(m map[string]*pod, key string) *pod {
+		pd := m[key]
+		if pd == nil {
+			pd = &pod{}
+			m[key] = pd
+		}
+		return pd
+	}
+	for _, c := range s.Containers {
+		switch c.CRIKind {
+		case projection.KindContainer:
+			kept := !removes(items.get(c.ID).Reason)
+			add := func(m map[string]*pod, key string) {
+				if key == "" {
+					return
+				}
+				pd := podOf(m, key)
+				pd.containers = append(pd.containers, c.ID)
+				if kept {
+					pd.kept = append(pd.kept, c.ID)
+				}
+			}
+			add(bySandbox, c.SandboxID)
+			add(byUID, c.PodUID)
+		case projection.KindSandbox:
+			if c.PodUID != "" {
+				pd := podOf(byUID, c.PodUID)
+				if pd.newest == nil || byCreation(c, pd.newest) > 0 {
+					pd.newest = c
+				}
 			}
 		}
+	}
+	for _, sb := range sandboxes {
+		it := items.get(sb.ID)
+		it.Reason = ReasonSandboxOrphaned
+		var kept, all []string
+		var newest *projection.Container
+		if pd := bySandbox[sb.ID]; pd != nil {
+			kept, all = append(kept, pd.kept...), append(all, pd.containers...)
+		}
+		if pd := byUID[sb.PodUID]; pd != nil && sb.PodUID != "" {
+			kept, all, newest = append(kept, pd.kept...), append(all, pd.containers...), pd.newest
+		}
+		if len(kept) > 0 {
+			it.Reason, it.Containers = ReasonPodHasContainers, kept
+		} else if newest == sb && (len(all) > 0 || (podKept != nil && podKept(sb.PodUID, sb.PodNamespace, sb.PodName))) {
+			it.Reason, it.Containers = ReasonNewestSandbox, all
+		}
 		slices.Sort(it.Containers)
+		it.Containers = slices.Compact(it.Containers)
 	}
 
 	var remove []*projection.Container
-	for _, id := range slices.Sorted(maps.Keys(items)) {
-		if removes(items[id].Reason) {
-			remove = append(remove, s.Containers[id])
+	for i := range list {
+		if removes(list[i].Reason) {
+			remove = append(remove, s.Containers[list[i].ID])
 		} else {
-			plan.Keep = append(plan.Keep, *items[id])
+			plan.Keep = append(plan.Keep, list[i])
 		}
 	}
+	slices.SortFunc(plan.Keep, func(a, b ContainerItem) int { return strings.Compare(a.ID, b.ID) })
 	slices.SortFunc(remove, func(a, b *projection.Container) int {
 		return cmp.Or(cmp.Compare(sandboxLast(a), sandboxLast(b)), byAge(a, b))
 	})
 	for _, c := range remove {
-		plan.Remove = append(plan.Remove, *items[c.ID])
+		plan.Remove = append(plan.Remove, *items.get(c.ID))
 	}
 	return plan
 }
+
+// itemIndex reaches a plan's items by container id.
+type itemIndex struct {
+	list *[]ContainerItem
+	at   map[string]int
+}
+
+func (x itemIndex) get(id string) *ContainerItem { return &(*x.list)[x.at[id]] }
 
 // screen describes c and gives the reason it is kept whatever the caps:
 // running, never started, excluded by the prune mode, or too young; the
@@ -191,6 +291,8 @@ func (p ContainerPolicy) screen(c *projection.Container, now time.Time) Containe
 		it.Reason = ReasonNeverStarted
 	case p.Prune == PruneOff, p.Prune == PruneNative && c.CRIKind != "":
 		it.Reason = ReasonPruneMode
+	case c.CRIKind == "":
+		p.screenPlain(c, now, &it)
 	default:
 		if eligible := deadSince(c).Add(p.MinAge); now.Before(eligible) {
 			it.Reason, it.EligibleAt = ReasonTooYoung, eligible
@@ -199,13 +301,39 @@ func (p ContainerPolicy) screen(c *projection.Container, now time.Time) Containe
 	return it
 }
 
+// screenPlain decides a dead plain container: kept while a restart policy
+// wants it running, while its owner may still collect it or is working on
+// it, or while too young; removed (ttl-expired) after.
+func (p ContainerPolicy) screenPlain(c *projection.Container, now time.Time, it *ContainerItem) {
+	if c.RestartManaged {
+		it.Reason = ReasonRestartManaged
+		return
+	}
+	done, why := deadSince(c).Add(p.grace()), ReasonAwaitingCollection
+	if !c.CollectedAt.IsZero() && c.CollectedAt.Before(done) {
+		done, why = c.CollectedAt, ReasonTooYoung
+	}
+	eligible := done.Add(p.MinAge)
+	if p.MinAge > 0 && why == ReasonAwaitingCollection && now.After(done) {
+		why = ReasonTooYoung
+	}
+	if quiet := c.LastOpAt.Add(OwnerQuiet); quiet.After(eligible) {
+		eligible, why = quiet, ReasonOwnerActive
+	}
+	if now.Before(eligible) {
+		it.Reason, it.EligibleAt = why, eligible
+		return
+	}
+	it.Reason = ReasonTTLExpired
+}
+
 // capUnits keeps the newest n of each unit (sorted newest first) and marks
 // the rest with r.
-func capUnits(units map[string][]*projection.Container, n int, r Reason, items map[string]*ContainerItem) {
+func capUnits(units map[string][]*projection.Container, n int, r Reason, items itemIndex) {
 	for key, u := range units {
 		if len(u) > n {
 			for _, c := range u[n:] {
-				items[c.ID].Reason = r
+				items.get(c.ID).Reason = r
 			}
 			units[key] = u[:n]
 		}
@@ -222,7 +350,12 @@ func count(units map[string][]*projection.Container) int {
 
 // removes reports whether r is a reason to remove a container.
 func removes(r Reason) bool {
-	return r == ReasonPerUnitCap || r == ReasonGlobalCap || r == ReasonSandboxOrphaned
+	return r == ReasonPerUnitCap || r == ReasonGlobalCap || r == ReasonSandboxOrphaned || r == ReasonTTLExpired
+}
+
+// byCreation orders containers by creation, then id.
+func byCreation(a, b *projection.Container) int {
+	return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
 }
 
 // deadSince is when the container's task exited. Creation bounds it from

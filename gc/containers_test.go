@@ -76,21 +76,50 @@ func TestPlanContainers(t *testing.T) {
 			keep: []string{"c1 within-cap", "c2 within-cap", "n1 within-cap"},
 		},
 		{
-			// ARCHITECTURE: a plain container is its own evict unit, so the
-			// kubelet's default cap of 1 keeps it; cap 0 (or a global cap)
-			// is how an operator asks for plain containers to go.
-			name: "a plain container is its own evict unit: the default cap keeps it",
+			// Plain containers have no restarts: no per-unit cap. They go once
+			// their owner is done (it collected the exit status, or the grace
+			// passed) and the TTL has passed since; never while a restart
+			// policy wants them running or right after a client's operation.
+			name: "plain containers go when their owner is done, past the TTL",
 			evs: flat(
-				dead(0, h, "old", "tool:1"), dead(0, 10*h-10*time.Second, "fresh", "tool:1"),
+				dead(0, h, "old", "tool:1"),                         // uncollected for 9h
+				dead(0, 10*h-10*time.Second, "fresh", "tool:1"),     // exited 10s ago, uncollected
+				dead(0, 10*h-30*time.Second, "collected", "tool:1"), // exited 30s ago,
+				collect(10*h-25*time.Second, "collected"),           //   collected 25s ago
+				dead(0, 10*h-2*m, "collected-old", "tool:1"),        // collected long enough ago
+				collect(10*h-2*m, "collected-old"),                  //
+				restarted(0, 5*h, "always", "tool:1"),               // a restart policy wants it running
 				native(0, "idle", "tool:1"),
 			),
-			mod:  func(p *ContainerPolicy) { p.MinAge = m },
-			keep: []string{"fresh too-young", "idle never-started", "old within-cap"},
+			mod:    func(p *ContainerPolicy) { p.MinAge = 30 * time.Second },
+			remove: []string{"old ttl-expired", "collected-old ttl-expired"},
+			keep: []string{"always restart-managed", "collected too-young", "fresh awaiting-collection",
+				"idle never-started"},
 			check: func(t *testing.T, p ContainerPlan) {
-				if want := at(10*h + 50*time.Second); !p.NextEligible.Equal(want) {
+				// collected: 25s ago + 30s TTL; fresh: 10s grace from now + 30s.
+				if want := at(10*h + 5*time.Second); !p.NextEligible.Equal(want) {
 					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
 				}
 			},
+		},
+		{
+			name: "plain containers: a client's operation in the last second keeps it (owner-active)",
+			evs: flat(
+				dead(0, 10*h-time.Minute, "busy", "tool:1"), collect(10*h-500*time.Millisecond, "busy"),
+			),
+			remove: nil,
+			keep:   []string{"busy owner-active"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if want := at(10*h + 500*time.Millisecond); !p.NextEligible.Equal(want) {
+					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
+				}
+			},
+		},
+		{
+			name:   "plain containers: no per-unit cap, and the default policy removes them",
+			evs:    flat(dead(0, h, "a", "tool:1"), dead(h, h, "b", "tool:1"), collect(3*h, "b")),
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit = 5 },
+			remove: []string{"a ttl-expired", "b ttl-expired"},
 		},
 		{
 			name: "global cap over many units: each keeps at least one, then the oldest go",
@@ -137,8 +166,8 @@ func TestPlanContainers(t *testing.T) {
 		{
 			name: "min age counts from the exit, and young containers do not count towards caps",
 			evs: flat(
-				dead(0, 10*h-10*time.Second, "late", "tool:1"), // created long ago, exited 10s ago
-				dead(9*h, h-30*time.Second, "later", "tool:1"),
+				solo(0, 10*h-10*time.Second, "late", "tool:1"), // created long ago, exited 10s ago
+				solo(9*h, h-30*time.Second, "later", "tool:1"),
 				criDead(h, m, "old", "app:1", "u1", "app", "s1"),
 				criDead(2*h, 8*h-5*time.Second, "young", "app:1", "u1", "app", "s1"),
 			),
@@ -155,8 +184,8 @@ func TestPlanContainers(t *testing.T) {
 		},
 		{
 			name:   "min age passed exactly",
-			evs:    flat(dead(0, 10*h-m, "n1", "tool:1")),
-			mod:    func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit = m, 0 },
+			evs:    flat(solo(0, 10*h-m, "n1", "tool:1")),
+			mod:    func(p *ContainerPolicy) { p.MinAge, p.MaxPerEvictUnit, p.Prune = m, 0, PruneAll },
 			remove: []string{"n1 per-unit-cap"},
 			check: func(t *testing.T, p ContainerPlan) {
 				if !p.NextEligible.IsZero() {
@@ -183,7 +212,7 @@ func TestPlanContainers(t *testing.T) {
 				dead(0, m, "n1", "tool:1"),
 			),
 			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit = 0 },
-			remove: []string{"n1 per-unit-cap"},
+			remove: []string{"n1 ttl-expired"},
 			keep:   []string{"c1 prune-mode", "s1 prune-mode"},
 		},
 		{
@@ -234,12 +263,16 @@ func TestPlanContainers(t *testing.T) {
 			},
 		},
 		{
-			name: "prune all: a sandbox goes with the last containers this plan removes, after them",
+			// The kubelet removes sandboxes only of pods that are gone: the
+			// newest sandbox stays while any container of its pod exists, even
+			// one this plan removes; the next plan, with none left, removes it.
+			name: "prune all: the newest sandbox of a pod stays while its containers exist",
 			evs: flat(
 				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, h, "c1", "app:1", "u1", "app", "s1"), exit(m, "s1"),
 			),
 			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.Prune = 0, PruneAll },
-			remove: []string{"c1 per-unit-cap", "s1 sandbox-orphaned"},
+			remove: []string{"c1 per-unit-cap"},
+			keep:   []string{"s1 newest-sandbox"},
 		},
 		{
 			name: "prune all: min age applies to sandboxes",

@@ -15,11 +15,14 @@ type Reason string
 
 // Why an image is kept.
 const (
-	ReasonInUse        Reason = "in-use"        // a container of the namespace references it
-	ReasonPinned       Reason = "pinned"        // a name carries io.cri-containerd.pinned=pinned
-	ReasonSandboxImage Reason = "sandbox-image" // it is a configured sandbox (pause) image
-	ReasonKeepPattern  Reason = "keep-pattern"  // a name matches a keep pattern
-	ReasonNotNeeded    Reason = "not-needed"    // eligible, but this pass frees enough without it
+	ReasonInUse        Reason = "in-use"             // a container of the namespace references it (by its image name's target)
+	ReasonInUseByID    Reason = "in-use-by-image-id" // a container runs it: CRI's image id of the container is its config digest
+	ReasonInUseBySnap  Reason = "in-use-by-snapshot" // a container's rootfs (or a view) was prepared from its top layer
+	ReasonImageVolume  Reason = "image-volume"       // mounted into a pod as an OCI image volume
+	ReasonPinned       Reason = "pinned"             // a name carries io.cri-containerd.pinned=pinned
+	ReasonSandboxImage Reason = "sandbox-image"      // it is a configured sandbox (pause) image
+	ReasonKeepPattern  Reason = "keep-pattern"       // a name matches a keep pattern
+	ReasonNotNeeded    Reason = "not-needed"         // eligible, but this pass frees enough without it
 )
 
 // Why an image is deleted.
@@ -40,6 +43,12 @@ const (
 	ReasonWithinCap        Reason = "within-cap"         // dead, but within the per-unit and global caps
 	ReasonPruneMode        Reason = "prune-mode"         // excluded by the prune mode
 	ReasonPodHasContainers Reason = "pod-has-containers" // a sandbox whose pod still has containers
+	ReasonNewestSandbox    Reason = "newest-sandbox"     // the newest sandbox of a pod that is still there
+	// Plain containers: the client that owns one may still be using it.
+	ReasonRestartManaged     Reason = "restart-managed"     // a restart policy wants it running
+	ReasonAwaitingCollection Reason = "awaiting-collection" // exited; its client may still read the exit status
+	ReasonOwnerActive        Reason = "owner-active"        // a client operated on it within OwnerQuiet
+	ReasonLeased             Reason = "leased"              // a containerd lease (a client at work) holds its snapshot
 )
 
 // Why a container is deleted.
@@ -47,7 +56,17 @@ const (
 	ReasonPerUnitCap      Reason = "per-unit-cap"     // beyond MaxPerEvictUnit in its evict unit
 	ReasonGlobalCap       Reason = "global-cap"       // beyond MaxContainers overall
 	ReasonSandboxOrphaned Reason = "sandbox-orphaned" // an exited sandbox whose pod has no container left
+	ReasonTTLExpired      Reason = "ttl-expired"      // a plain container whose owner is done, past its TTL
 )
+
+// InUseReason reports whether r says an image is held by a container.
+func InUseReason(r Reason) bool {
+	switch r {
+	case ReasonInUse, ReasonInUseByID, ReasonInUseBySnap, ReasonImageVolume:
+		return true
+	}
+	return false
+}
 
 // later returns the later of two instants.
 func later(a, b time.Time) time.Time {

@@ -63,6 +63,28 @@ func exit(d time.Duration, id string) events.TaskExited {
 	return events.TaskExited{At: at(d), ContainerID: id, ExitedAt: at(d)}
 }
 
+// collect is a client deleting the task of id at t0+d (it read the exit
+// status).
+func collect(d time.Duration, id string) events.TaskExited {
+	return events.TaskExited{At: at(d), ContainerID: id, Collected: true}
+}
+
+// gone is the exit of id at t0+d, collected by its client at once (ctr run
+// deletes the task as soon as it exits).
+func gone(d time.Duration, id string) events.TaskExited {
+	return events.TaskExited{At: at(d), ContainerID: id, ExitedAt: at(d), Collected: true}
+}
+
+// restarted is dead(), for a container whose restart policy (nerdctl
+// --restart, containerd's restart monitor) wants it running.
+func restarted(d, ran time.Duration, id, image string) []events.Event {
+	evs := dead(d, ran, id, image)
+	c := evs[0].(events.ContainerUpserted)
+	c.RestartManaged = true
+	evs[0] = c
+	return evs
+}
+
 func remove(d time.Duration, id string) events.ContainerDeleted {
 	return events.ContainerDeleted{At: at(d), ID: id}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/projection"
+	"github.com/rs/zerolog"
 )
 
 // Why the image executor did not delete an image the plan named.
@@ -36,8 +37,10 @@ const (
 type imageRuntime interface {
 	// ImageNames returns every name pointing at the target digest now.
 	ImageNames(ctx context.Context, digest string) ([]ImageName, error)
-	// ImageUsers returns the containers whose image is one of names.
-	ImageUsers(ctx context.Context, names []string) ([]string, error)
+	// ImageUsers returns what holds the image now: containers whose image
+	// is one of names, snapshots prepared from chain, CRI containers whose
+	// image id is config.
+	ImageUsers(ctx context.Context, names []string, config, chain string) ([]string, error)
 	// RemoveImage deletes all names (of one digest), synchronously, and
 	// says how (cri or native); errImageChanged when a name moved.
 	RemoveImage(ctx context.Context, digest string, names []ImageName) (string, error)
@@ -105,6 +108,10 @@ type imageExecutor struct {
 	// emit, if set, is called with each outcome as it happens (for logs,
 	// metrics and events), before execute returns.
 	emit func(ImageOutcome)
+	// pub, when it is an Intender, records an intent before each delete; the
+	// removal's Publish (through emit) completes it. log notes intent errors.
+	pub Publisher
+	log zerolog.Logger
 }
 
 // execute applies plan. Max-age images are all deleted; space images are
@@ -168,7 +175,14 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			skip(ReasonDryRun, "would remove ("+string(rule)+")")
 			continue
 		}
+		// Intent before action: a crash after the delete still gets its event.
+		intent := Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest, Key: imageRemovalKey(it.Digest, it.FirstSeen),
+			Data: imageData{ImageOutcome: x.outcome(it, rule, ActionRemoved, rule, "")}}
+		intended := intendDelete(x.pub, intent, x.log)
 		via, err := x.rt.RemoveImage(ctx, it.Digest, names)
+		if err != nil {
+			abandonDelete(x.pub, intent, intended, x.log)
+		}
 		if errors.Is(err, errImageChanged) {
 			skip(ReasonChanged, err.Error())
 			continue
@@ -256,7 +270,7 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem, leased func()
 	if users := x.users(it.Digest); len(users) > 0 {
 		return nil, ReasonInUse, "projection users: " + strings.Join(users, ","), nil
 	}
-	users, err := x.rt.ImageUsers(ctx, now)
+	users, err := x.rt.ImageUsers(ctx, now, it.ConfigDigest, it.ChainID)
 	if err != nil {
 		return nil, "", "", err
 	}

@@ -25,7 +25,7 @@ const mib = 1 << 20
 type fakeRuntime struct {
 	mu      sync.Mutex
 	names   map[string][]ImageName // by digest
-	users   map[string][]string    // container ids by image name
+	users   map[string][]string    // container ids by image name, "config:<id>" or "chain:<id>"
 	frees   map[string]uint64      // bytes a digest's removal frees
 	errs    map[string]error       // op+" "+digest -> injected error
 	leased  map[string]bool        // content digests a lease holds
@@ -115,11 +115,11 @@ func (f *fakeRuntime) ImageNames(_ context.Context, digest string) ([]ImageName,
 	return slices.Clone(f.names[digest]), nil
 }
 
-func (f *fakeRuntime) ImageUsers(_ context.Context, names []string) ([]string, error) {
+func (f *fakeRuntime) ImageUsers(_ context.Context, names []string, config, chain string) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var ids []string
-	for _, n := range names {
+	for _, n := range append(slices.Clone(names), "config:"+config, "chain:"+chain) {
 		if err := f.errs["users "+n]; err != nil {
 			return nil, err
 		}

@@ -172,9 +172,15 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 	g.trig = imageTrigger{policy: o.Policy, retry: o.Retry, minGap: o.DiskInterval, dryRun: o.DryRun}
 	g.exec = &imageExecutor{
 		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
-		synced: o.Projection.Synced,
+		synced: o.Projection.Synced, pub: o.Publisher, log: o.Log,
 		users: func(digest string) (ids []string) {
-			o.Projection.View(func(s *projection.State) { ids = slices.Sorted(maps.Keys(s.Users[digest])) })
+			o.Projection.View(func(s *projection.State) {
+				if img := s.Images[digest]; img != nil {
+					ids = s.ImageUsers(img)
+				} else {
+					ids = slices.Sorted(maps.Keys(s.Users[digest]))
+				}
+			})
 			return ids
 		},
 	}
@@ -387,7 +393,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 // through rep: a removal at once (with what rep held), a skip when the pass
 // ends.
 func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log zerolog.Logger) {
-	key := o.Digest + "@" + strconv.FormatInt(o.FirstSeen.UnixNano(), 10)
+	key := imageRemovalKey(o.Digest, o.FirstSeen)
 	lvl := zerolog.InfoLevel
 	if o.Action == ActionRemoved {
 		pass.Removed = append(pass.Removed, o)
@@ -676,7 +682,7 @@ type imageTrigger struct {
 // observe takes a disk sample (ok false when statfs failed).
 func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 	usage, valid := usagePercent(d)
-	above := ok && valid && tr.policy.HighThresholdPercent < 100 && usage >= tr.policy.HighThresholdPercent
+	above := ok && valid && (tr.policy.HighThresholdPercent < 100 || tr.policy.MaxAge > 0) && usage >= tr.policy.HighThresholdPercent
 	if above && !tr.above {
 		tr.crossedAt, tr.didReact = now, false
 	}

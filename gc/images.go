@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/distribution/reference"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -23,7 +24,8 @@ type DiskStats struct {
 // passed Validate.
 type ImagePolicy struct {
 	// HighThresholdPercent is the disk usage at which threshold GC starts;
-	// 100 disables threshold GC (MaxAge still applies).
+	// 100 with no MaxAge disables image GC (the kubelet's rule); 100 with a
+	// MaxAge triggers threshold GC only on a full disk (under 1% free).
 	HighThresholdPercent int
 	// LowThresholdPercent is the disk usage threshold GC frees down to.
 	LowThresholdPercent int
@@ -120,6 +122,9 @@ type ImageItem struct {
 	Rule string `json:"rule,omitempty"`
 	// EligibleAt is when a too-young image passes MinAge.
 	EligibleAt time.Time `json:"eligibleAt,omitzero"`
+	// ConfigDigest and ChainID say what content it is, for the re-check.
+	ConfigDigest string `json:"configDigest,omitempty"`
+	ChainID      string `json:"chainID,omitempty"`
 }
 
 // PlanImages decides which images to delete now, with kubelet semantics:
@@ -195,7 +200,9 @@ func (plan *ImagePlan) measure(p ImagePolicy) {
 		return
 	}
 	plan.Usage = 100 - int(mulDiv(available, 100, capacity))
-	plan.Triggered = p.HighThresholdPercent < 100 && plan.Usage >= p.HighThresholdPercent
+	// The kubelet turns image GC off only for high 100 with no max age;
+	// with a max age set, a full disk (usage rounds up to 100) triggers it.
+	plan.Triggered = (p.HighThresholdPercent < 100 || p.MaxAge > 0) && plan.Usage >= p.HighThresholdPercent
 	if plan.Triggered {
 		plan.AmountToFree = int64(mulDiv(capacity, uint64(100-p.LowThresholdPercent), 100)) - int64(available)
 	}
@@ -211,9 +218,12 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 		Size:      img.Size,
 		FirstSeen: img.FirstSeen,
 		LastUsed:  s.LastUsed(img, now),
+
+		ConfigDigest: img.ConfigDigest,
+		ChainID:      img.ChainID,
 	}
-	if users := s.Users[img.Digest]; len(users) > 0 {
-		it.Reason, it.Users = ReasonInUse, slices.Sorted(maps.Keys(users))
+	if users := s.ImageUsers(img); len(users) > 0 {
+		it.Reason, it.Users = inUseReason(s, img, users), users
 		return it
 	}
 	for _, name := range it.Names {
@@ -230,7 +240,7 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 	}
 	for _, pattern := range p.KeepPatterns {
 		for _, name := range it.Names {
-			if ok, _ := path.Match(pattern, name); ok {
+			if keepMatch(pattern, name) {
 				it.Reason, it.Name, it.Rule = ReasonKeepPattern, name, pattern
 				return it
 			}
@@ -240,6 +250,50 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 		it.Reason, it.EligibleAt = ReasonTooYoung, eligible
 	}
 	return it
+}
+
+// inUseReason says how the containers in users hold img, the most exact
+// way first: CRI's image id of a container, a rootfs snapshot prepared from
+// its top layer, an image volume, and last the target its name resolved to.
+func inUseReason(s *projection.State, img *projection.Image, users []string) Reason {
+	best := ReasonInUse
+	rank := map[Reason]int{ReasonInUseByID: 3, ReasonInUseBySnap: 2, ReasonImageVolume: 1, ReasonInUse: 0}
+	for _, id := range users {
+		c := s.Containers[id]
+		if c == nil {
+			continue
+		}
+		r := ReasonInUse
+		switch {
+		case img.ConfigDigest != "" && c.ImageID == img.ConfigDigest:
+			r = ReasonInUseByID
+		case img.ChainID != "" && c.RootChain == img.ChainID:
+			r = ReasonInUseBySnap
+		case slices.Contains(c.VolumeImageIDs, img.ConfigDigest) || slices.Contains(c.VolumeChains, img.ChainID):
+			r = ReasonImageVolume
+		}
+		if rank[r] > rank[best] {
+			best = r
+		}
+	}
+	return best
+}
+
+// keepMatch reports whether a keep pattern matches an image name as stored
+// (docker.io/library/nginx:1.25) or in its familiar form (nginx:1.25), the
+// usual reference normalization, so nginx:* and docker.io/library/nginx:*
+// both keep it.
+func keepMatch(pattern, name string) bool {
+	if ok, _ := path.Match(pattern, name); ok {
+		return true
+	}
+	if n, err := reference.ParseNormalizedNamed(name); err == nil {
+		if fam := reference.FamiliarString(n); fam != name {
+			ok, _ := path.Match(pattern, fam)
+			return ok
+		}
+	}
+	return false
 }
 
 // matchRef reports whether ref names the image: equal to one of its names,

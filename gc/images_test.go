@@ -366,18 +366,36 @@ func TestPlanImages(t *testing.T) {
 			delete: nil,
 		},
 		{
-			name: "high 100 disables threshold gc, max age still applies",
+			// The kubelet turns image GC off only for high 100 with no max
+			// age: with a max age, a full disk (usage rounds up to 100)
+			// triggers space GC too.
+			name: "high 100 with a max age: a full disk triggers space gc",
 			evs: flat(
 				pull(0, "old:1", "sha256:old", 10),
 				pull(9*h+30*m, "new:1", "sha256:new", 10),
 			),
-			disk:   DiskStats{CapacityBytes: 1000},
+			disk:   DiskStats{CapacityBytes: 1000, AvailableBytes: 9}, // under 1% free
+			mod:    func(p *ImagePolicy) { p.HighThresholdPercent, p.MaxAge = 100, h },
+			delete: []string{"sha256:old max-age", "sha256:new space"},
+			check: func(t *testing.T, p ImagePlan) {
+				if !p.Triggered || p.Usage != 100 {
+					t.Errorf("triggered %v usage %d, want true 100", p.Triggered, p.Usage)
+				}
+			},
+		},
+		{
+			name: "high 100 with a max age: below 100% only max age applies",
+			evs: flat(
+				pull(0, "old:1", "sha256:old", 10),
+				pull(9*h+30*m, "new:1", "sha256:new", 10),
+			),
+			disk:   DiskStats{CapacityBytes: 1000, AvailableBytes: 10}, // 1% free: usage 99
 			mod:    func(p *ImagePolicy) { p.HighThresholdPercent, p.MaxAge = 100, h },
 			delete: []string{"sha256:old max-age"},
 			keep:   []string{"sha256:new not-needed"},
 			check: func(t *testing.T, p ImagePlan) {
-				if p.Triggered || p.Usage != 100 {
-					t.Errorf("triggered %v usage %d, want false 100", p.Triggered, p.Usage)
+				if p.Triggered || p.Usage != 99 {
+					t.Errorf("triggered %v usage %d, want false 99", p.Triggered, p.Usage)
 				}
 			},
 		},

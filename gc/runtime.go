@@ -16,6 +16,9 @@ type Runtime struct {
 	CRI       runtime.RuntimeServiceClient
 	CRIImages runtime.ImageServiceClient
 	Namespace string
+	// Snapshotters hold the snapshots that keep images in use; default
+	// overlayfs.
+	Snapshotters []string
 }
 
 // ctx puts the runtime's namespace on ctx (containerd calls need one; CRI

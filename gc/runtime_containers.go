@@ -2,6 +2,7 @@ package gc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/containerd/containerd/v2/client"
@@ -24,7 +25,12 @@ const (
 	LiveCreated       Liveness = "created"        // task or CRI container created, not started
 	LiveUnknown       Liveness = "unknown"        // the runtime cannot tell
 	LiveHasContainers Liveness = "has-containers" // a sandbox that still holds containers
+	LiveLeased        Liveness = "leased"         // a containerd lease (a client at work) holds its snapshot
 )
+
+// errOwnerWon says the container's owner deleted it (or its task) between
+// the re-check and our delete: not an error, the owner was first.
+var errOwnerWon = errors.New("owner deleted it first")
 
 // NativeLiveness re-reads the task of plain container id from containerd. A
 // container without a task counts as dead: the caller asks only about
@@ -37,6 +43,15 @@ func (r Runtime) NativeLiveness(ctx context.Context, id string) (Liveness, error
 	}
 	if err != nil {
 		return "", fmt.Errorf("load container %q: %w", id, err)
+	}
+	if info, err := ctr.Info(ctx, client.WithoutRefreshedMetadata); err == nil && info.SnapshotKey != "" {
+		held, err := r.leasedSnapshot(ctx, info.Snapshotter, info.SnapshotKey)
+		if err != nil {
+			return "", err
+		}
+		if held {
+			return LiveLeased, nil
+		}
 	}
 	task, err := ctr.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {
@@ -63,10 +78,40 @@ func (r Runtime) NativeLiveness(ctx context.Context, id string) (Liveness, error
 	return LiveUnknown, nil
 }
 
+// leasedSnapshot reports whether a lease of the namespace holds the
+// snapshot key of snapshotter sn: a client (ctr run, a build) is at work.
+func (r Runtime) leasedSnapshot(ctx context.Context, sn, key string) (bool, error) {
+	if sn == "" {
+		sn = "overlayfs"
+	}
+	ls := r.Client.LeasesService()
+	all, err := ls.List(ctx)
+	if err != nil {
+		return false, fmt.Errorf("list leases: %w", err)
+	}
+	for _, l := range all {
+		res, err := ls.ListResources(ctx, l)
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("list resources of lease %s: %w", l.ID, err)
+		}
+		for _, rs := range res {
+			if rs.Type == "snapshots/"+sn && rs.ID == key {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 // DeleteNative deletes plain container id through containerd: its stopped
 // task, then the container with its snapshot. It never kills: containerd
 // refuses to delete a task that runs again, and that error is returned. A
-// container or task already gone is success.
+// container already gone is success; a task or container that vanishes
+// between our reads and our delete means its owner deleted it first, and
+// returns errOwnerWon.
 func (r Runtime) DeleteNative(ctx context.Context, id string) error {
 	ctx = r.ctx(ctx)
 	ctr, err := r.Client.LoadContainer(ctx, id)
@@ -79,13 +124,19 @@ func (r Runtime) DeleteNative(ctx context.Context, id string) error {
 	task, err := ctr.Task(ctx, nil)
 	switch {
 	case err == nil:
-		if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		if _, err := task.Delete(ctx); err != nil {
+			if errdefs.IsNotFound(err) {
+				return errOwnerWon
+			}
 			return fmt.Errorf("delete task of container %q: %w", id, err)
 		}
 	case !errdefs.IsNotFound(err):
 		return fmt.Errorf("task of container %q: %w", id, err)
 	}
-	if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+	if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil {
+		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) || errdefs.IsConflict(err) {
+			return errOwnerWon
+		}
 		return fmt.Errorf("delete container %q: %w", id, err)
 	}
 	return nil

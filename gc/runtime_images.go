@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
@@ -55,30 +56,68 @@ func (r Runtime) ImageNames(ctx context.Context, digest string) ([]ImageName, er
 	return out, nil
 }
 
-// ImageUsers returns the ids of the containers of the namespace, running or
-// not, whose image is one of names, sorted. Listing by name is the same as
-// mapping every container's image name to its target and comparing digests,
-// without reading every container record.
-func (r Runtime) ImageUsers(ctx context.Context, names []string) ([]string, error) {
-	if len(names) == 0 {
-		return nil, nil
+// ImageUsers returns what holds the image right now, sorted: containers of
+// the namespace whose image is one of names and that have no rootfs
+// snapshot to tell by content (or the image's chain is unknown); active or
+// view snapshots
+// prepared from its top layer (chain), which is every container rootfs, image
+// volume and mounted view made from it whatever its name says now; and CRI
+// containers whose image id is its config digest. It is the executor's
+// re-check, the same rule the projection plans with.
+func (r Runtime) ImageUsers(ctx context.Context, names []string, config, chain string) ([]string, error) {
+	ctx = r.ctx(ctx)
+	var ids []string
+	if len(names) > 0 {
+		filters := make([]string, len(names))
+		for i, n := range names {
+			filters[i] = "image==" + strconv.Quote(n)
+		}
+		ctrs, err := r.Client.ContainerService().List(ctx, filters...)
+		if err != nil {
+			return nil, fmt.Errorf("list containers of images %v: %w", names, err)
+		}
+		for _, c := range ctrs {
+			// A container with a rootfs snapshot is matched by content below:
+			// its image name may point at another image by now.
+			if slices.Contains(names, c.Image) && (c.SnapshotKey == "" || chain == "") {
+				ids = append(ids, c.ID)
+			}
+		}
 	}
-	filters := make([]string, len(names))
-	for i, n := range names {
-		filters[i] = "image==" + strconv.Quote(n)
+	if chain != "" {
+		for _, sn := range r.snapshotters() {
+			err := r.Client.SnapshotService(sn).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+				if info.Parent == chain && info.Kind != snapshots.KindCommitted {
+					ids = append(ids, "snapshot:"+info.Name)
+				}
+				return nil
+			}, "parent=="+strconv.Quote(chain))
+			if err != nil {
+				return nil, fmt.Errorf("snapshots of %s in %s: %w", chain, sn, err)
+			}
+		}
 	}
-	ctrs, err := r.Client.ContainerService().List(r.ctx(ctx), filters...)
-	if err != nil {
-		return nil, fmt.Errorf("list containers of images %v: %w", names, err)
-	}
-	ids := make([]string, 0, len(ctrs))
-	for _, c := range ctrs {
-		if slices.Contains(names, c.Image) {
-			ids = append(ids, c.ID)
+	if config != "" && r.CRI != nil {
+		resp, err := r.CRI.ListContainers(ctx, &runtime.ListContainersRequest{})
+		if err != nil {
+			return nil, fmt.Errorf("cri list containers: %w", err)
+		}
+		for _, c := range resp.Containers {
+			if c.ImageRef == config || c.ImageId == config {
+				ids = append(ids, c.Id)
+			}
 		}
 	}
 	slices.Sort(ids)
-	return ids, nil
+	return slices.Compact(ids), nil
+}
+
+// snapshotters are the snapshotters whose snapshots may hold images.
+func (r Runtime) snapshotters() []string {
+	if len(r.Snapshotters) == 0 {
+		return []string{"overlayfs"}
+	}
+	return r.Snapshotters
 }
 
 // LeasedContent returns the digests of the content resources held by a

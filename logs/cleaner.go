@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -66,6 +68,8 @@ type Cleaner struct {
 	kick    chan struct{}
 
 	last atomic.Pointer[Plan] // of the last Clean, for Status
+
+	deepFull bool // the deep watch limit was reached (logged once); Run's goroutine only
 
 	mu   sync.Mutex // serializes passes; guards seen
 	seen map[key]*tracked
@@ -293,11 +297,17 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		return nil
 	}
 
+	// Intent before action: a crash after the removal still gets its event.
+	intent := Removal{Kind: d.Kind, Dir: dir, Name: d.Name, Reason: d.Reason, Container: d.Container, UID: d.UID, At: c.now()}
+	intended := !c.cfg.DryRun && c.intendRemoval(ctx, intent)
 	var freed int64
 	if e.Kind == KindPodDir {
 		freed, err = removePodDir(root, dir, e.Name, c.cfg.DryRun)
 	} else {
 		err = removeLink(root, dir, e.Name, c.cfg.DryRun)
+	}
+	if err != nil {
+		c.abandonRemoval(ctx, intent, intended)
 	}
 	if errors.Is(err, errMount) {
 		if t.noted != ReasonMountPoint {
@@ -383,25 +393,77 @@ func (c *Cleaner) Run(ctx context.Context) error {
 		if err != nil {
 			c.log.Error().Err(err).Msg("pass")
 		}
+		// Pod dirs and their container dirs appear with the pods: watching
+		// them after the pass covers what appeared meanwhile, because their
+		// creation woke the next pass.
+		c.armDeep(w, plan)
 
-		wait := time.Duration(-1)
+		// A full sweep at least every FloorSweep, whatever the watches
+		// missed, so no link outlives the kubelet's 1-minute sweep.
+		wait := FloorSweep
 		if !plan.Next.IsZero() {
-			wait = max(plan.Next.Sub(c.now()), 0)
+			wait = min(max(plan.Next.Sub(c.now()), 0), wait)
 		}
 		if missing {
 			retry = min(max(2*retry, time.Second), time.Minute)
-			if wait < 0 || retry < wait {
-				wait = retry
-			}
+			wait = min(wait, retry)
 		} else {
 			retry = 0
 		}
-		if wait >= 0 {
-			timer.Reset(wait)
-		} else {
-			timer.Stop()
+		timer.Reset(wait)
+	}
+}
+
+// FloorSweep is the longest time between two full passes.
+const FloorSweep = time.Minute
+
+// maxDeepWatches bounds the watches on pod and container log dirs (inotify
+// watches are a per-user kernel resource); past it, the floor sweep covers
+// the rest.
+const maxDeepWatches = 8192
+
+// armDeep watches each pod dir of the plan and its container dirs (where
+// the kubelet's links point), so a log file removed deep inside a pod dir
+// wakes a pass at once. Only real directories are watched (never through a
+// symlink); watches of removed dirs go away with them.
+func (c *Cleaner) armDeep(w *fsnotify.Watcher, plan Plan) {
+	watched := map[string]bool{}
+	for _, p := range w.WatchList() {
+		watched[p] = true
+	}
+	n := len(watched)
+	for _, d := range plan.Decisions {
+		if d.Kind != KindPodDir || d.Reason == ReasonNotDirectory || d.Reason == ReasonBadName {
+			continue
+		}
+		dir := filepath.Join(c.cfg.PodLogDir, d.Name)
+		paths := []string{dir}
+		if subs, err := os.ReadDir(dir); err == nil {
+			for _, sub := range subs {
+				if sub.IsDir() { // from the directory entry: a symlink is not
+					paths = append(paths, filepath.Join(dir, sub.Name()))
+				}
+			}
+		}
+		for _, p := range paths {
+			if watched[p] {
+				continue
+			}
+			if n >= maxDeepWatches {
+				if !c.deepFull {
+					c.deepFull = true
+					c.log.Warn().Int("watches", n).Msg("deep watch limit reached; the floor sweep covers the rest")
+				}
+				return
+			}
+			if err := w.Add(p); err == nil {
+				watched[p] = true
+				n++
+				c.log.Debug().Str("path", p).Msg("watching")
+			}
 		}
 	}
+	c.deepFull = false
 }
 
 // drain swallows what is already queued: the coming pass covers it.

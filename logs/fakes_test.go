@@ -25,6 +25,7 @@ var (
 type fakeState struct {
 	mu         sync.Mutex
 	synced     bool
+	criRunning bool
 	containers map[string]bool // id -> running
 	pods       map[string]fakePod
 }
@@ -42,6 +43,12 @@ func (s *fakeState) Synced() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.synced
+}
+
+func (s *fakeState) CRIContainersRunning() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.criRunning
 }
 
 func (s *fakeState) ContainerState(id string) (running, known bool) {

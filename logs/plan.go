@@ -26,6 +26,9 @@ type State interface {
 	// last one is gone (zero while alive or unknown), and whether the uid is
 	// known at all.
 	PodState(uid string) (alive bool, goneSince time.Time, known bool)
+	// CRIContainersRunning reports whether any CRI container (not a
+	// sandbox) runs: their logs must then be under PodLogDir.
+	CRIContainersRunning() bool
 }
 
 // Kind names the rule that applies to an entry: KindSymlink for the entries
@@ -74,6 +77,7 @@ const (
 	ReasonPodAlive         Reason = "pod-alive"         // a sandbox of the uid exists
 	ReasonMountPoint       Reason = "mount-point"       // a mount point is at or under the pod dir
 	ReasonGrace            Reason = "grace"             // removable at EligibleAt
+	ReasonNoPodLogDir      Reason = "no-pod-log-dir"    // PodLogDir missing or empty while CRI containers run: every link would look dangling
 )
 
 // Entry is one scanned directory entry, the planner's whole view of it.
@@ -126,8 +130,15 @@ const maxNameLen = 255
 // 2.5) made conservative. It does no I/O besides calling st.
 func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Plan {
 	p := Plan{At: now, Synced: st.Synced(), Decisions: make([]Decision, 0, len(entries))}
+	// A PodLogDir that is missing or empty while CRI containers run is not
+	// the one the kubelet writes to (a DaemonSet without that mount, a
+	// wrong flag): every link would look dangling. Remove no link then.
+	blind := !slices.ContainsFunc(entries, func(e Entry) bool { return e.Kind == KindPodDir }) && st.CRIContainersRunning()
 	for _, e := range entries {
 		d := decide(e, st, grace, now)
+		if blind && e.Kind == KindSymlink && d.Action != ActionKeep {
+			d.Action, d.Reason, d.EligibleAt = ActionKeep, ReasonNoPodLogDir, time.Time{}
+		}
 		if d.Action == ActionWait && (p.Next.IsZero() || d.EligibleAt.Before(p.Next)) {
 			p.Next = d.EligibleAt
 		}

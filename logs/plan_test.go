@@ -229,3 +229,37 @@ func TestParseMountinfo(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanLogsBlindWithoutPodLogDir: with PodLogDir missing or empty while
+// CRI containers run (a DaemonSet without that mount), every link would look
+// dangling: none is removed. Without CRI containers, or with pod dirs seen,
+// dangling links go as usual.
+func TestPlanLogsBlindWithoutPodLogDir(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	exited := cid("e1")
+	dangling := Entry{Kind: KindSymlink, Name: "p_ns_c-" + exited + ".log", Type: fs.ModeSymlink, TargetErr: syscall.ENOENT, FirstSeen: now}
+	podDir := Entry{Kind: KindPodDir, Name: "ns_p_" + "alive", Type: fs.ModeDir, FirstSeen: now}
+	for _, tt := range []struct {
+		name       string
+		criRunning bool
+		entries    []Entry
+		want       Reason
+	}{
+		{"no pod dirs, CRI containers run", true, []Entry{dangling}, ReasonNoPodLogDir},
+		{"no pod dirs, no CRI container runs", false, []Entry{dangling}, ReasonContainerExited},
+		{"pod dirs seen, CRI containers run", true, []Entry{dangling, podDir}, ReasonContainerExited},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st := newFakeState()
+			st.criRunning = tt.criRunning
+			st.setContainer(exited, false)
+			st.setPod("alive", fakePod{alive: true})
+			p := PlanLogs(tt.entries, st, time.Minute, now)
+			for _, d := range p.Decisions {
+				if d.Kind == KindSymlink && d.Reason != tt.want {
+					t.Errorf("link: %s %s, want reason %s", d.Action, d.Reason, tt.want)
+				}
+			}
+		})
+	}
+}

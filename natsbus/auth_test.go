@@ -19,7 +19,8 @@ import (
 // authConfig is a per-node permission model after Choria's: account FLEET
 // holds the nodes, each an nkey user that may publish only its own events
 // (plus the JetStream API calls its Publisher makes), subscribe only to its
-// own and the cluster-wide control subjects and to inboxes, and reply to
+// own and the cluster-wide control subjects and to its own inboxes (the
+// per-node prefix _INBOX.<cluster>.<node>, see InboxPrefix), and reply to
 // requests it received (allow_responses). Operators live in account OPS,
 // which imports the fleet's control subjects as a service with share, so
 // the server stamps each request with the operator's identity
@@ -48,7 +49,7 @@ accounts {
 func nodeUser(pub, node string) string {
 	return fmt.Sprintf(`{ nkey: %s, permissions: {
         publish: { allow: ["gcagent.v1.evt.c1.%[2]s.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT"] }
-        subscribe: { allow: ["gcagent.v1.ctl.c1.%[2]s.>", "gcagent.v1.ctl.c1.all.>", "_INBOX.>"] }
+        subscribe: { allow: ["gcagent.v1.ctl.c1.%[2]s.>", "gcagent.v1.ctl.c1.all.>", "_INBOX.c1.%[2]s.>"] }
         allow_responses: { max: 1, expires: "1m" }
       } }`, pub, node)
 }
@@ -105,7 +106,7 @@ func TestAuthPerNodePermissions(t *testing.T) {
 
 	nodeLog := &logBuffer{}
 	n1, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "n1", NkeyFile: seed1, Logger: nodeLog.logger(),
-		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+		InboxPrefix: InboxPrefix("c1", "n1"), ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,5 +227,106 @@ func TestAuthPerNodePermissions(t *testing.T) {
 	}
 	if len(info.State.Subjects) != 0 {
 		t.Errorf("n2's subjects hold events: %v", info.State.Subjects)
+	}
+}
+
+// TestAuthPerNodeInbox: with the per-node inbox prefix in the tested
+// authorization config, each node gets its JetStream acks and control
+// replies on _INBOX.c1.<node>; n1 cannot subscribe to n2's replies (the
+// server refuses it and n1 receives nothing while n2's events are acked),
+// and a node still using the shared _INBOX prefix gets no acks at all.
+func TestAuthPerNodeInbox(t *testing.T) {
+	seed1, pub1 := newNodeKey(t)
+	seed2, pub2 := newNodeKey(t)
+	s := startAuthServer(t, nodeUser(pub1, "n1"), nodeUser(pub2, "n2"))
+	reader, err := nats.Connect(s.ClientURL(), nats.UserInfo("reader", "r3ader"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reader.Close)
+	nodeConn := func(seed, node, prefix string, log *logBuffer) *nats.Conn {
+		t.Helper()
+		nc, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: node, NkeyFile: seed, InboxPrefix: prefix,
+			Logger: log.logger(), ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		waitFor(t, 5*time.Second, node+" connected", nc.IsConnected)
+		return nc
+	}
+	log1, log2 := &logBuffer{}, &logBuffer{}
+	n1 := nodeConn(seed1, "n1", InboxPrefix("c1", "n1"), log1)
+	n2 := nodeConn(seed2, "n2", InboxPrefix("c1", "n2"), log2)
+
+	// n1 tries to read n2's replies.
+	spy, err := n1.SubscribeSync(InboxPrefix("c1", "n2") + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the server to refuse n1's subscription to n2's inbox", func() bool {
+		for _, l := range log1.lines(t, "NATS error") {
+			if e, _ := l["error"].(string); strings.Contains(e, `Permissions Violation for Subscription to "_INBOX.c1.n2.>"`) {
+				return true
+			}
+		}
+		return false
+	})
+
+	// n2 publishes with JetStream acks on its own inbox, and answers a control request from n1's side of the fleet (the operator).
+	p2, err := NewPublisher(n2, PublisherOptions{Cluster: "c1", Node: "n2", StateDir: t.TempDir(), AckTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p2.Close() })
+	for i := range 3 {
+		if err := p2.Publish(Action{Kind: "image", Action: "removed", Subject: "sha256:n2", Key: fmt.Sprint(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "n2's events acked", func() bool { return p2.Depth() == 0 && streamCount(reader) == 3 })
+	ops, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "operator", User: "ops", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ops.Close)
+	serveControl(t, n2, newFakeHandler("n2"), ControlOptions{Cluster: "c1", Node: "n2"})
+	if r, err := Request(ctx5(t), ops, "c1", "n2", VerbStatus, RequestOptions{ID: "ops-n2"}); err != nil || !r.OK {
+		t.Fatalf("operator's status to n2: %+v %v", r, err)
+	}
+	if m, err := spy.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatalf("n1 read n2's reply on %s", m.Subject)
+	}
+
+	// n1 with its own prefix gets its acks; the same node with the shared prefix gets none.
+	p1, err := NewPublisher(n1, PublisherOptions{Cluster: "c1", Node: "n1", StateDir: t.TempDir(), AckTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p1.Close() })
+	if err := p1.Publish(Action{Kind: "image", Action: "removed", Subject: "sha256:n1", Key: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n1's event acked", func() bool { return p1.Depth() == 0 && streamCount(reader) == 4 })
+	sharedLog := &logBuffer{}
+	shared := nodeConn(seed1, "n1", "", sharedLog)
+	ps, err := NewPublisher(shared, PublisherOptions{Cluster: "c1", Node: "n1", StateDir: t.TempDir(), AckTimeout: 300 * time.Millisecond, CloseTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ps.Close() })
+	if err := ps.Publish(Action{Kind: "image", Action: "removed", Subject: "sha256:n1", Key: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the server to refuse the shared _INBOX prefix", func() bool {
+		for _, l := range sharedLog.lines(t, "NATS error") {
+			if e, _ := l["error"].(string); strings.Contains(e, `Permissions Violation for Subscription to "_INBOX.`) {
+				return true
+			}
+		}
+		return false
+	})
+	if ps.Depth() != 1 || ps.Mode() == ModeJetStream || streamCount(reader) != 4 {
+		t.Errorf("shared prefix: outbox %d, mode %s, stream %d; want the event still waiting", ps.Depth(), ps.Mode(), streamCount(reader))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -49,8 +50,26 @@ type ConnOptions struct {
 	// PingInterval is how often the client pings the server to detect a dead connection. Default 30s.
 	PingInterval time.Duration
 
+	// InboxPrefix replaces _INBOX as the prefix of the connection's reply
+	// subjects (JetStream acks, control request replies), so that a node's
+	// credentials may subscribe to its own replies only. Default _INBOX.
+	InboxPrefix string
+	// InProcess, when set, connects to an in-process server instead of
+	// dialing URL (which then only names it). Default none.
+	InProcess nats.InProcessConnProvider
+
 	// Logger receives connection events (component=natsbus is added). Default: no logs.
 	Logger zerolog.Logger
+}
+
+// InboxPrefix returns the per-node reply prefix _INBOX.<cluster>.<node>
+// (each made one safe token), for ConnOptions.InboxPrefix and for the
+// subscribe permission of a node's NATS user.
+func InboxPrefix(cluster, node string) string {
+	if cluster == "" {
+		cluster = DefaultCluster
+	}
+	return nats.InboxPrefix + SafeToken(cluster) + "." + SafeToken(node)
 }
 
 func (o *ConnOptions) setDefaults() {
@@ -99,6 +118,8 @@ func (o ConnOptions) Validate() error {
 		return fmt.Errorf("natsbus: reconnect delays must satisfy 0 <= min (%s) <= max (%s)", o.ReconnectMin, o.ReconnectMax)
 	case o.ReconnectBufSize < 0 || o.PingInterval < 0:
 		return errors.New("natsbus: reconnect buffer size and ping interval must not be negative")
+	case o.InboxPrefix != "" && (strings.ContainsAny(o.InboxPrefix, "*> \t") || strings.HasSuffix(o.InboxPrefix, ".") || strings.HasPrefix(o.InboxPrefix, ".")):
+		return fmt.Errorf("natsbus: invalid inbox prefix %q", o.InboxPrefix)
 	}
 	for _, f := range []struct{ what, path string }{
 		{"creds file", o.CredsFile}, {"nkey file", o.NkeyFile},
@@ -176,6 +197,12 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 		opts = append(opts, nats.UserInfo(o.User, o.Password))
 	case o.Token != "":
 		opts = append(opts, nats.Token(o.Token))
+	}
+	if o.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))
+	}
+	if o.InProcess != nil {
+		opts = append(opts, nats.InProcessServer(o.InProcess))
 	}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))

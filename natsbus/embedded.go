@@ -27,17 +27,15 @@ type EmbeddedOptions struct {
 	ReadyTimeout time.Duration
 	// Logger receives the server's notices, warnings and errors (component=nats-server). Default: no logs.
 	Logger zerolog.Logger
+	// AuthNkey is the public nkey of the one user the server accepts; empty
+	// accepts any client (only for tests). Default empty.
+	AuthNkey string
+	// MaxStore bounds JetStream's file store, so that events never fill the
+	// disk the agent protects; 0 leaves nats-server's default (most of the disk). Default 0.
+	MaxStore int64
 }
 
-// StartEmbedded starts an in-process NATS server with JetStream stored under
-// StateDir/nats and returns it once it accepts clients; its URL is
-// s.ClientURL(). Stop it with s.Shutdown() followed by s.WaitForShutdown().
-// It fails when the options are invalid, the address is taken or JetStream
-// cannot start.
-func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
-	if o.StateDir == "" {
-		return nil, errors.New("natsbus: embedded NATS needs a state dir")
-	}
+func (o *EmbeddedOptions) setDefaults() {
 	if o.Listen == "" {
 		o.Listen = DefaultEmbeddedListen
 	}
@@ -47,25 +45,62 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 10 * time.Second
 	}
+}
+
+// Validate reports the first invalid field of o, after defaults: a missing
+// state dir, an unparsable listen address or a negative store bound.
+func (o EmbeddedOptions) Validate() error {
+	o.setDefaults()
+	_, _, err := o.hostPort()
+	return err
+}
+
+// hostPort checks o and returns the host and port to give nats-server.
+func (o EmbeddedOptions) hostPort() (string, int, error) {
+	if o.StateDir == "" {
+		return "", 0, errors.New("natsbus: embedded NATS needs a state dir")
+	}
+	if o.MaxStore < 0 {
+		return "", 0, fmt.Errorf("natsbus: embedded NATS max store %d: must not be negative", o.MaxStore)
+	}
 	host, portStr, err := net.SplitHostPort(o.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("natsbus: embedded NATS listen address %q: %w", o.Listen, err)
+		return "", 0, fmt.Errorf("natsbus: embedded NATS listen address %q: %w", o.Listen, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < -1 || port > 65535 {
-		return nil, fmt.Errorf("natsbus: embedded NATS listen address %q: bad port", o.Listen)
+		return "", 0, fmt.Errorf("natsbus: embedded NATS listen address %q: bad port", o.Listen)
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT // "0" means the default port to nats-server; we mean any
 	}
-	s, err := server.NewServer(&server.Options{
-		ServerName: o.ServerName,
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   filepath.Join(o.StateDir, "nats"),
-		NoSigs:     true,
-	})
+	return host, port, nil
+}
+
+// StartEmbedded starts an in-process NATS server with JetStream stored under
+// StateDir/nats and returns it once it accepts clients; its URL is
+// s.ClientURL(). Stop it with s.Shutdown() followed by s.WaitForShutdown().
+// It fails when the options are invalid, the address is taken or JetStream
+// cannot start.
+func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
+	o.setDefaults()
+	host, port, err := o.hostPort()
+	if err != nil {
+		return nil, err
+	}
+	so := &server.Options{
+		ServerName:        o.ServerName,
+		Host:              host,
+		Port:              port,
+		JetStream:         true,
+		StoreDir:          filepath.Join(o.StateDir, "nats"),
+		JetStreamMaxStore: o.MaxStore,
+		NoSigs:            true,
+	}
+	if o.AuthNkey != "" {
+		so.Nkeys = []*server.NkeyUser{{Nkey: o.AuthNkey}}
+	}
+	s, err := server.NewServer(so)
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: embedded NATS: %w", err)
 	}

@@ -24,6 +24,8 @@ type Metrics struct {
 	republishes prometheus.Counter
 	depth       prometheus.Gauge
 	dropped     prometheus.Counter
+	corrupt     prometheus.Counter
+	intents     *prometheus.CounterVec
 	mode        *prometheus.GaugeVec
 }
 
@@ -55,13 +57,21 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "gcagent_natsbus_outbox_dropped_total",
 			Help: "Events dropped unsent from the outbox: over its entry, byte or age bound, or undecodable.",
 		}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gcagent_natsbus_outbox_corrupt_total",
+			Help: "Outbox files that could not be opened and were moved aside (renamed outbox.db.corrupt-<time>) for an empty one; their events are lost.",
+		}),
+		intents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_natsbus_intents_total",
+			Help: "Delete intents by outcome: recorded (before a delete), completed (turned into the event), abandoned (no delete), corrupt (undecodable, dropped).",
+		}, []string{"outcome"}),
 		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gcagent_natsbus_mode",
 			Help: "1 for the current publishing mode (jetstream, core, disconnected), 0 for the others.",
 		}, []string{"mode"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.published, m.acks, m.duplicates, m.republishes, m.depth, m.dropped, m.mode} {
+		for _, c := range []prometheus.Collector{m.published, m.acks, m.duplicates, m.republishes, m.depth, m.dropped, m.corrupt, m.intents, m.mode} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

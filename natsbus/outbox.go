@@ -123,7 +123,11 @@ func seqKey(seq uint64) []byte {
 
 // append stores e (with e.at set by the caller) after dropping what is too old
 // or what must go to make room; it fails when e alone exceeds the byte bound.
-func (o *outbox) append(e entry) (drop, error) {
+func (o *outbox) append(e entry) (drop, error) { return o.appendWith(e, nil) }
+
+// appendWith is append with also run in the same transaction (nil: nothing),
+// so that what also writes and the entry are stored together or not at all.
+func (o *outbox) appendWith(e entry, also func(tx *bolt.Tx) error) (drop, error) {
 	v, err := encodeEntry(e)
 	if err != nil {
 		return drop{}, fmt.Errorf("natsbus: encode event %s: %w", e.ID, err)
@@ -147,6 +151,11 @@ func (o *outbox) append(e entry) (drop, error) {
 		}
 		count++
 		bytes += int64(len(v))
+		if also != nil {
+			if err := also(tx); err != nil {
+				return err
+			}
+		}
 		return b.Put(seqKey(seq), v)
 	})
 	if err != nil {

@@ -193,12 +193,15 @@ type Publisher struct {
 	maxSent    uint64 // highest outbox sequence this process has sent
 	lastErr    string // last error logged by the sender, to log each one once
 	warnedDup  bool
+	warnedCfg  bool
 }
 
 // NewPublisher opens the outbox under opts.StateDir and starts the sender on
 // nc, which the caller keeps owning and closes after Close; events left in the
 // outbox by an earlier Publisher are sent first. It fails on invalid options
-// or when the outbox cannot be opened (for example, another process holds it).
+// or when the outbox cannot be opened (for example, another process holds
+// it). An outbox file that is corrupt is moved aside (see
+// openOutboxOrMoveAside), logged and counted, and an empty one is used.
 func NewPublisher(nc *nats.Conn, opts PublisherOptions) (*Publisher, error) {
 	if nc == nil {
 		return nil, errors.New("natsbus: nil NATS connection")
@@ -217,9 +220,14 @@ func NewPublisher(nc *nats.Conn, opts PublisherOptions) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsbus: jetstream: %w", err)
 	}
-	ob, err := openOutbox(filepath.Join(opts.StateDir, OutboxFile), limits{
+	ob, movedTo, why, err := openOutboxOrMoveAside(filepath.Join(opts.StateDir, OutboxFile), limits{
 		maxEntries: opts.MaxEntries, maxBytes: opts.MaxBytes, maxAge: opts.MaxAge,
-	})
+	}, opts.Now())
+	if movedTo != "" {
+		m.corrupt.Inc()
+		opts.Logger.Error().Str("component", "natsbus").Err(why).Str("moved_to", movedTo).
+			Msg("outbox cannot be opened: moved it aside and started an empty one; the events waiting in it are lost")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -474,6 +482,20 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 		})
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // exists with another config: use it as it is
 			s, err = p.js.Stream(ctx, p.opts.Stream)
+		} else if err != nil {
+			// The server refuses the config for a stream that exists (e.g. an
+			// older, larger stream under a smaller JetStream store bound):
+			// deliver to it as it is rather than not at all, and say so.
+			if old, serr := p.js.Stream(ctx, p.opts.Stream); serr == nil {
+				if !p.warnedCfg {
+					p.warnedCfg = true
+					c := old.CachedInfo().Config
+					p.log.Warn().Err(err).Str("stream", p.opts.Stream).Int64("max_bytes", c.MaxBytes).Dur("max_age", c.MaxAge).
+						Int64("want_max_bytes", p.opts.StreamMaxBytes).Dur("want_max_age", p.opts.StreamMaxAge).
+						Msg("the server refuses this agent's stream config: using the existing stream as it is (delete it to get the new bounds)")
+				}
+				s, err = old, nil
+			}
 		}
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {

@@ -62,7 +62,11 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		case !hasTask && state == StateRunning:
 			// The task went away while we were not listening: the exit time is
 			// unknown, so the listing's time is the best bound we have.
-			out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, ExitedAt: l.At})
+			out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, ExitedAt: l.At, Collected: true})
+		case !hasTask && state == StateExited && have.CollectedAt.IsZero():
+			// Its task was deleted while we were not listening: collected.
+			out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: have.Pid,
+				ExitStatus: have.ExitStatus, ExitedAt: have.ExitedAt, Collected: true})
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.Containers)) {
@@ -79,7 +83,8 @@ func imageCurrent(s *State, li events.ImageUpserted) bool {
 		return false
 	}
 	img := s.Images[digest]
-	return img != nil && maps.Equal(img.Names[li.Name], li.Labels) && (li.Size == 0 || img.Size == li.Size)
+	return img != nil && maps.Equal(img.Names[li.Name], li.Labels) && (li.Size == 0 || img.Size == li.Size) &&
+		(li.ConfigDigest == "" || img.ConfigDigest == li.ConfigDigest) && (li.ChainID == "" || img.ChainID == li.ChainID)
 }
 
 // containerCurrent compares what a listing can tell. The digest is compared
@@ -89,7 +94,10 @@ func containerCurrent(c *Container, l events.ContainerUpserted) bool {
 	return c != nil && c.Image == l.Image && (c.ImageDigest != "" || l.ImageDigest == "") &&
 		c.CRIKind == l.CRIKind && c.PodUID == l.PodUID && c.PodName == l.PodName &&
 		c.PodNamespace == l.PodNamespace && c.ContainerName == l.ContainerName &&
-		c.SandboxID == l.SandboxID && c.Created.Equal(l.Created)
+		c.SandboxID == l.SandboxID && c.Created.Equal(l.Created) &&
+		(l.ImageID == "" || c.ImageID == l.ImageID) && (l.RootChain == "" || c.RootChain == l.RootChain) &&
+		slices.Equal(c.VolumeImageIDs, l.VolumeImageIDs) && (l.VolumeChains == nil || slices.Equal(c.VolumeChains, l.VolumeChains)) &&
+		c.RestartManaged == l.RestartManaged
 }
 
 func cmpString(a, b string) int {
@@ -123,6 +131,8 @@ func (s *State) Clone() *State {
 	}
 	for k, ct := range s.Containers {
 		cp := *ct
+		cp.VolumeImageIDs = slices.Clone(ct.VolumeImageIDs)
+		cp.VolumeChains = slices.Clone(ct.VolumeChains)
 		c.Containers[k] = &cp
 	}
 	for k, p := range s.Pods {
@@ -136,5 +146,6 @@ func (s *State) Clone() *State {
 	if c.Names == nil {
 		c.Names = map[string]string{}
 	}
+	c.reindex()
 	return c
 }

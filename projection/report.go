@@ -61,7 +61,7 @@ func NewReport(s *State, now time.Time) Report {
 		r.Images = append(r.Images, ImageReport{
 			Digest: d, Names: slices.Sorted(maps.Keys(img.Names)), Size: img.Size,
 			FirstSeen: img.FirstSeen, LastUsed: s.LastUsed(img, now),
-			Users: sortedKeys(s.Users[d]), Pinned: img.Pinned(),
+			Users: append([]string{}, s.ImageUsers(img)...), Pinned: img.Pinned(),
 		})
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.Containers)) {

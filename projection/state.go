@@ -9,6 +9,8 @@
 package projection
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
@@ -41,11 +43,16 @@ type State struct {
 	Names      map[string]string     `json:"names"`      // image name -> target digest
 	Containers map[string]*Container `json:"containers"` // by id
 	Pods       map[string]*Pod       `json:"pods"`       // by pod uid
-	// Users indexes containers by the image digest they reference, also for
-	// digests that have no name (any more, or yet).
+	// Users indexes containers by the use keys they hold (see
+	// Container.UseKeys): a target digest, "config:<image id>" or
+	// "chain:<chain id>", also for keys no image has (any more, or yet).
 	Users  map[string]map[string]struct{} `json:"users"`
 	Synced bool                           `json:"synced"`
 	Seq    uint64                         `json:"seq"` // events applied so far
+
+	// byKey maps config and chain use keys to the digests of the images
+	// they name. It is derived from Images (reindex), never persisted.
+	byKey map[string]map[string]struct{}
 }
 
 // Image is one target digest with all the names that point at it.
@@ -59,6 +66,11 @@ type Image struct {
 	// LastUsed is when a container last started or stopped referencing the
 	// image; while any does, the image counts as used now (see State.LastUsed).
 	LastUsed time.Time `json:"lastUsed"`
+	// ConfigDigest (the CRI image id) and ChainID (of the top layer) say
+	// what content the image is, so containers are matched to it by what
+	// they run, not by a name that may have moved.
+	ConfigDigest string `json:"configDigest,omitempty"`
+	ChainID      string `json:"chainID,omitempty"`
 }
 
 // Container is one container of the namespace.
@@ -79,6 +91,63 @@ type Container struct {
 	StartedAt     time.Time      `json:"startedAt"`
 	ExitedAt      time.Time      `json:"exitedAt"`
 	ExitStatus    uint32         `json:"exitStatus"`
+	// What the container runs, by content (see events.ContainerUpserted).
+	ImageID        string   `json:"imageID,omitempty"`
+	RootChain      string   `json:"rootChain,omitempty"`
+	VolumeImageIDs []string `json:"volumeImageIDs,omitempty"`
+	VolumeChains   []string `json:"volumeChains,omitempty"`
+	// RestartManaged: a restart policy wants it running.
+	RestartManaged bool `json:"restartManaged,omitempty"`
+	// CollectedAt is when the task of the last run was deleted, by its
+	// client or CRI: the owner has its exit status. Zero while not.
+	CollectedAt time.Time `json:"collectedAt,omitzero"`
+	// LastOpAt is the time of the last client operation seen on it
+	// (create, update, task start, task delete).
+	LastOpAt time.Time `json:"lastOpAt,omitzero"`
+}
+
+// Use key prefixes: a container holds an image by its config digest or by
+// the chain id of its top layer; a bare target digest is the fallback when
+// neither is known.
+const (
+	keyConfig = "config:"
+	keyChain  = "chain:"
+)
+
+// UseKeys returns the keys by which c holds images: the CRI image id and
+// the chain its rootfs was prepared from (the target its name resolved to
+// when neither is known), plus its image volumes. An image is in use when
+// any of its keys is held.
+func (c *Container) UseKeys() []string {
+	var keys []string
+	if c.ImageID != "" {
+		keys = append(keys, keyConfig+c.ImageID)
+	}
+	if c.RootChain != "" {
+		keys = append(keys, keyChain+c.RootChain)
+	}
+	if len(keys) == 0 && c.ImageDigest != "" {
+		keys = append(keys, c.ImageDigest)
+	}
+	for _, v := range c.VolumeImageIDs {
+		keys = append(keys, keyConfig+v)
+	}
+	for _, v := range c.VolumeChains {
+		keys = append(keys, keyChain+v)
+	}
+	return keys
+}
+
+// keys are the use keys that name img.
+func (img *Image) keys() []string {
+	keys := []string{img.Digest}
+	if img.ConfigDigest != "" {
+		keys = append(keys, keyConfig+img.ConfigDigest)
+	}
+	if img.ChainID != "" {
+		keys = append(keys, keyChain+img.ChainID)
+	}
+	return keys
 }
 
 // Pod is a pod uid seen through its sandbox containers.
@@ -100,6 +169,7 @@ func New() *State {
 		Containers: map[string]*Container{},
 		Pods:       map[string]*Pod{},
 		Users:      map[string]map[string]struct{}{},
+		byKey:      map[string]map[string]struct{}{},
 	}
 }
 
@@ -128,13 +198,40 @@ func (c *Container) Dead() bool { return c.State == StateExited }
 // Alive reports whether a sandbox of the pod exists.
 func (p *Pod) Alive() bool { return len(p.Sandboxes) > 0 }
 
-// InUse reports whether any container references the digest.
-func (s *State) InUse(digest string) bool { return len(s.Users[digest]) > 0 }
+// InUse reports whether any container holds a key of the image with this
+// target digest (or, for a digest no image has, the digest itself).
+func (s *State) InUse(digest string) bool {
+	if img := s.Images[digest]; img != nil {
+		return s.imageInUse(img)
+	}
+	return len(s.Users[digest]) > 0
+}
 
-// LastUsed is now while a container references the image, else the time
-// the last one went away (zero if none ever did).
+func (s *State) imageInUse(img *Image) bool {
+	for _, k := range img.keys() {
+		if len(s.Users[k]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// ImageUsers returns the ids of the containers that hold img, sorted.
+func (s *State) ImageUsers(img *Image) []string {
+	var ids []string
+	for _, k := range img.keys() {
+		for id := range s.Users[k] {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}
+
+// LastUsed is now while a container holds the image, else the time the
+// last one let go (zero if none ever did).
 func (s *State) LastUsed(img *Image, now time.Time) time.Time {
-	if s.InUse(img.Digest) {
+	if s.imageInUse(img) {
 		return now
 	}
 	return img.LastUsed
@@ -161,7 +258,8 @@ func (s *State) Apply(ev events.Event) {
 		// of a process already seen exiting is late, not a new run.
 		if c != nil && !(c.State == StateExited && e.Pid != 0 && c.Pid == e.Pid) {
 			c.State, c.Pid, c.StartedAt = StateRunning, e.Pid, e.At
-			c.ExitedAt, c.ExitStatus = time.Time{}, 0
+			c.ExitedAt, c.ExitStatus, c.CollectedAt = time.Time{}, 0, time.Time{}
+			c.op(e.At)
 		}
 	case events.TaskExited:
 		s.taskExited(e)
@@ -177,10 +275,16 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	img := s.Images[e.Digest]
 	if img == nil {
 		img = &Image{Digest: e.Digest, Names: map[string]map[string]string{}, FirstSeen: e.At, Created: e.Created}
-		if s.InUse(e.Digest) {
-			img.LastUsed = e.At
-		}
 		s.Images[e.Digest] = img
+	}
+	if (e.ConfigDigest != "" && e.ConfigDigest != img.ConfigDigest) || (e.ChainID != "" && e.ChainID != img.ChainID) {
+		s.unindex(img)
+		img.ConfigDigest = cmp.Or(e.ConfigDigest, img.ConfigDigest)
+		img.ChainID = cmp.Or(e.ChainID, img.ChainID)
+		s.index(img)
+	}
+	if s.imageInUse(img) && e.At.After(img.LastUsed) {
+		img.LastUsed = e.At // held by a container from the moment it appears
 	}
 	img.Names[e.Name] = e.Labels
 	if e.Size > 0 {
@@ -201,6 +305,7 @@ func (s *State) dropName(name string) {
 	if img := s.Images[digest]; img != nil {
 		delete(img.Names, name)
 		if len(img.Names) == 0 {
+			s.unindex(img)
 			delete(s.Images, digest)
 		}
 	}
@@ -219,13 +324,23 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	if digest == "" {
 		digest = s.Names[e.Image]
 	}
-	if digest != c.ImageDigest {
-		s.unuse(c.ImageDigest, c.ID, e.At)
-		s.use(digest, c.ID, e.At)
+	oldKeys := c.UseKeys()
+	c.ImageDigest = digest
+	// Content facts are sticky: a failed lookup does not forget them.
+	c.ImageID = cmp.Or(e.ImageID, c.ImageID)
+	c.RootChain = cmp.Or(e.RootChain, c.RootChain)
+	if e.VolumeImageIDs != nil || c.CRIKind != e.CRIKind {
+		c.VolumeImageIDs = e.VolumeImageIDs
 	}
+	if e.VolumeChains != nil {
+		c.VolumeChains = e.VolumeChains
+	}
+	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
+	c.RestartManaged = e.RestartManaged
+	c.op(e.At)
 	wasSandbox := c.CRIKind == KindSandbox
 	oldUID := c.PodUID
-	c.Image, c.ImageDigest, c.CRIKind = e.Image, digest, e.CRIKind
+	c.Image, c.CRIKind = e.Image, e.CRIKind
 	c.PodUID, c.PodName, c.PodNamespace = e.PodUID, e.PodName, e.PodNamespace
 	c.ContainerName, c.SandboxID, c.Created = e.ContainerName, e.SandboxID, e.Created
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
@@ -248,7 +363,7 @@ func (s *State) deleteContainer(e events.ContainerDeleted) {
 		return
 	}
 	delete(s.Containers, e.ID)
-	s.unuse(c.ImageDigest, c.ID, e.At)
+	s.rekey(c.ID, c.UseKeys(), nil, e.At)
 	if c.CRIKind == KindSandbox {
 		s.leavePod(c.PodUID, c.ID, e.At)
 	}
@@ -256,11 +371,20 @@ func (s *State) deleteContainer(e events.ContainerDeleted) {
 
 func (s *State) taskExited(e events.TaskExited) {
 	c := s.Containers[e.ContainerID]
-	if c == nil || c.State == StateExited {
+	if c == nil {
 		return
 	}
-	if c.State == StateRunning && e.Pid != 0 && c.Pid != 0 && e.Pid != c.Pid {
-		return // the exit of an earlier run
+	if e.Pid != 0 && c.Pid != 0 && e.Pid != c.Pid && c.State != StateCreated {
+		return // an event of an earlier run
+	}
+	if e.Collected {
+		c.op(e.At)
+		if c.CollectedAt.IsZero() {
+			c.CollectedAt = e.At
+		}
+	}
+	if c.State == StateExited {
+		return
 	}
 	exitedAt := e.ExitedAt
 	if exitedAt.IsZero() {
@@ -272,35 +396,84 @@ func (s *State) taskExited(e events.TaskExited) {
 	}
 }
 
-func (s *State) use(digest, id string, at time.Time) {
-	if digest == "" {
-		return
+// op records a client operation on c at at.
+func (c *Container) op(at time.Time) {
+	if at.After(c.LastOpAt) {
+		c.LastOpAt = at
 	}
-	users := s.Users[digest]
-	if users == nil {
-		users = map[string]struct{}{}
-		s.Users[digest] = users
-	}
-	users[id] = struct{}{}
-	s.touch(digest, at)
 }
 
-func (s *State) unuse(digest, id string, at time.Time) {
-	users, ok := s.Users[digest]
-	if !ok {
-		return
+// rekey moves container id from the old use keys to the new ones, touching
+// the images of every key that changed.
+func (s *State) rekey(id string, old, now []string, at time.Time) {
+	for _, k := range old {
+		if slices.Contains(now, k) {
+			continue
+		}
+		if users, ok := s.Users[k]; ok {
+			delete(users, id)
+			if len(users) == 0 {
+				delete(s.Users, k)
+			}
+		}
+		s.touch(k, at)
 	}
-	delete(users, id)
-	if len(users) == 0 {
-		delete(s.Users, digest)
+	for _, k := range now {
+		if slices.Contains(old, k) {
+			continue
+		}
+		users := s.Users[k]
+		if users == nil {
+			users = map[string]struct{}{}
+			s.Users[k] = users
+		}
+		users[id] = struct{}{}
+		s.touch(k, at)
 	}
-	s.touch(digest, at)
 }
 
-// touch moves LastUsed forward only, so late events cannot rewind history.
-func (s *State) touch(digest string, at time.Time) {
-	if img := s.Images[digest]; img != nil && at.After(img.LastUsed) {
-		img.LastUsed = at
+// touch moves LastUsed of the images named by key forward only, so late
+// events cannot rewind history.
+func (s *State) touch(key string, at time.Time) {
+	bump := func(img *Image) {
+		if img != nil && at.After(img.LastUsed) {
+			img.LastUsed = at
+		}
+	}
+	bump(s.Images[key])
+	for d := range s.byKey[key] {
+		bump(s.Images[d])
+	}
+}
+
+// index and unindex keep byKey in step with an image's content keys.
+func (s *State) index(img *Image) {
+	for _, k := range img.keys()[1:] {
+		set := s.byKey[k]
+		if set == nil {
+			set = map[string]struct{}{}
+			s.byKey[k] = set
+		}
+		set[img.Digest] = struct{}{}
+	}
+}
+
+func (s *State) unindex(img *Image) {
+	for _, k := range img.keys()[1:] {
+		if set := s.byKey[k]; set != nil {
+			delete(set, img.Digest)
+			if len(set) == 0 {
+				delete(s.byKey, k)
+			}
+		}
+	}
+}
+
+// reindex rebuilds byKey from Images, after decoding or copying a state.
+func (s *State) reindex() {
+	s.byKey = map[string]map[string]struct{}{}
+	for _, img := range s.Images {
+		s.index(img)
 	}
 }
 

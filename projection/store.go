@@ -195,4 +195,5 @@ func (s *State) fill() {
 			p.Sandboxes = map[string]struct{}{}
 		}
 	}
+	s.reindex()
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/gcagent/gcagent/gc"
+
 	"bufio"
 	"errors"
 	"flag"
@@ -24,7 +26,8 @@ type Config struct {
 	ContainerdAddress string
 	// Namespace is the containerd namespace to manage. Default k8s.io.
 	Namespace string
-	// ImageFS is the directory whose filesystem is measured. Default /var/lib/containerd.
+	// ImageFS is the directory whose filesystem is measured. Default empty:
+	// CRI's image filesystem (ImageFsInfo), else /var/lib/containerd.
 	ImageFS string
 	// ImageGCHighThreshold is the disk usage percent that starts image GC. Default 85.
 	ImageGCHighThreshold int
@@ -42,6 +45,9 @@ type Config struct {
 	DiskInterval time.Duration
 	// MinimumContainerTTL is how long a dead container is kept after it exits. Default 0s.
 	MinimumContainerTTL time.Duration
+	// UncollectedExitGrace is how long a plain container's exited task waits
+	// for its client to collect it before the agent counts the client as done. Default 10s.
+	UncollectedExitGrace time.Duration
 	// MaxDeadPerContainer is the dead containers kept per evict unit; -1 is no limit. Default 1.
 	MaxDeadPerContainer int
 	// MaxDeadContainers is the dead containers kept on the node; -1 is no limit. Default -1.
@@ -70,6 +76,12 @@ type Config struct {
 	NATSTLSCA, NATSTLSCert, NATSTLSKey                     string
 	// EmbeddedNATSListen is where the embedded NATS server listens. Default 127.0.0.1:4222.
 	EmbeddedNATSListen string
+	// EmbeddedNATSMaxStore bounds the embedded server's JetStream store and
+	// the stream in it, so events never fill the disk GC protects. Default 256MiB.
+	EmbeddedNATSMaxStore int64
+	// EmbeddedNATSMaxAge is how long the embedded server's stream keeps
+	// events; at least the duplicate window (the outbox max age, at least 24h). Default 168h.
+	EmbeddedNATSMaxAge time.Duration
 	// NATSStream is the JetStream stream of events. Default GCAGENT_EVT.
 	NATSStream string
 	// NATSNoCreateStream uses the stream as it is instead of ensuring it. Default false.
@@ -98,10 +110,10 @@ func DefaultConfig() Config {
 	return Config{
 		ContainerdAddress:    "/run/containerd/containerd.sock",
 		Namespace:            "k8s.io",
-		ImageFS:              "/var/lib/containerd",
 		ImageGCHighThreshold: 85,
 		ImageGCLowThreshold:  80,
 		MinimumImageTTL:      2 * time.Minute,
+		UncollectedExitGrace: gc.DefaultUncollectedGrace,
 		DiskInterval:         time.Second,
 		MaxDeadPerContainer:  1,
 		MaxDeadContainers:    -1,
@@ -114,6 +126,8 @@ func DefaultConfig() Config {
 		NodeName:             host,
 		Cluster:              "default",
 		EmbeddedNATSListen:   "127.0.0.1:4222",
+		EmbeddedNATSMaxStore: DefaultEmbeddedNATSMaxStore,
+		EmbeddedNATSMaxAge:   natsbus.DefaultStreamMaxAge,
 		NATSStream:           natsbus.DefaultStream,
 		OutboxMaxBytes:       natsbus.DefaultMaxBytes,
 		OutboxMaxAge:         natsbus.DefaultMaxAge,
@@ -144,6 +158,12 @@ func (c Config) Validate() error {
 		nonNeg("minimum-image-ttl-duration", c.MinimumImageTTL),
 		nonNeg("image-maximum-gc-age", c.ImageMaximumGCAge),
 		nonNeg("minimum-container-ttl-duration", c.MinimumContainerTTL),
+		func() error {
+			if c.UncollectedExitGrace <= 0 {
+				return fmt.Errorf("invalid --uncollected-exit-grace %s: must be positive", c.UncollectedExitGrace)
+			}
+			return nil
+		}(),
 		nonNeg("pod-log-grace", c.PodLogGrace),
 	}
 	if c.ImageGCLowThreshold > c.ImageGCHighThreshold {
@@ -185,6 +205,17 @@ func (c Config) Validate() error {
 			checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 		}
 	}
+	if c.NATSURL == "" {
+		if err := c.embeddedOptions().Validate(); err != nil {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-listen or --state-dir: %v", err))
+		}
+		if c.EmbeddedNATSMaxStore < minEmbeddedNATSMaxStore {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-max-store %d: must be at least %d (1 MiB)", c.EmbeddedNATSMaxStore, minEmbeddedNATSMaxStore))
+		}
+		if w := max(c.OutboxMaxAge, natsbus.DefaultDuplicateWindow); c.EmbeddedNATSMaxAge < w {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-max-age %s: must be at least the duplicate window %s (the outbox max age, at least 24h)", c.EmbeddedNATSMaxAge, w))
+		}
+	}
 	if err := c.publisherOptions().Validate(); err != nil {
 		checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 	}
@@ -197,7 +228,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress, "namespace": c.Namespace,
-		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster, "image-fs": c.ImageFS} {
+		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {
 		if strings.TrimSpace(v) == "" {
 			checks = append(checks, fmt.Errorf("invalid --%s: must not be empty", name))
 		}
@@ -238,7 +269,7 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.String("config", "", "file of `name = value` lines (flags and environment win)")
 	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", cfg.ContainerdAddress, "containerd socket")
 	fs.StringVar(&cfg.Namespace, "namespace", cfg.Namespace, "containerd namespace to manage")
-	fs.StringVar(&cfg.ImageFS, "image-fs", cfg.ImageFS, "directory whose filesystem is measured for image GC")
+	fs.StringVar(&cfg.ImageFS, "image-fs", cfg.ImageFS, "directory whose filesystem is measured for image GC (default: CRI's image filesystem, as the kubelet measures, else /var/lib/containerd)")
 	fs.IntVar(&cfg.ImageGCHighThreshold, "image-gc-high-threshold", cfg.ImageGCHighThreshold, "disk usage percent that starts image GC (100 disables)")
 	fs.IntVar(&cfg.ImageGCLowThreshold, "image-gc-low-threshold", cfg.ImageGCLowThreshold, "disk usage percent image GC frees down to")
 	fs.DurationVar(&cfg.MinimumImageTTL, "minimum-image-ttl-duration", cfg.MinimumImageTTL, "minimum age of an image, from first seen, before GC may delete it")
@@ -247,7 +278,8 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.Var(stringList{&cfg.KeepImages}, "keep-image", "glob on image names never to delete (repeatable)")
 	fs.DurationVar(&cfg.DiskInterval, "disk-interval", cfg.DiskInterval, "how often the image filesystem is sampled")
 	fs.DurationVar(&cfg.MinimumContainerTTL, "minimum-container-ttl-duration", cfg.MinimumContainerTTL, "how long a dead container is kept after it exits")
-	fs.IntVar(&cfg.MaxDeadPerContainer, "maximum-dead-containers-per-container", cfg.MaxDeadPerContainer, "dead containers kept per container (-1 = no limit)")
+	fs.DurationVar(&cfg.UncollectedExitGrace, "uncollected-exit-grace", cfg.UncollectedExitGrace, "how long a plain container's exit waits for its client to collect it")
+	fs.IntVar(&cfg.MaxDeadPerContainer, "maximum-dead-containers-per-container", cfg.MaxDeadPerContainer, "dead CRI containers kept per pod container (-1 = no limit; plain containers go by their TTL)")
 	fs.IntVar(&cfg.MaxDeadContainers, "maximum-dead-containers", cfg.MaxDeadContainers, "dead containers kept on the node (-1 = no limit)")
 	fs.StringVar(&cfg.PruneContainers, "prune-containers", cfg.PruneContainers, "which dead containers to remove: native, all or off")
 	fs.StringVar(&cfg.LogDir, "log-dir", cfg.LogDir, "container log symlink directory")
@@ -258,6 +290,8 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "node name in NATS subjects and events")
 	natsClientFlags(fs, cfg) // --nats-url (empty: embedded server), auth, --cluster, --nats-stream
 	fs.StringVar(&cfg.EmbeddedNATSListen, "embedded-nats-listen", cfg.EmbeddedNATSListen, "listen address of the embedded NATS server")
+	fs.Int64Var(&cfg.EmbeddedNATSMaxStore, "embedded-nats-max-store", cfg.EmbeddedNATSMaxStore, "bound of the embedded NATS server's JetStream store and stream, in bytes")
+	fs.DurationVar(&cfg.EmbeddedNATSMaxAge, "embedded-nats-max-age", cfg.EmbeddedNATSMaxAge, "how long the embedded NATS server's stream keeps events")
 	fs.BoolVar(&cfg.NATSNoCreateStream, "nats-no-create-stream", cfg.NATSNoCreateStream, "use the stream as it is instead of creating or updating it")
 	fs.Int64Var(&cfg.OutboxMaxBytes, "outbox-max-bytes", cfg.OutboxMaxBytes, "bound of the local outbox of unacked events, in bytes")
 	fs.DurationVar(&cfg.OutboxMaxAge, "outbox-max-age", cfg.OutboxMaxAge, "unacked events older than this are dropped (and logged)")
@@ -355,3 +389,7 @@ func readConfigFile(file string) ([][2]string, error) {
 	}
 	return out, sc.Err()
 }
+
+// defaultContainerdRoot is measured for image GC when --image-fs is not
+// given and CRI cannot say where its image filesystem is.
+const defaultContainerdRoot = "/var/lib/containerd"

@@ -44,6 +44,7 @@ func TestParseRun(t *testing.T) {
 		{name: "high over 100", args: []string{"--image-gc-high-threshold=101"}, wantErr: "invalid --image-gc-high-threshold 101"},
 		{name: "low above high", args: []string{"--image-gc-low-threshold=90"}, wantErr: "must not exceed --image-gc-high-threshold 85"},
 		{name: "negative ttl", args: []string{"--minimum-container-ttl-duration=-1s"}, wantErr: "must not be negative"},
+		{name: "zero uncollected grace", args: []string{"--uncollected-exit-grace=0s"}, wantErr: "invalid --uncollected-exit-grace 0s: must be positive"},
 		{name: "max age not above min age", args: []string{"--image-maximum-gc-age=1m"}, wantErr: "must be greater than --minimum-image-ttl-duration"},
 		{name: "bad prune mode", args: []string{"--prune-containers=some"}, wantErr: `invalid --prune-containers "some"`},
 		{name: "bad keep glob", args: []string{"--keep-image=[x"}, wantErr: "invalid --keep-image"},
@@ -54,6 +55,14 @@ func TestParseRun(t *testing.T) {
 		{name: "nested log dirs", args: []string{"--log-dir=/var/log/pods/x"}, wantErr: "invalid log dirs"},
 		{name: "bad log level", args: []string{"--log-level=loud"}, wantErr: "invalid --log-level"},
 		{name: "stray argument", args: []string{"now"}, wantErr: `unexpected argument "now"`},
+		{name: "embedded NATS bounds default", check: func(c Config) bool {
+			po := c.publisherOptions()
+			return c.EmbeddedNATSMaxStore == 256<<20 && po.StreamMaxBytes == 256<<20 && po.StreamMaxAge == 7*24*time.Hour
+		}},
+		{name: "embedded max store too small", args: []string{"--embedded-nats-max-store=1000"}, wantErr: "invalid --embedded-nats-max-store 1000"},
+		{name: "embedded max age below the dedupe window", args: []string{"--embedded-nats-max-age=1h"}, wantErr: "invalid --embedded-nats-max-age 1h"},
+		{name: "embedded bounds ignored with a NATS URL", args: []string{"--nats-url=nats://127.0.0.1:4222", "--embedded-nats-max-store=1"},
+			check: func(c Config) bool { return c.publisherOptions().StreamMaxBytes == 0 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

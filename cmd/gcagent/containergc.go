@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,6 +19,8 @@ func (c Config) containerPolicy() gc.ContainerPolicy {
 		MaxPerEvictUnit: c.MaxDeadPerContainer,
 		MaxContainers:   c.MaxDeadContainers,
 		Prune:           gc.PruneMode(c.PruneContainers),
+
+		UncollectedGrace: c.UncollectedExitGrace,
 	}
 }
 
@@ -33,12 +37,26 @@ func (a *agent) setupContainerGC() error {
 		Publisher: a.pub,
 		Metrics:   m,
 		Logger:    a.log,
+		PodKept:   podLogDirExists(a.cfg.PodLogDir),
 	})
 	if err != nil {
 		return err
 	}
 	a.containerGC = cgc
 	return nil
+}
+
+// podLogDirExists says a pod is still there while the kubelet keeps its log
+// dir (<pod-log-dir>/<namespace>_<name>_<uid>): it removes that dir only
+// for pods that are gone.
+func podLogDirExists(podLogDir string) func(uid, namespace, name string) bool {
+	return func(uid, namespace, name string) bool {
+		if uid == "" || namespace == "" || name == "" || strings.ContainsRune(namespace+name+uid, '/') {
+			return false
+		}
+		st, err := os.Lstat(filepath.Join(podLogDir, namespace+"_"+name+"_"+uid))
+		return err == nil && st.IsDir()
+	}
 }
 
 // printContainerPlan prints a container plan for humans: what goes, what

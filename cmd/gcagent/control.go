@@ -72,7 +72,7 @@ type ControlPlan struct {
 // plan computes both plans from one snapshot of the projection.
 func (h controlHandler) plan() (ControlPlan, error) {
 	a := h.a
-	disk, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk()
+	disk, err := a.imageFS.Disk()
 	if err != nil {
 		return ControlPlan{}, err
 	}
@@ -81,7 +81,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	a.live.View(func(s *projection.State) {
 		p.Synced = s.Synced
 		p.Images = gc.PlanImages(s, disk, a.imagePolicy(), now)
-		p.Containers = gc.PlanContainers(s, a.cfg.containerPolicy(), now)
+		p.Containers = gc.PlanContainersWith(s, a.cfg.containerPolicy(), now, podLogDirExists(a.cfg.PodLogDir))
 	})
 	return p, nil
 }
@@ -167,7 +167,7 @@ func findImage(s *projection.State, query string) (string, error) {
 // explainImage says in one sentence why the plan decided as it did.
 func explainImage(it gc.ImageItem, p gc.ImagePlan, cfg Config) string {
 	switch it.Reason {
-	case gc.ReasonInUse:
+	case gc.ReasonInUse, gc.ReasonInUseByID, gc.ReasonInUseBySnap, gc.ReasonImageVolume:
 		return fmt.Sprintf("kept: used by %d container(s): %s", len(it.Users), strings.Join(it.Users, ", "))
 	case gc.ReasonPinned:
 		return fmt.Sprintf("kept: %s is pinned (io.cri-containerd.pinned=pinned)", it.Name)
@@ -223,6 +223,7 @@ func ctl(ctx context.Context, args []string, env func(string) string, stdout, st
 	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	natsClientFlags(fs, &cfg)
+	localStateDirFlag(fs, &cfg)
 	node := fs.String("node", natsbus.AllNodes, "node to ask, or all")
 	image := fs.String("image", "", "image name or digest (explain)")
 	id := fs.String("id", "", "request id (default random)")

@@ -17,7 +17,7 @@ func (a *agent) setupImageGC() error {
 	a.imageGC = gc.NewImageGC(gc.ImageGCOptions{
 		Projection:         a.live,
 		Runtime:            a.runtime,
-		Disk:               gc.Statfs{Path: a.cfg.ImageFS},
+		Disk:               a.imageFS,
 		Policy:             p,
 		LearnSandboxImages: a.runtime.SandboxImages,
 		DryRun:             a.cfg.DryRun,

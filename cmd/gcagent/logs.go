@@ -69,6 +69,19 @@ func (s logsState) ContainerState(id string) (running, known bool) {
 	return running, known
 }
 
+// CRIContainersRunning reports whether a CRI container (not a sandbox) runs.
+func (s logsState) CRIContainersRunning() (running bool) {
+	s.view(func(st *projection.State) {
+		for _, c := range st.Containers {
+			if c.CRIKind == projection.KindContainer && c.State == projection.StateRunning {
+				running = true
+				return
+			}
+		}
+	})
+	return running
+}
+
 // PodState reports whether a sandbox of uid exists and since when the last
 // one is gone, from the projection's pods (remembered for --pod-log-grace
 // and longer after they go).

@@ -28,8 +28,9 @@ commands:
   run       run the agent (gcagent run -h for flags)
   plan      one-shot dry run: what GC would delete now and why (run's flags, --json)
   status    print a running agent's projection (--address, --json)
-  watch     live fleet view from NATS (--nats-url, --cluster, --since, --json)
-  ctl       send a control request over NATS (status, plan, explain, gc)
+  watch     live fleet view from NATS (--nats-url, --cluster, --since, --json; without
+            --nats-url: the local agent's embedded server, credentials from --state-dir)
+  ctl       send a control request over NATS (status, plan, explain, gc; same local default)
   version   print the version
 `
 

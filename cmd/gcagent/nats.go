@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
@@ -24,41 +25,81 @@ func (c Config) connOptions() natsbus.ConnOptions {
 }
 
 func (c Config) publisherOptions() natsbus.PublisherOptions {
-	return natsbus.PublisherOptions{
+	o := natsbus.PublisherOptions{
 		Cluster: c.Cluster, Node: c.NodeName, StateDir: c.StateDir, Stream: c.NATSStream,
 		NoCreateStream: c.NATSNoCreateStream, MaxBytes: c.OutboxMaxBytes, MaxAge: c.OutboxMaxAge,
 		DuplicateWindow: max(c.OutboxMaxAge, natsbus.DefaultDuplicateWindow),
 		StreamMaxAge:    max(c.OutboxMaxAge, natsbus.DefaultStreamMaxAge),
 	}
+	if c.NATSURL == "" {
+		// The embedded server's stream lives on this node's disk: it gets the
+		// store's bound (JetStream refuses a stream larger than its store) and its own age.
+		o.StreamMaxBytes = c.EmbeddedNATSMaxStore
+		o.StreamMaxAge = max(c.EmbeddedNATSMaxAge, o.DuplicateWindow)
+	}
+	return o
 }
 
-// natsPublisher adapts the outbox publisher to gc's one-method interface.
-type natsPublisher struct{ p *natsbus.Publisher }
+// Embedded NATS store bounds: the default, and the least that holds a
+// stream of events at all.
+const (
+	DefaultEmbeddedNATSMaxStore = 256 << 20
+	minEmbeddedNATSMaxStore     = 1 << 20
+)
 
-func (n natsPublisher) Publish(a gc.Action) error { return n.p.Publish(natsbus.Action(a)) }
+// embeddedOptions are the embedded server's options (without auth and logger).
+func (c Config) embeddedOptions() natsbus.EmbeddedOptions {
+	return natsbus.EmbeddedOptions{StateDir: c.StateDir, Listen: c.EmbeddedNATSListen,
+		ServerName: natsbus.SafeToken(c.NodeName), MaxStore: c.EmbeddedNATSMaxStore}
+}
 
 // bus is the agent's NATS side: connection, publisher, maybe a server.
 type bus struct {
-	srv *server.Server
+	emb *natsbus.Embedded // nil with --nats-url
 	nc  *nats.Conn
 	pub *natsbus.Publisher
 }
 
+// embeddedURL only names the embedded server in logs: the agent reaches it
+// in process, never through its port.
+const embeddedURL = "nats://embedded"
+
 // startNATS starts the embedded server when no --nats-url is given,
 // connects (never giving up), and opens the durable publisher. NATS being
-// down does not stop the agent: events wait in the outbox.
+// down does not stop the agent: events wait in the outbox. Neither does an
+// embedded server that cannot listen: it is retried in the background.
+//
+// The embedded server accepts one user, the nkey whose seed is in the state
+// dir (0600), which the agent and local `gcagent watch`/`ctl` use; it
+// listens where EmbeddedNATSListen says and records its URL next to the seed.
 func (a *agent) startNATS() (*bus, error) {
 	cfg := a.cfg
 	// natsbus's constructors name their own component in the log.
 	b := &bus{}
 	opts := cfg.connOptions()
 	opts.Logger = a.log
+	opts.InboxPrefix = natsbus.InboxPrefix(cfg.Cluster, cfg.NodeName)
+	var ncReady atomic.Pointer[nats.Conn]
 	if opts.URL == "" {
-		srv, err := natsbus.StartEmbedded(natsbus.EmbeddedOptions{StateDir: cfg.StateDir, Listen: cfg.EmbeddedNATSListen, ServerName: natsbus.SafeToken(cfg.NodeName), Logger: a.log})
+		seed, pub, err := natsbus.EnsureLocalNkey(cfg.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		eo := cfg.embeddedOptions()
+		eo.Logger, eo.AuthNkey = a.log, pub
+		emb, err := natsbus.RunEmbedded(eo, natsbus.EmbeddedRunOptions{Registerer: a.reg, OnUp: func(s *server.Server) {
+			if err := natsbus.WriteLocalURL(cfg.StateDir, s.ClientURL()); err != nil {
+				a.log.Error().Str("component", "natsbus").Err(err).Msg("cannot record the embedded NATS URL for local tools")
+			}
+			if nc := ncReady.Load(); nc != nil && !nc.IsConnected() {
+				_ = nc.ForceReconnect() // do not wait for the reconnect backoff
+			}
+		}})
 		if err != nil {
 			return nil, fmt.Errorf("embedded nats: %w", err)
 		}
-		b.srv, opts.URL = srv, srv.ClientURL()
+		b.emb = emb
+		opts.URL, opts.InProcess, opts.NkeyFile = embeddedURL, emb, seed
 	}
 	nc, err := natsbus.Connect(opts)
 	if err != nil {
@@ -66,6 +107,7 @@ func (a *agent) startNATS() (*bus, error) {
 		return nil, fmt.Errorf("nats: %w", err)
 	}
 	b.nc = nc
+	ncReady.Store(nc)
 	m, err := natsbus.NewMetrics(a.reg)
 	if err != nil {
 		b.close()
@@ -77,7 +119,7 @@ func (a *agent) startNATS() (*bus, error) {
 		b.close()
 		return nil, fmt.Errorf("nats publisher: %w", err)
 	}
-	a.log.Info().Str("component", "natsbus").Str("url", redactURL(opts.URL)).Bool("embedded", b.srv != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
+	a.log.Info().Str("component", "natsbus").Str("url", redactURL(opts.URL)).Bool("embedded", b.emb != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
 	return b, nil
 }
 
@@ -89,10 +131,18 @@ func (b *bus) close() {
 	if b.nc != nil {
 		b.nc.Close()
 	}
-	if b.srv != nil {
-		b.srv.Shutdown()
-		b.srv.WaitForShutdown()
+	if b.emb != nil {
+		b.emb.Close()
 	}
+}
+
+// problem says why the embedded server is not running ("" when it runs or
+// with --nats-url).
+func (b *bus) problem() string {
+	if b == nil || b.emb == nil {
+		return ""
+	}
+	return b.emb.Problem()
 }
 
 func redactURL(u string) string {
@@ -131,7 +181,7 @@ type Heartbeat struct {
 // heartbeat builds the current heartbeat from the projection and the disk.
 func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 	var hb Heartbeat
-	disk, err := (gc.Statfs{Path: a.cfg.ImageFS}).Disk()
+	disk, err := a.imageFS.Disk()
 	if err != nil {
 		hb.DiskError = err.Error()
 	} else {

@@ -110,7 +110,7 @@ func splitJSONFlag(args []string) ([]string, bool, error) {
 // buildPlan lists containerd and plans against it.
 func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	doc := planDoc{At: time.Now().UTC(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS}
-	cl, err := client.New(cfg.ContainerdAddress, client.WithDefaultNamespace(cfg.Namespace), client.WithTimeout(10*time.Second))
+	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithDefaultNamespace(cfg.Namespace), client.WithTimeout(10*time.Second))...)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
 	}
@@ -143,13 +143,18 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	}
 	p.SandboxImages = gc.SandboxImageSet(p.SandboxImages, learned, gc.SandboxImagesOf(state))
 	doc.SandboxImages = p.SandboxImages
-	disk, err := gc.Statfs{Path: cfg.ImageFS}.Disk()
+	fs := gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, runtimeapi.NewImageServiceClient(conn))
+	disk, err := fs.Disk()
+	doc.ImageFS = fs.Chosen()
+	if note := fs.Note(); note != "" {
+		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; "+note, "; ")
+	}
 	if err != nil {
 		return doc, err
 	}
 	doc.Images = gc.PlanImages(state, disk, p, doc.At)
 	doc.ContainerPolicy = cfg.containerPolicy()
-	doc.Containers = gc.PlanContainers(state, doc.ContainerPolicy, doc.At)
+	doc.Containers = gc.PlanContainersWith(state, doc.ContainerPolicy, doc.At, podLogDirExists(cfg.PodLogDir))
 	doc.LogsConfig = cfg.logsConfig()
 	if doc.Logs, err = planLogs(cfg, state); err != nil {
 		return doc, err

@@ -46,6 +46,11 @@ type agent struct {
 	live    *projection.Live
 	source  *events.Source
 	runtime gc.Runtime
+	// version asks containerd for its version: the /readyz probe that it
+	// answers, not only that its socket is open.
+	version func(context.Context) (client.Version, error)
+	// imageFS is the filesystem image GC measures (--image-fs, or CRI's).
+	imageFS *gc.ImageFS
 	pub     gc.Publisher
 	bus     *bus
 	// lastGC, set by the image GC component, reports its last pass for
@@ -84,7 +89,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	// client.New does not dial: containerd may come later, and the Source
 	// retries until it does.
-	cl, err := client.New(cfg.ContainerdAddress, client.WithDefaultNamespace(cfg.Namespace))
+	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithDefaultNamespace(cfg.Namespace))...)
 	if err != nil {
 		return fmt.Errorf("containerd client: %w", err)
 	}
@@ -97,25 +102,27 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	cri := runtimeapi.NewRuntimeServiceClient(criConn)
 	src := events.NewSource(events.Options{
 		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval,
-		KnownSize: func(digest string) (n int64) {
+		KnownFacts: func(digest string) (f events.ImageFacts) {
 			live.View(func(s *projection.State) {
 				if img := s.Images[digest]; img != nil {
-					n = img.Size
+					f = events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
 				}
 			})
-			return n
+			return f
 		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{},
 		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
+	a.version = cl.Version
+	a.imageFS = gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
 
 	b, err := a.startNATS()
 	if err != nil {
 		return err
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
-	a.bus, a.pub = b, natsPublisher{b.pub}
+	a.bus, a.pub = b, newNATSPublisher(b.pub)
 	a.reportStateReset(reset)
 	// Components that subscribe to the projection are set up before it runs.
 	if err := a.setupImageGC(); err != nil {
@@ -126,6 +133,11 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	if err := a.setupLogs(); err != nil {
 		return err
+	}
+	if note := a.imageFS.Note(); note != "" {
+		log.Warn().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg(note)
+	} else {
+		log.Info().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg("measuring the image filesystem")
 	}
 	boot := time.Now().UTC()
 	_ = a.pub.Publish(a.startedAction(boot))
@@ -144,11 +156,24 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
+	// Delete intents a crash left are resolved before anything deletes.
+	resolved := make(chan struct{})
+	g.Go(func() error { defer close(resolved); return resolveIntents(gctx, b.pub, nodeObjects{cl}, log) })
+	afterIntents := func(run func(context.Context) error) func() error {
+		return func() error {
+			select {
+			case <-resolved:
+			case <-gctx.Done():
+				return nil
+			}
+			return run(gctx)
+		}
+	}
 	// Components that act on the projection start here, one g.Go each.
-	g.Go(func() error { return a.runImageGC(gctx) })
+	g.Go(afterIntents(a.runImageGC))
 	g.Go(func() error { return a.runControl(gctx) })
-	g.Go(func() error { return a.containerGC.Run(gctx) })
-	g.Go(func() error { return a.runLogs(gctx) })
+	g.Go(afterIntents(a.containerGC.Run))
+	g.Go(afterIntents(a.runLogs))
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -181,13 +206,26 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		var problems []string
 		if !a.source.Connected() {
 			problems = append(problems, "containerd: not connected")
+		} else if err := a.containerdAnswers(r.Context()); err != nil {
+			// Connected but not answering (stopped, overloaded): GC calls
+			// time out meanwhile; ready again as soon as it answers.
+			problems = append(problems, "containerd: not answering: "+err.Error())
 		}
 		if !a.live.Synced() {
 			problems = append(problems, "projection: not synced")
+		}
+		if note := a.imageFS.Note(); note != "" {
+			// Not a readiness failure: GC measures the filesystem it says.
+			defer fmt.Fprintln(w, "image-fs:", note)
+		}
+		if p := a.bus.problem(); p != "" {
+			// Not a readiness failure either: GC goes on and events wait in
+			// the outbox; only local NATS clients miss them meanwhile.
+			defer fmt.Fprintln(w, "nats: "+p)
 		}
 		if a.bus != nil && a.bus.pub.Mode() == natsbus.ModeCore {
 			// Not a readiness failure: GC goes on; events lose their dedupe.
@@ -226,4 +264,19 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		_ = enc.Encode(doc)
 	})
 	return mux
+}
+
+// readyProbeTimeout bounds /readyz's call to containerd.
+const readyProbeTimeout = 2 * time.Second
+
+// containerdAnswers reports whether containerd answers a Version call
+// within readyProbeTimeout.
+func (a *agent) containerdAnswers(ctx context.Context) error {
+	if a.version == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyProbeTimeout)
+	defer cancel()
+	_, err := a.version(ctx)
+	return err
 }

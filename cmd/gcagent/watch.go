@@ -44,6 +44,17 @@ func natsClientFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.NATSStream, "nats-stream", cfg.NATSStream, "JetStream stream of events")
 }
 
+// localStateDirFlag binds --state-dir for a local NATS client: where it
+// finds the local agent's embedded server URL and credentials.
+func localStateDirFlag(fs *flag.FlagSet, cfg *Config) {
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "the local agent's state dir: without --nats-url, the embedded NATS server's URL and credentials are read from it")
+}
+
+// hasNATSAuth reports whether any NATS credential is configured.
+func (c Config) hasNATSAuth() bool {
+	return c.NATSCreds != "" || c.NATSNKey != "" || c.NATSUser != "" || c.NATSPassword != "" || c.NATSToken != "" || c.NATSTLSCert != ""
+}
+
 // parseNATSClient parses a NATS client command's flags, then fills the ones
 // not given from GCAGENT_<FLAG> like run does. The connection is named
 // gcagent/<cluster>/<tool>@<host>, which control requests carry as their caller.
@@ -60,14 +71,24 @@ func parseNATSClient(fs *flag.FlagSet, cfg *Config, args []string, env func(stri
 	// own flags (--image, --json, ...) are never set behind its back.
 	shared := flag.NewFlagSet("", flag.ContinueOnError)
 	natsClientFlags(shared, &Config{})
+	localStateDirFlag(shared, &Config{})
 	var err error
 	shared.VisitAll(func(f *flag.Flag) {
-		if v := env(envName(f.Name)); v != "" && !onCLI[f.Name] && err == nil {
+		if v := env(envName(f.Name)); v != "" && !onCLI[f.Name] && err == nil && fs.Lookup(f.Name) != nil {
 			err = setFlag(fs, f.Name, v, envName(f.Name))
 		}
 	})
 	if err != nil {
 		return usageError{err}
+	}
+	if cfg.NATSURL == "" && !cfg.hasNATSAuth() {
+		// The local agent's embedded server: its URL and credentials are in
+		// its state dir.
+		url, seed, err := natsbus.LocalClient(cfg.StateDir)
+		if err != nil {
+			return fmt.Errorf("%v (give --nats-url and credentials, or run as the agent's user)", err)
+		}
+		cfg.NATSURL, cfg.NATSNKey = url, seed
 	}
 	if cfg.NATSURL == "" {
 		cfg.NATSURL = "nats://" + DefaultConfig().EmbeddedNATSListen
@@ -89,6 +110,7 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	natsClientFlags(fs, &o.cfg)
+	localStateDirFlag(fs, &o.cfg)
 	fs.DurationVar(&o.since, "since", o.since, "replay events from this long ago")
 	fs.BoolVar(&o.json, "json", o.json, "print the raw CloudEvents, one per line, instead of the table")
 	fs.DurationVar(&o.refresh, "refresh", o.refresh, "how often the table is redrawn")

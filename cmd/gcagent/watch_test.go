@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"github.com/gcagent/gcagent/gc"
 	"io"
 	"strings"
 	"sync"
@@ -231,6 +232,7 @@ func TestCtlCommand(t *testing.T) {
 	}
 	a := &agent{cfg: DefaultConfig(), live: live}
 	a.cfg.Cluster, a.cfg.NodeName, a.cfg.ImageFS = "c1", "n1", t.TempDir()
+	a.imageFS = gc.NewImageFS(a.cfg.ImageFS, "", nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -279,5 +281,44 @@ func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
 	}
 	if *image != "" {
 		t.Errorf("--image set to %q from the environment", *image)
+	}
+}
+
+// TestNATSClientLocalCredentials: without --nats-url or credentials, a
+// local tool takes the URL and nkey from --state-dir (or GCAGENT_STATE_DIR);
+// explicit settings win.
+func TestNATSClientLocalCredentials(t *testing.T) {
+	dir := t.TempDir()
+	seed, _, err := natsbus.EnsureLocalNkey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := natsbus.WriteLocalURL(dir, "nats://127.0.0.1:4333"); err != nil {
+		t.Fatal(err)
+	}
+	parse := func(args []string, env map[string]string) Config {
+		t.Helper()
+		cfg := DefaultConfig()
+		cfg.NATSURL = ""
+		fs := flag.NewFlagSet("watch", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		natsClientFlags(fs, &cfg)
+		localStateDirFlag(fs, &cfg)
+		if err := parseNATSClient(fs, &cfg, args, envOf(env), "watch"); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	if c := parse([]string{"--state-dir", dir}, nil); c.NATSURL != "nats://127.0.0.1:4333" || c.NATSNKey != seed {
+		t.Errorf("--state-dir: url %q nkey %q", c.NATSURL, c.NATSNKey)
+	}
+	if c := parse(nil, map[string]string{"GCAGENT_STATE_DIR": dir}); c.NATSURL != "nats://127.0.0.1:4333" || c.NATSNKey != seed {
+		t.Errorf("GCAGENT_STATE_DIR: url %q nkey %q", c.NATSURL, c.NATSNKey)
+	}
+	if c := parse([]string{"--state-dir", dir, "--nats-url", "nats://10.0.0.1:4222"}, nil); c.NATSURL != "nats://10.0.0.1:4222" || c.NATSNKey != "" {
+		t.Errorf("explicit URL: url %q nkey %q", c.NATSURL, c.NATSNKey)
+	}
+	if c := parse([]string{"--state-dir", t.TempDir()}, nil); c.NATSURL != "nats://127.0.0.1:4222" || c.NATSNKey != "" {
+		t.Errorf("empty state dir: url %q nkey %q", c.NATSURL, c.NATSNKey)
 	}
 }

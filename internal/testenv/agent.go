@@ -69,6 +69,12 @@ func FreeAddr(t testing.TB) string {
 // flags; it is killed when the test ends.
 func StartAgent(t testing.TB, c *Containerd, stateDir string, extra ...string) *Agent {
 	t.Helper()
+	return StartAgentEnv(t, c, stateDir, nil, extra...)
+}
+
+// StartAgentEnv is StartAgent with env (KEY=value) added to the agent's environment.
+func StartAgentEnv(t testing.TB, c *Containerd, stateDir string, env []string, extra ...string) *Agent {
+	t.Helper()
 	a := &Agent{Addr: FreeAddr(t), StateDir: stateDir, t: t}
 	a.LogFile = filepath.Join(stateDir, fmt.Sprintf("agent-%d.log", time.Now().UnixNano()))
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
@@ -79,7 +85,9 @@ func StartAgent(t testing.TB, c *Containerd, stateDir string, extra ...string) *
 		"--metrics-address", a.Addr, "--image-fs", c.Root, "--log-dir", c.LogDir, "--pod-log-dir", c.PodLogDir,
 		"--node-name", "test-node", "--log-level", "debug",
 	}, extra...)
-	if !slices.ContainsFunc(extra, func(s string) bool { return strings.HasPrefix(s, "--nats-url") }) {
+	if !slices.ContainsFunc(extra, func(s string) bool {
+		return strings.HasPrefix(s, "--nats-url") || strings.HasPrefix(s, "--embedded-nats-listen")
+	}) {
 		// Each agent's embedded NATS server gets its own port.
 		args = append(args, "--embedded-nats-listen", FreeAddr(t))
 	}
@@ -89,6 +97,9 @@ func StartAgent(t testing.TB, c *Containerd, stateDir string, extra ...string) *
 	}
 	a.cmd = exec.Command(AgentBinary(t), args...)
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
+	if len(env) > 0 {
+		a.cmd.Env = append(os.Environ(), env...)
+	}
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -112,6 +123,16 @@ func (a *Agent) Kill() {
 	}
 	_ = a.cmd.Process.Kill()
 	<-a.done
+}
+
+// Exited waits up to within for the process to end by itself and reports whether it did.
+func (a *Agent) Exited(within time.Duration) bool {
+	select {
+	case <-a.done:
+		return true
+	case <-time.After(within):
+		return false
+	}
 }
 
 // Stop sends SIGTERM and waits for a clean exit.

@@ -278,6 +278,25 @@ func (c *Containerd) Stop() {
 	c.cmd = nil
 }
 
+// Freeze stops the daemon with SIGSTOP (hung, socket still open) until
+// Thaw or the end of the test.
+func (c *Containerd) Freeze() {
+	c.t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		c.t.Fatal(err)
+	}
+	pid := c.cmd.Process.Pid
+	c.t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+}
+
+// Thaw resumes a frozen daemon (SIGCONT).
+func (c *Containerd) Thaw() {
+	c.t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
 // Restart stops and starts the daemon; the Client reconnects by itself.
 func (c *Containerd) Restart() {
 	c.t.Helper()

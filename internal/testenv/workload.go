@@ -178,6 +178,18 @@ func (c *Containerd) RunPodContainer(t testing.TB, rt runtime.RuntimeServiceClie
 // reserves name+attempt per pod, as the kubelet's restarts use them.
 func (c *Containerd) RunPodContainerAttempt(t testing.TB, rt runtime.RuntimeServiceClient, p *Pod, name string, attempt uint32, image string, args ...string) string {
 	t.Helper()
+	return c.runPodContainer(t, rt, p, name, attempt, image, nil, args)
+}
+
+// RunPodContainerMounts is RunPodContainer with mounts, such as OCI image
+// volumes (a Mount whose Image is set; containerd 2.1+).
+func (c *Containerd) RunPodContainerMounts(t testing.TB, rt runtime.RuntimeServiceClient, p *Pod, name, image string, mounts []*runtime.Mount, args ...string) string {
+	t.Helper()
+	return c.runPodContainer(t, rt, p, name, 0, image, mounts, args)
+}
+
+func (c *Containerd) runPodContainer(t testing.TB, rt runtime.RuntimeServiceClient, p *Pod, name string, attempt uint32, image string, mounts []*runtime.Mount, args []string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(c.Ctx(), time.Minute)
 	defer cancel()
 	logPath := filepath.Join(name, fmt.Sprintf("%d.log", attempt))
@@ -187,6 +199,7 @@ func (c *Containerd) RunPodContainerAttempt(t testing.TB, rt runtime.RuntimeServ
 			Metadata: &runtime.ContainerMetadata{Name: name, Attempt: attempt},
 			Image:    &runtime.ImageSpec{Image: image},
 			Command:  args,
+			Mounts:   mounts,
 			LogPath:  logPath,
 			Labels: map[string]string{
 				"io.kubernetes.pod.name": p.Name, "io.kubernetes.pod.namespace": p.Namespace,

@@ -1,0 +1,230 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/distribution/reference"
+	"github.com/opencontainers/image-spec/identity"
+)
+
+// What a container runs is found by content, never by the name it was
+// created from: a name can move to another image (a re-pull of app:1)
+// while the container still runs the old one. Three facts say it:
+//   - CRI stores the image id (config digest) of each container, and of each
+//     image mounted as an OCI image volume, in its container metadata;
+//   - every rootfs snapshot is prepared from the chain id of its image's top
+//     layer, so a snapshot's parent names the image for any client;
+//   - containerd 2.1+ prepares image volumes as snapshots keyed
+//     .../image-volumes/<sandbox id>/..., held by a lease named after the
+//     sandbox, with no container record naming the image.
+
+// CRI's container metadata extension and its image-volume snapshot keys
+// (copied: containerd's are internal).
+const (
+	extCRIContainerMetadata = "io.cri-containerd.container.metadata"
+	imageVolumesDir         = "/image-volumes/"
+	defaultSnapshotter      = "overlayfs"
+)
+
+// Restart-policy labels: containerd's restart monitor (and nerdctl
+// --restart, which uses it) restarts a container whose status label says
+// running, so its exit is not its end.
+const (
+	labelRestartStatus = "containerd.io/restart.status"
+	labelRestartPolicy = "containerd.io/restart.policy"
+)
+
+var configDigestRe = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
+// ImageFacts are what never change for a target digest: its size as the
+// kubelet counts it, its config digest (the CRI image id) and the chain id
+// of its top layer.
+type ImageFacts struct {
+	Size   int64
+	Config string
+	Chain  string
+}
+
+// facts returns img's facts, read from the content store once per target
+// digest. A fact that cannot be read is left empty (and not cached, so the
+// next lookup tries again).
+func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
+	d := img.Target.Digest.String()
+	s.sizesMu.Lock()
+	f, ok := s.sizes[d]
+	s.sizesMu.Unlock()
+	if ok {
+		return f
+	}
+	f = s.o.KnownFacts(d)
+	ci := client.NewImage(s.o.Client, img)
+	if f.Size <= 0 {
+		n, err := ci.Size(ctx)
+		if err != nil {
+			s.o.Log.Debug().Err(err).Str("image", img.Name).Msg("image size unknown")
+		}
+		f.Size = n
+	}
+	if f.Config == "" || f.Chain == "" {
+		if cfg, err := ci.Config(ctx); err == nil {
+			f.Config = cfg.Digest.String()
+		}
+		if diffIDs, err := ci.RootFS(ctx); err == nil && len(diffIDs) > 0 {
+			f.Chain = identity.ChainID(diffIDs).String()
+		}
+	}
+	if f.Size > 0 && f.Config != "" && f.Chain != "" {
+		s.sizesMu.Lock()
+		s.sizes[d] = f
+		s.sizesMu.Unlock()
+	}
+	return f
+}
+
+// criMetadata is the part of CRI's container metadata gcagent reads: the
+// image id and the image-volume mounts. The extension is JSON whatever the
+// containerd version.
+type criMetadata struct {
+	Metadata struct {
+		ImageRef string `json:"ImageRef"`
+		Config   struct {
+			Mounts []struct {
+				Image *struct {
+					Image string `json:"image"`
+				} `json:"image"`
+			} `json:"mounts"`
+		} `json:"Config"`
+	} `json:"Metadata"`
+}
+
+// criImageRefs returns the image id CRI stored for c and the image refs of
+// its image-volume mounts; empty for a container CRI did not create.
+func criImageRefs(c containers.Container) (imageID string, volumes []string) {
+	ext, ok := c.Extensions[extCRIContainerMetadata]
+	if !ok || ext == nil {
+		return "", nil
+	}
+	var m criMetadata
+	if err := json.Unmarshal(ext.GetValue(), &m); err != nil {
+		return "", nil
+	}
+	for _, mnt := range m.Metadata.Config.Mounts {
+		if mnt.Image != nil && mnt.Image.Image != "" {
+			volumes = append(volumes, mnt.Image.Image)
+		}
+	}
+	return m.Metadata.ImageRef, volumes
+}
+
+// restartManaged reports whether a restart policy wants c running: the
+// monitor's status label says running, or a policy is set without a status.
+func restartManaged(labels map[string]string) bool {
+	if st, ok := labels[labelRestartStatus]; ok {
+		return st == "running"
+	}
+	_, ok := labels[labelRestartPolicy]
+	return ok
+}
+
+// sandboxOfVolume returns the sandbox id of an image-volume snapshot key
+// (<cri state dir>/image-volumes/<sandbox id>/<digest hex>), or "".
+func sandboxOfVolume(key string) string {
+	i := strings.LastIndex(key, imageVolumesDir)
+	if i < 0 {
+		return ""
+	}
+	rest := key[i+len(imageVolumesDir):]
+	if j := strings.IndexByte(rest, '/'); j > 0 {
+		return rest[:j]
+	}
+	return ""
+}
+
+// snapshotIndex is what a listing learns from the snapshotters: the parent
+// of every active or view snapshot, and the parents of each sandbox's
+// image-volume snapshots.
+type snapshotIndex struct {
+	parents map[string]string   // snapshotter + "/" + key -> parent
+	volumes map[string][]string // sandbox id -> parents of its image volumes
+}
+
+// walkSnapshots indexes the active and view snapshots of the given
+// snapshotters (committed ones are image layers, not users of images).
+func (s *Source) walkSnapshots(ctx context.Context, snapshotters []string) (snapshotIndex, error) {
+	ix := snapshotIndex{parents: map[string]string{}, volumes: map[string][]string{}}
+	for _, sn := range snapshotters {
+		err := s.o.Client.SnapshotService(sn).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+			if info.Kind == snapshots.KindCommitted || info.Parent == "" {
+				return nil
+			}
+			ix.parents[sn+"/"+info.Name] = info.Parent
+			if sb := sandboxOfVolume(info.Name); sb != "" {
+				ix.volumes[sb] = append(ix.volumes[sb], info.Parent)
+			}
+			return nil
+		})
+		if err != nil {
+			return ix, fmt.Errorf("walk snapshots of %s: %w", sn, err)
+		}
+	}
+	for sb, ps := range ix.volumes {
+		slices.Sort(ps)
+		ix.volumes[sb] = slices.Compact(ps)
+	}
+	return ix, nil
+}
+
+// snapshotterOf is c's snapshotter, the default when unset.
+func snapshotterOf(c containers.Container) string {
+	if c.Snapshotter == "" {
+		return defaultSnapshotter
+	}
+	return c.Snapshotter
+}
+
+// contentFacts fills what c runs into ev: the CRI image id and volume image
+// ids, the parent of its rootfs snapshot (parentOf), the image volumes its
+// sandbox holds (volumesOf), and its restart policy. configOf resolves a
+// volume image ref (a name or an image id) to a config digest.
+func contentFacts(ev *ContainerUpserted, c containers.Container, parentOf func(containers.Container) string,
+	volumesOf func(sandboxID string) []string, configOf func(ref string) string) {
+	id, vols := criImageRefs(c)
+	if configDigestRe.MatchString(id) {
+		ev.ImageID = id
+	}
+	for _, ref := range vols {
+		if cfg := configOf(ref); cfg != "" {
+			ev.VolumeImageIDs = append(ev.VolumeImageIDs, cfg)
+		}
+	}
+	slices.Sort(ev.VolumeImageIDs)
+	ev.VolumeImageIDs = slices.Compact(ev.VolumeImageIDs)
+	if c.SnapshotKey != "" {
+		ev.RootChain = parentOf(c)
+	}
+	if ev.CRIKind == "sandbox" {
+		ev.VolumeChains = volumesOf(c.ID)
+	}
+	ev.RestartManaged = restartManaged(c.Labels)
+}
+
+// normalizedRefs returns ref and, when it parses, its normalized form
+// (nginx:1 -> docker.io/library/nginx:1), the names containerd stores.
+func normalizedRefs(ref string) []string {
+	out := []string{ref}
+	if n, err := reference.ParseNormalizedNamed(ref); err == nil {
+		if full := reference.TagNameOnly(n).String(); full != ref {
+			out = append(out, full)
+		}
+	}
+	return out
+}
