@@ -3,15 +3,20 @@ SHELL := /bin/bash
 GO ?= go
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2_DIR ?= $(HOME)/.cache/gcagent/containerd-$(CONTAINERD2_VERSION)
-APT_PACKAGES := containerd runc busybox-static
+APT_PACKAGES := containerd runc busybox-static prometheus systemd
+# VERSION and COMMIT are stamped into the binary (`gcagent version`) and name the image.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+COMMIT_TIME ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 
-.PHONY: help deps build test unit e2e bench demo lint tidy-check fuzz
+.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static (apt), containerd 2.3 and its ctr (go install), Go modules
+deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr (go install), Go modules
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
@@ -26,22 +31,26 @@ deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-stat
 	fi
 	@$(GO) mod download
 
-build: ## build bin/gcagent
-	$(GO) build -o bin/gcagent ./cmd/gcagent
+build: ## build bin/gcagent (version and commit stamped)
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/gcagent ./cmd/gcagent
 
-test: deps lint ## install what is missing, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3)
+image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION), static binary at /gcagent), no registry needed
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-static ./cmd/gcagent
+	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -o bin/gcagent-image.tar
+
+test: deps lint image ## install what is missing, build the image, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3)
 	$(GO) test -count=1 -timeout 30m ./...
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./projection/ ./gc/ ./logs/ ./natsbus/ ./cmd/...
+	$(GO) test -count=1 ./events/ ./projection/ ./gc/ ./logs/ ./natsbus/ ./cmd/... ./deploy/ ./internal/ociimage/
 
-e2e: deps ## run only the end-to-end tests
+e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 30m -v ./e2e/
 
 bench: deps ## run the benchmarks (reducer, reconcile over the real API) and print figures
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./projection/ ./e2e/ ./natsbus/
 
-demo: deps ## private containerd + agent + scripted workload, with the agent's live view printed
+demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/
 
 FUZZTIME ?= 30s

@@ -478,6 +478,11 @@ func (e *ContainerExecutor) eligibleAt(plan ContainerPlan, policy ContainerPolic
 	}
 	at := it.ExitedAt.Add(policy.MinAge)
 	switch it.Reason {
+	case ReasonTTLExpired:
+		// The planner dated it: owner done (collected, or exit + grace) + TTL.
+		if !it.EligibleAt.IsZero() {
+			at = it.EligibleAt
+		}
 	case ReasonPerUnitCap:
 		if n := policy.MaxPerEvictUnit; n > 0 {
 			var newer []time.Time

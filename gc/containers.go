@@ -99,7 +99,9 @@ type ContainerItem struct {
 	State         projection.ContainerState `json:"state"`
 	ExitedAt      time.Time                 `json:"exitedAt,omitzero"`
 	Reason        Reason                    `json:"reason"`
-	// EligibleAt is when a too-young container passes MinAge.
+	// EligibleAt is when a waiting container (too young, awaiting
+	// collection, owner active) becomes removable; for a plain container
+	// to remove, when it became removable (owner done + MinAge).
 	EligibleAt time.Time `json:"eligibleAt,omitzero"`
 	// Containers are what keeps a sandbox (pod-has-containers).
 	Containers []string `json:"containers,omitempty"`
@@ -146,7 +148,7 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 		list = append(list, p.screen(c, now))
 		it := &list[len(list)-1]
 		switch {
-		case !it.EligibleAt.IsZero():
+		case waiting(it.Reason):
 			earliest(&plan.NextEligible, it.EligibleAt)
 		case it.Reason != "":
 			// kept whatever the caps, or (plain) removed whatever the caps
@@ -320,11 +322,17 @@ func (p ContainerPolicy) screenPlain(c *projection.Container, now time.Time, it 
 	if quiet := c.LastOpAt.Add(OwnerQuiet); quiet.After(eligible) {
 		eligible, why = quiet, ReasonOwnerActive
 	}
+	it.EligibleAt = eligible
 	if now.Before(eligible) {
-		it.Reason, it.EligibleAt = why, eligible
+		it.Reason = why
 		return
 	}
 	it.Reason = ReasonTTLExpired
+}
+
+// waiting reports whether r keeps a container only until its EligibleAt.
+func waiting(r Reason) bool {
+	return r == ReasonTooYoung || r == ReasonAwaitingCollection || r == ReasonOwnerActive
 }
 
 // capUnits keeps the newest n of each unit (sorted newest first) and marks

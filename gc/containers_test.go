@@ -100,6 +100,10 @@ func TestPlanContainers(t *testing.T) {
 				if want := at(10*h + 5*time.Second); !p.NextEligible.Equal(want) {
 					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
 				}
+				// old became removable at its exit + 10s grace + 30s TTL.
+				if want := at(h + 40*time.Second); p.Remove[0].ID != "old" || !p.Remove[0].EligibleAt.Equal(want) {
+					t.Errorf("%s eligible at %v, want old at %v", p.Remove[0].ID, p.Remove[0].EligibleAt, want)
+				}
 			},
 		},
 		{

@@ -11,11 +11,17 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are stamped at build time by `make build` and `make
+// image` (-ldflags "-X main.version=... -X main.commit=..."), so that an
+// operator can tell which build a node runs.
+var (
+	version = "dev"
+	commit  = "unknown"
+)
 
 // usageError is a bad command line: exit status 2, one line.
 type usageError struct{ err error }
@@ -31,7 +37,7 @@ commands:
   watch     live fleet view from NATS (--nats-url, --cluster, --since, --json; without
             --nats-url: the local agent's embedded server, credentials from --state-dir)
   ctl       send a control request over NATS (status, plan, explain, gc; same local default)
-  version   print the version
+  version   print the version, commit and Go version
 `
 
 func main() {
@@ -75,7 +81,7 @@ func dispatch(ctx context.Context, args []string, env func(string) string, stdou
 	case "ctl":
 		return ctl(ctx, args[1:], env, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "gcagent", version)
+		fmt.Fprintf(stdout, "gcagent %s commit %s %s\n", version, commit, runtime.Version())
 		return nil
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)

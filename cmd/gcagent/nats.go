@@ -192,24 +192,30 @@ func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 	}
 	a.live.View(func(s *projection.State) {
 		hb.Images, hb.Containers, hb.Synced = len(s.Images), len(s.Containers), s.Synced
-		// Reclaimable: what GC could delete if the disk were full.
-		p := a.imagePolicy()
-		p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
-		plan := gc.PlanImages(s, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
-		for _, it := range plan.Delete {
-			hb.ReclaimableBytes += it.Size
-		}
-		for _, it := range plan.Keep {
-			if it.Reason == gc.ReasonNotNeeded {
-				hb.ReclaimableBytes += it.Size
-			}
-		}
+		hb.ReclaimableBytes = a.reclaimableBytes(s, now)
 	})
 	hb.Outbox, hb.NATSMode = b.pub.Depth(), b.pub.Mode()
 	if a.lastGC != nil {
 		hb.LastGC = a.lastGC()
 	}
 	return hb
+}
+
+// reclaimableBytes is what image GC could delete now if the disk were full:
+// the sizes of the images no rule protects. Call it inside live.View.
+func (a *agent) reclaimableBytes(s *projection.State, now time.Time) (n int64) {
+	p := a.imagePolicy()
+	p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
+	plan := gc.PlanImages(s, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
+	for _, it := range plan.Delete {
+		n += it.Size
+	}
+	for _, it := range plan.Keep {
+		if it.Reason == gc.ReasonNotNeeded {
+			n += it.Size
+		}
+	}
+	return n
 }
 
 // runHeartbeat publishes agent.heartbeat every interval, the first one

@@ -139,6 +139,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	} else {
 		log.Info().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg("measuring the image filesystem")
 	}
+	reg.MustRegister(newOpsCollector(a))
 	boot := time.Now().UTC()
 	_ = a.pub.Publish(a.startedAction(boot))
 
@@ -153,6 +154,9 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	evs := make(chan events.Event, 1024)
+	if sd := a.newSystemdNotify(evs); sd != nil { // before live.Run: it subscribes
+		g.Go(func() error { return sd.run(gctx) })
+	}
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })

@@ -324,6 +324,12 @@ func (f *fleet) apply(ev natsbus.CloudEvent) {
 		Reason           string `json:"reason"`
 		Error            string `json:"error"`
 		Trigger          string `json:"trigger"`
+		// What names the object for a person (image.*, container.removed).
+		Digest        string   `json:"digest"`
+		Names         []string `json:"names"`
+		ContainerName string   `json:"containerName"`
+		PodName       string   `json:"podName"`
+		PodNamespace  string   `json:"podNamespace"`
 	}
 	_ = json.Unmarshal(ev.Data, &d) // a payload of another shape leaves d empty
 	switch {
@@ -364,7 +370,14 @@ func (f *fleet) apply(ev natsbus.CloudEvent) {
 	if d.Error != "" {
 		detail += " error=" + d.Error
 	}
-	f.tail = append(f.tail, tailLine{At: ev.Time, Node: n.Node, Type: kind + "." + action, Subject: ev.Subject, Detail: strings.TrimSpace(detail)})
+	subject := ev.Subject
+	switch kind {
+	case "image":
+		subject = imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject))
+	case "container":
+		subject = containerLabel(ev.Subject, d.PodNamespace, d.PodName, d.ContainerName)
+	}
+	f.tail = append(f.tail, tailLine{At: ev.Time, Node: n.Node, Type: kind + "." + action, Subject: subject, Detail: strings.TrimSpace(detail)})
 	// Replayed and live events may interleave across nodes: keep time order.
 	slices.SortStableFunc(f.tail, func(a, b tailLine) int { return a.At.Compare(b.At) })
 	if len(f.tail) > f.maxTail {
@@ -373,6 +386,52 @@ func (f *fleet) apply(ev natsbus.CloudEvent) {
 	// Forget what can no longer be in a one-hour window of any later now.
 	n.freed = slices.DeleteFunc(n.freed, func(s sample) bool { return ev.Time.Sub(s.at) > 2*time.Hour })
 	n.failures = slices.DeleteFunc(n.failures, func(t time.Time) bool { return ev.Time.Sub(t) > 2*time.Hour })
+}
+
+// imageLabel names an image as an operator reads it: its names (tags
+// first; the sha256: id names CRI adds say nothing) and the digest,
+// shortened. Without a name, the short digest alone.
+func imageLabel(names []string, digest string) string {
+	var tags []string
+	for _, n := range names {
+		if !strings.HasPrefix(n, "sha256:") {
+			tags = append(tags, n)
+		}
+	}
+	short := shortDigest(digest)
+	if len(tags) == 0 {
+		return short
+	}
+	return strings.Join(tags, ",") + " (" + short + ")"
+}
+
+// shortDigest keeps the algorithm and 12 hex digits, like docker's ids.
+func shortDigest(d string) string {
+	algo, hex, ok := strings.Cut(d, ":")
+	if !ok {
+		algo, hex = "", d
+	}
+	if len(hex) > 12 {
+		hex = hex[:12]
+	}
+	if algo == "" {
+		return hex
+	}
+	return algo + ":" + hex
+}
+
+// containerLabel names a removed container: pod namespace/name and
+// container name for CRI containers, with the id shortened; the id alone
+// for plain containers (their ids are chosen by people).
+func containerLabel(id, podNamespace, podName, container string) string {
+	if podName == "" && container == "" {
+		return id
+	}
+	short := id
+	if len(short) > 12 {
+		short = short[:12]
+	}
+	return fmt.Sprintf("%s/%s %s (%s)", podNamespace, podName, container, short)
 }
 
 // rows returns the table as of now, ordered by cluster and node.

@@ -284,6 +284,39 @@ func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
 	}
 }
 
+// TestWatchTailNamesObjects: the action tail names images by their tags
+// with the digest shortened, and CRI containers by pod and name.
+func TestWatchTailNamesObjects(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	digest := "sha256:37d11ee8042e09d93c100b0ea6632dfac4c441333fb7729bd4925a3f6727b3df"
+	f := newFleet(10)
+	for _, ev := range []natsbus.CloudEvent{
+		ce(t, "n1", "image", "removed", digest, t0, map[string]any{"digest": digest,
+			"names": []string{"example.test/web:1", "sha256:d06c6b7adb26798a4717c58bbbc3d1b96f1c8780baf9f737bc3277213d6c2848"}, "freedBytes": 1 << 20}),
+		ce(t, "n1", "image", "skipped", digest, t0.Add(time.Second), map[string]any{"digest": digest,
+			"names": []string{"sha256:d06c6b7adb26798a4717c58bbbc3d1b96f1c8780baf9f737bc3277213d6c2848"}, "reason": "in-use"}),
+		ce(t, "n1", "container", "removed", "3f2a9c0d1e2b3c4d5e6f", t0.Add(2*time.Second), map[string]any{
+			"podNamespace": "default", "podName": "web-7d9", "containerName": "app"}),
+		ce(t, "n1", "container", "removed", "nightly-job", t0.Add(3*time.Second), map[string]any{}),
+	} {
+		f.apply(ev)
+	}
+	want := []string{
+		"example.test/web:1 (sha256:37d11ee8042e)",
+		"sha256:37d11ee8042e",
+		"default/web-7d9 app (3f2a9c0d1e2b)",
+		"nightly-job",
+	}
+	if len(f.tail) != len(want) {
+		t.Fatalf("tail %+v", f.tail)
+	}
+	for i, w := range want {
+		if f.tail[i].Subject != w {
+			t.Errorf("tail[%d] subject %q, want %q", i, f.tail[i].Subject, w)
+		}
+	}
+}
+
 // TestNATSClientLocalCredentials: without --nats-url or credentials, a
 // local tool takes the URL and nkey from --state-dir (or GCAGENT_STATE_DIR);
 // explicit settings win.
