@@ -155,8 +155,9 @@ func (l *Live) Run(ctx context.Context, in <-chan events.Event) error {
 }
 
 // Apply folds events (a Listing through Reconcile) into the state, journals
-// what was applied and notifies subscribers. Run calls it; tests and tools
-// may call it directly when nothing else runs Run.
+// what was applied (before readers can see it) and notifies subscribers.
+// Run calls it; tests and tools may call it directly when nothing else runs
+// Run.
 func (l *Live) Apply(batch ...events.Event) {
 	var applied []events.Event
 	l.mu.Lock()
@@ -171,13 +172,19 @@ func (l *Live) Apply(batch ...events.Event) {
 		}
 		applied = append(applied, evs...)
 	}
-	seq := l.state.Seq
+	// Journaled before the lock is released: nothing a reader (GC,
+	// /status) saw can be lost by a kill -9, short of a failed write.
+	var appendErr error
+	st := l.opts.Store
+	if st != nil {
+		appendErr = st.Append(l.state.Seq, applied)
+	}
 	l.mu.Unlock()
 
-	if st := l.opts.Store; st != nil {
+	if st != nil {
 		// A full disk must not stop the agent that frees it: the state in
 		// memory stays right, and the next snapshot catches the file up.
-		if err := st.Append(seq, applied); err != nil {
+		if err := appendErr; err != nil {
 			l.failed(err)
 			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
