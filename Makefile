@@ -11,7 +11,7 @@ COMMIT_TIME ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 
-.PHONY: help deps build image test unit e2e bench demo lint tidy-check
+.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -52,6 +52,15 @@ bench: deps ## run the benchmarks (reducer, reconcile over the real API) and pri
 
 demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/
+
+FUZZTIME ?= 30s
+fuzz: ## run every Fuzz target (found in *_fuzz_test.go) for FUZZTIME each (default 30s); make test runs only their seeds
+	@set -e; for f in $$(git ls-files '*_fuzz_test.go'); do \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== $$t ($$(dirname $$f), $(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f)/; \
+		done; \
+	done
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

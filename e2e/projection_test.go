@@ -265,9 +265,20 @@ func TestProjectionSurvivesKill9(t *testing.T) {
 		a := testenv.StartAgent(t, c, state, observeOnly...)
 		w := newWorkload(t, c)
 		w.partA()
-		// Give an image a last-used time: a container comes and goes.
+		// Give an image a last-used time: a container comes and goes. The
+		// agent must see it come (a create it looks up after the delete is
+		// skipped) and go, before the kill: the projection equals
+		// containerd's truth before, in between and after.
 		brief := c.CreateNative(t, "n-brief", "example.test/idle:1", "true")
+		waitProjected(t, a, func(rep projection.Report) bool {
+			return slices.ContainsFunc(rep.Containers, func(ct projection.ContainerReport) bool { return ct.ID == "n-brief" })
+		}, "n-brief not in the projection")
 		c.DeleteNative(t, brief)
+		waitProjected(t, a, func(rep projection.Report) bool {
+			return slices.ContainsFunc(rep.Images, func(img projection.ImageReport) bool {
+				return slices.Contains(img.Names, "example.test/idle:1") && !img.LastUsed.IsZero() && len(img.Users) == 0
+			})
+		}, "idle:1 has no last-used time yet")
 		before := converge(t, c, a)
 		a.Kill()
 
@@ -303,6 +314,21 @@ func TestProjectionSurvivesKill9(t *testing.T) {
 		if carried < 4 {
 			t.Fatalf("only %d images carried over the kill; the test proves nothing", carried)
 		}
+	})
+}
+
+// waitProjected waits until ok holds for the agent's projection.
+func waitProjected(t *testing.T, a *testenv.Agent, ok func(projection.Report) bool, why string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() string {
+		var rep projection.Report
+		if code, err := a.Get("/status", &rep); err != nil || code != 200 {
+			return fmt.Sprintf("status: %d %v", code, err)
+		}
+		if !ok(rep) {
+			return why
+		}
+		return ""
 	})
 }
 

@@ -228,7 +228,7 @@ func (s *Source) pump(ctx context.Context, envs <-chan *cdevents.Envelope, errs 
 	for {
 		select {
 		case env := <-envs:
-			s.m.received.WithLabelValues(env.Topic).Inc()
+			s.m.received.WithLabelValues(topicLabel(env.Topic)).Inc()
 			if !q.push(env, s.o.Now()) {
 				s.m.dropped.Inc()
 			}
@@ -319,6 +319,8 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope, received ti
 		}
 		return nil, nil
 	}
+	// Bounded to [received-10s, received], so always a time the journal
+	// can hold, whatever the envelope says.
 	stamp := func(t time.Time) time.Time { return stampAt(s.skewed(t), received) }
 	at := stamp(env.Timestamp)
 	switch e := v.(type) {
@@ -347,7 +349,7 @@ func (s *Source) decode(ctx context.Context, env *cdevents.Envelope, received ti
 		}
 		return TaskExited{At: at, ContainerID: e.ContainerID, Pid: e.Pid, ExitStatus: e.ExitStatus, ExitedAt: stamp(timeOf(e.ExitedAt)), Collected: true}, nil
 	}
-	s.m.ignored.WithLabelValues(env.Topic).Inc()
+	s.m.ignored.WithLabelValues(topicLabel(env.Topic)).Inc()
 	return nil, nil
 }
 
@@ -588,8 +590,8 @@ func DialCRI(address string) (*grpc.ClientConn, error) {
 // timeOf converts a protobuf timestamp; nil (not sent) is the zero time,
 // not 1970.
 func timeOf(ts *timestamppb.Timestamp) time.Time {
-	if ts == nil {
-		return time.Time{}
+	if ts == nil || !inJSONRange(ts.AsTime()) {
+		return time.Time{} // not sent, or not a time a task could exit at
 	}
 	return ts.AsTime().UTC()
 }

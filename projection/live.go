@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
@@ -36,6 +37,34 @@ type Live struct {
 	subs  []chan struct{}
 	since int // journal entries since the last snapshot
 	m     liveMetrics
+	fault atomic.Pointer[JournalFault] // nil while persisting works
+	tried time.Time                    // last snapshot attempt; Run's goroutine only
+}
+
+// snapshotRetry spaces snapshot attempts while writes fail: each encodes the
+// whole state, and on a full disk every batch would otherwise try one.
+const snapshotRetry = time.Second
+
+// JournalFault describes a failure to persist the projection (a full or
+// broken state disk) that has not yet been repaired by a later write.
+type JournalFault struct {
+	Err      string    // the last error
+	Since    time.Time // the first failure of this run of failures
+	Failures int       // failed appends and snapshots since then
+}
+
+// JournalFault returns the current persistence failure, or nil when the
+// last write to the store succeeded. Safe for concurrent use.
+func (l *Live) JournalFault() *JournalFault { return l.fault.Load() }
+
+// failed records a failed write; only Run's goroutine writes.
+func (l *Live) failed(err error) {
+	l.m.journalErrors.Inc()
+	f := JournalFault{Err: err.Error(), Since: l.opts.Now(), Failures: 1}
+	if old := l.fault.Load(); old != nil {
+		f.Since, f.Failures = old.Since, old.Failures+1
+	}
+	l.fault.Store(&f)
 }
 
 type liveMetrics struct {
@@ -90,12 +119,25 @@ func NewLive(opts LiveOptions) (*Live, error) {
 
 // Run applies events from in until ctx ends, then writes a final snapshot.
 // Events that arrive together are applied and journaled as one batch.
+// After a failed write it retries a snapshot every second until one
+// succeeds.
 func (l *Live) Run(ctx context.Context, in <-chan events.Event) error {
+	// While writes fail, a snapshot is retried every snapshotRetry even when
+	// no event comes, so persistence resumes soon after space returns.
+	var retry <-chan time.Time
 	for {
+		if retry == nil && l.fault.Load() != nil {
+			retry = time.After(snapshotRetry)
+		}
 		select {
 		case <-ctx.Done():
 			l.snapshot()
 			return nil
+		case <-retry:
+			retry = nil
+			if l.fault.Load() != nil {
+				l.snapshot()
+			}
 		case ev := <-in:
 			batch := []events.Event{ev}
 		drain:
@@ -113,8 +155,9 @@ func (l *Live) Run(ctx context.Context, in <-chan events.Event) error {
 }
 
 // Apply folds events (a Listing through Reconcile) into the state, journals
-// what was applied and notifies subscribers. Run calls it; tests and tools
-// may call it directly when nothing else runs Run.
+// what was applied (before readers can see it) and notifies subscribers.
+// Run calls it; tests and tools may call it directly when nothing else runs
+// Run.
 func (l *Live) Apply(batch ...events.Event) {
 	var applied []events.Event
 	l.mu.Lock()
@@ -131,27 +174,38 @@ func (l *Live) Apply(batch ...events.Event) {
 	}
 	// The batch is journaled before the lock is released: nobody (GC,
 	// /status, control replies) sees a state that a kill -9 would lose, such
-	// as the first-seen time of an image.
+	// as the first-seen time of an image, short of a failed write.
 	var appendErr error
-	if st := l.opts.Store; st != nil {
+	st := l.opts.Store
+	if st != nil {
 		appendErr = st.Append(l.state.Seq, applied)
 	}
 	l.mu.Unlock()
 
-	if st := l.opts.Store; st != nil {
+	if st != nil {
 		// A full disk must not stop the agent that frees it: the state in
 		// memory stays right, and the next snapshot catches the file up.
 		if err := appendErr; err != nil {
-			l.m.journalErrors.Inc()
+			l.failed(err)
 			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
 		}
 		l.since += len(applied)
-		if l.since >= l.opts.SnapshotEvery {
+		if l.since >= l.opts.SnapshotEvery && l.snapshotDue() {
 			l.snapshot()
 		}
 	}
 	l.notify()
+}
+
+// snapshotDue is false for a second after a failed attempt (a clock step
+// backwards does not hold it off).
+func (l *Live) snapshotDue() bool {
+	if l.fault.Load() == nil {
+		return true
+	}
+	d := l.opts.Now().Sub(l.tried)
+	return d < 0 || d >= snapshotRetry
 }
 
 func (l *Live) snapshot() {
@@ -159,17 +213,21 @@ func (l *Live) snapshot() {
 	if st == nil {
 		return
 	}
+	l.tried = l.opts.Now()
 	l.mu.Lock()
 	l.state.ForgetPodsGoneBefore(l.opts.Now().Add(-l.opts.PodHistory))
 	s := l.state.Clone()
 	l.mu.Unlock()
 	if err := st.Snapshot(s); err != nil {
-		l.m.journalErrors.Inc()
+		l.failed(err)
 		l.opts.Log.Error().Err(err).Msg("snapshot failed")
 		return
 	}
 	l.m.snapshots.Inc()
 	l.since = 0
+	if l.fault.Swap(nil) != nil {
+		l.opts.Log.Info().Uint64("seq", s.Seq).Msg("journal resumed: snapshot written")
+	}
 }
 
 // Snapshot returns a deep copy of the current state.

@@ -176,15 +176,10 @@ func loadHistory(path string, l events.Listing) (*projection.State, string) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, "no agent state at " + path + ": first seen is containerd's creation time, last use unknown"
 	}
-	st, err := projection.OpenStoreReadOnly(path)
+	res, err := projection.ReadStore(path)
 	if err != nil {
 		return nil, "agent state " + path + " not readable (is the agent running?): " + err.Error() +
 			"; first seen is containerd's creation time, last use unknown"
-	}
-	defer st.Close()
-	res, err := st.Load()
-	if err != nil {
-		return nil, "agent state " + path + ": " + err.Error()
 	}
 	return res.State, fmt.Sprintf("agent state %s (seq %d) plus a listing at %s", path, res.State.Seq, l.At.Format(time.RFC3339))
 }

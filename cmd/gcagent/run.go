@@ -88,7 +88,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		log.Warn().Str("component", "clock").Dur("step", stepped).
 			Msg("the wall clock stepped while the agent was down; ages go on from the agent's own time")
 	}
-	store, err := projection.OpenStore(filepath.Join(cfg.StateDir, "state.db"))
+	store, reset, err := projection.OpenStoreOrReset(filepath.Join(cfg.StateDir, "state.db"), clk.Now())
 	if err != nil {
 		return err
 	}
@@ -138,6 +138,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
 	a.bus, a.pub = b, newNATSPublisher(b.pub)
+	a.reportStateReset(reset)
 	// Components that subscribe to the projection are set up before it runs.
 	if err := a.setupImageGC(); err != nil {
 		return err
@@ -254,6 +255,9 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		if a.bus != nil && a.bus.pub.Mode() == natsbus.ModeCore {
 			// Not a readiness failure: GC goes on; events lose their dedupe.
 			defer fmt.Fprintln(w, "nats: core publish (the server has no JetStream)")
+		}
+		if d := a.journalDetail(); d != "" {
+			defer fmt.Fprintln(w, d) // not a readiness failure: GC goes on
 		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -42,10 +43,16 @@ func (c *Containerd) CreateNative(t testing.TB, id, image string, args ...string
 	if err != nil {
 		t.Fatalf("image %s: %v", image, err)
 	}
+	// runc's state dir and the cgroup are per daemon: by default both are
+	// named by namespace and id only, so two tests (or two engineers' runs)
+	// on one machine that use the same id collide ("container with given ID
+	// already exists"), or one's delete kills the other's cgroup.
 	ctr, err := c.Client.NewContainer(ctx, id,
 		client.WithImage(img),
 		client.WithNewSnapshot(id, img),
-		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs(args...), oci.WithHostNamespace(specs.NetworkNamespace)),
+		client.WithRuntime("io.containerd.runc.v2", &runcoptions.Options{Root: filepath.Join(c.Dir, "runc")}),
+		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs(args...), oci.WithHostNamespace(specs.NetworkNamespace),
+			oci.WithCgroup("/"+filepath.Base(c.Dir)+"/"+id)),
 	)
 	if err != nil {
 		t.Fatalf("container %s: %v", id, err)
