@@ -71,7 +71,7 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		}
 		env := &cdevents.Envelope{Timestamp: time.Unix(unix, 0), Namespace: ns, Topic: topic,
 			Event: &anypb.Any{TypeUrl: typeURL, Value: value}}
-		ev, err := s.decode(ctx, env)
+		ev, err := s.decode(ctx, env, time.Now())
 		if err != nil {
 			v, _ := typeurl.UnmarshalAny(env.Event) // several type URLs name one type
 			switch v.(type) {
