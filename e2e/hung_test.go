@@ -15,6 +15,8 @@ import (
 // container waits for its removal: the agent stays alive (/healthz), /readyz
 // fails naming containerd within seconds, and once containerd answers again
 // /readyz recovers by itself and the container goes; a new one goes too.
+// Then containerd restarts while a removal is due: the agent reconnects and
+// the container goes.
 func TestHungContainerd(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
@@ -62,6 +64,22 @@ func TestHungContainerd(t *testing.T) {
 				if _, del := l.times(id); del.IsZero() {
 					return id + " not removed"
 				}
+			}
+			return ""
+		})
+
+		// Restarted while a removal is due: the agent reconnects, relists,
+		// and the container goes (a 2.x daemon may reap it on restart
+		// itself; either way it is gone and the agent is ready again).
+		ctr = c.RunNative(t, "restart-a", gcImage, "true")
+		c.WaitExit(t, ctr)
+		c.Restart()
+		testenv.Eventually(t, time.Minute, func() string {
+			if nativeExists(t, c, "restart-a") {
+				return "restart-a still there after containerd restarted"
+			}
+			if code, body, _ := readyz(a); code != http.StatusOK {
+				return fmt.Sprintf("readyz %d %q after containerd restarted", code, body)
 			}
 			return ""
 		})
