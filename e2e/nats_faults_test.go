@@ -51,7 +51,13 @@ func localTool(t *testing.T, stateDir string, args ...string) *exec.Cmd {
 // events it printed once cond holds for them.
 func localWatch(t *testing.T, stateDir string, cond func([]natsbus.CloudEvent) string) []natsbus.CloudEvent {
 	t.Helper()
-	cmd := localTool(t, stateDir, "watch", "--json", "--since", "1h")
+	return watchJSON(t, localTool(t, stateDir, "watch", "--json", "--since", "1h"), 30*time.Second, cond)
+}
+
+// watchJSON runs a `gcagent watch --json` command and returns the events it
+// printed once cond holds for them (waiting up to within).
+func watchJSON(t *testing.T, cmd *exec.Cmd, within time.Duration, cond func([]natsbus.CloudEvent) string) []natsbus.CloudEvent {
+	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +82,7 @@ func localWatch(t *testing.T, stateDir string, cond func([]natsbus.CloudEvent) s
 			}
 		}
 	}()
-	testenv.Eventually(t, 30*time.Second, func() string {
+	testenv.Eventually(t, within, func() string {
 		mu.Lock()
 		defer mu.Unlock()
 		if why := cond(evs); why != "" {

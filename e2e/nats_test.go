@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -435,39 +433,12 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 func runWatch(t *testing.T, url string, n int) []natsbus.CloudEvent {
 	t.Helper()
 	cmd := exec.Command(testenv.AgentBinary(t), "watch", "--json", "--nats-url", url, "--since", "1h")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	var mu sync.Mutex
-	var evs []natsbus.CloudEvent
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var ev natsbus.CloudEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				mu.Lock()
-				evs = append(evs, ev)
-				mu.Unlock()
-			}
-		}
-	}()
-	testenv.Eventually(t, 20*time.Second, func() string {
-		mu.Lock()
-		defer mu.Unlock()
+	return watchJSON(t, cmd, 20*time.Second, func(evs []natsbus.CloudEvent) string {
 		if len(evs) < n {
 			return fmt.Sprintf("watch printed %d of %d events", len(evs), n)
 		}
 		return ""
 	})
-	mu.Lock()
-	defer mu.Unlock()
-	return slices.Clone(evs)
 }
 
 // natsAt starts NATS with JetStream on a fixed loopback port and store, so
