@@ -180,7 +180,7 @@ func TestDemo(t *testing.T) {
 			fmt.Printf("  image removed      %-28s %s  estimated %s, measured %s (%s)\n", demoTags(d.Names), d.Digest[:19], demoBytes(d.Bytes), demoBytes(d.FreedBytes), d.Reason)
 		case "container.removed":
 			ctrLat = append(ctrLat, d.Latency)
-			fmt.Printf("  container removed  %-28s %s, latency %.0f ms as the agent reports it (from exit + TTL; an uncollected plain container also waits --uncollected-exit-grace)\n", ev.Subject, d.Reason, d.Latency*1000)
+			fmt.Printf("  container removed  %-28s %s, latency %.0f ms as the agent reports it (from its owner being done, here exit + --uncollected-exit-grace, plus the TTL)\n", ev.Subject, d.Reason, d.Latency*1000)
 		case "log.removed":
 			fmt.Printf("  log removed        %-28s %s (%s)\n", d.Name, d.Kind, d.Reason)
 		}
@@ -195,7 +195,7 @@ func TestDemo(t *testing.T) {
 		return fmt.Sprintf("%.1f ms mean over %.0f", metricSum(text, name+"_sum")/n*1000, n)
 	}
 	fmt.Printf("  latency: high threshold crossed → first image removed: %s\n", mean("gcagent_image_gc_reaction_seconds"))
-	fmt.Printf("           dead container exit + TTL → removed: %s\n", mean("gcagent_container_removal_latency_seconds"))
+	fmt.Printf("           dead container owner done + TTL → removed: %s\n", mean("gcagent_container_removal_latency_seconds"))
 	fmt.Printf("           dangling link removable → removed: %s\n", mean("gcagent_logs_removal_latency_seconds"))
 	fmt.Printf("  NATS: %d events in stream GCAGENT_EVT, each published once\n", len(evs))
 	checkContract(t, evs)
