@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +9,7 @@ import (
 	"time"
 
 	apievents "github.com/containerd/containerd/api/events"
-	"github.com/containerd/typeurl/v2"
+	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/internal/testenv"
 )
@@ -29,40 +27,24 @@ type clockTruth struct {
 func recordClockTruth(t testing.TB, c *testenv.Containerd) *clockTruth {
 	l := &clockTruth{imgCreated: map[string]time.Time{}, imgDeleted: map[string]time.Time{},
 		exited: map[string]time.Time{}, ctrDelete: map[string]time.Time{}}
-	ctx, cancel := context.WithCancel(c.Ctx())
-	t.Cleanup(cancel)
-	envs, errs := c.Client.Subscribe(ctx, fmt.Sprintf(`namespace==%q`, testenv.Namespace))
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-errs:
-				return
-			case env := <-envs:
-				v, err := typeurl.UnmarshalAny(env.Event)
-				if err != nil {
-					continue
-				}
-				l.mu.Lock()
-				switch e := v.(type) {
-				case *apievents.ImageCreate:
-					if _, ok := l.imgCreated[e.Name]; !ok {
-						l.imgCreated[e.Name] = env.Timestamp
-					}
-				case *apievents.ImageDelete:
-					l.imgDeleted[e.Name] = env.Timestamp
-				case *apievents.TaskExit:
-					if e.ID == "" || e.ID == e.ContainerID {
-						l.exited[e.ContainerID] = e.ExitedAt.AsTime()
-					}
-				case *apievents.ContainerDelete:
-					l.ctrDelete[e.ID] = env.Timestamp
-				}
-				l.mu.Unlock()
+	followEvents(t, c, func(env *cdevents.Envelope, v any) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		switch e := v.(type) {
+		case *apievents.ImageCreate:
+			if _, ok := l.imgCreated[e.Name]; !ok {
+				l.imgCreated[e.Name] = env.Timestamp
 			}
+		case *apievents.ImageDelete:
+			l.imgDeleted[e.Name] = env.Timestamp
+		case *apievents.TaskExit:
+			if e.ID == "" || e.ID == e.ContainerID {
+				l.exited[e.ContainerID] = e.ExitedAt.AsTime()
+			}
+		case *apievents.ContainerDelete:
+			l.ctrDelete[e.ID] = env.Timestamp
 		}
-	}()
+	}, nil)
 	return l
 }
 

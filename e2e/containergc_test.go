@@ -13,6 +13,7 @@ import (
 	"time"
 
 	apievents "github.com/containerd/containerd/api/events"
+	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	"github.com/gcagent/gcagent/internal/testenv"
@@ -34,11 +35,11 @@ type lifecycle struct {
 	seen      int
 }
 
-// recordLifecycle subscribes to the daemon's events until the test ends.
-// Call waitActive after causing an event to be sure the stream is live.
-func recordLifecycle(t testing.TB, c *testenv.Containerd) *lifecycle {
+// followEvents calls fn with each envelope of the test namespace and its
+// decoded event (nil when it does not decode) until the test ends; ended,
+// if set, gets the error that ended the subscription first.
+func followEvents(t testing.TB, c *testenv.Containerd, fn func(env *cdevents.Envelope, v any), ended func(error)) {
 	t.Helper()
-	l := &lifecycle{exits: map[string]time.Time{}, collected: map[string]time.Time{}, deletes: map[string]time.Time{}}
 	ctx, cancel := context.WithCancel(c.Ctx())
 	t.Cleanup(cancel)
 	envs, errs := c.Client.Subscribe(ctx, fmt.Sprintf(`namespace==%q`, testenv.Namespace))
@@ -47,30 +48,44 @@ func recordLifecycle(t testing.TB, c *testenv.Containerd) *lifecycle {
 			select {
 			case <-ctx.Done():
 				return
-			case <-errs:
+			case err := <-errs:
+				if ended != nil {
+					ended(err)
+				}
 				return
 			case env := <-envs:
 				v, err := typeurl.UnmarshalAny(env.Event)
-				l.mu.Lock()
-				l.seen++
-				if err == nil {
-					switch e := v.(type) {
-					case *apievents.TaskExit:
-						if e.ID == "" || e.ID == e.ContainerID {
-							l.exits[e.ContainerID] = e.ExitedAt.AsTime()
-						}
-					case *apievents.TaskDelete:
-						if e.ID == "" || e.ID == e.ContainerID {
-							l.collected[e.ContainerID] = env.Timestamp
-						}
-					case *apievents.ContainerDelete:
-						l.deletes[e.ID] = env.Timestamp
-					}
+				if err != nil {
+					v = nil
 				}
-				l.mu.Unlock()
+				fn(env, v)
 			}
 		}
 	}()
+}
+
+// recordLifecycle records the daemon's events until the test ends. Call
+// waitActive after causing an event to be sure the stream is live.
+func recordLifecycle(t testing.TB, c *testenv.Containerd) *lifecycle {
+	t.Helper()
+	l := &lifecycle{exits: map[string]time.Time{}, collected: map[string]time.Time{}, deletes: map[string]time.Time{}}
+	followEvents(t, c, func(env *cdevents.Envelope, v any) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.seen++
+		switch e := v.(type) {
+		case *apievents.TaskExit:
+			if e.ID == "" || e.ID == e.ContainerID {
+				l.exits[e.ContainerID] = e.ExitedAt.AsTime()
+			}
+		case *apievents.TaskDelete:
+			if e.ID == "" || e.ID == e.ContainerID {
+				l.collected[e.ContainerID] = env.Timestamp
+			}
+		case *apievents.ContainerDelete:
+			l.deletes[e.ID] = env.Timestamp
+		}
+	}, nil)
 	return l
 }
 

@@ -20,8 +20,8 @@ import (
 
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/v2/client"
+	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/typeurl/v2"
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/projection"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -40,37 +40,23 @@ type deleteLog struct {
 func recordDeletes(t testing.TB, c *testenv.Containerd) *deleteLog {
 	t.Helper()
 	d := &deleteLog{images: map[string]int{}, containers: map[string]int{}}
-	ctx, cancel := context.WithCancel(c.Ctx())
-	t.Cleanup(cancel)
-	envs, errs := c.Client.Subscribe(ctx, fmt.Sprintf(`namespace==%q`, testenv.Namespace))
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case err := <-errs:
-				// A broken subscription would make the comparison
-				// meaningless: the settle loop reports it.
-				d.mu.Lock()
-				d.broken = err
-				d.mu.Unlock()
-				return
-			case env := <-envs:
-				v, err := typeurl.UnmarshalAny(env.Event)
-				d.mu.Lock()
-				d.seen++
-				if err == nil {
-					switch e := v.(type) {
-					case *apievents.ImageDelete:
-						d.images[e.Name]++
-					case *apievents.ContainerDelete:
-						d.containers[e.ID]++
-					}
-				}
-				d.mu.Unlock()
-			}
+	followEvents(t, c, func(_ *cdevents.Envelope, v any) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.seen++
+		switch e := v.(type) {
+		case *apievents.ImageDelete:
+			d.images[e.Name]++
+		case *apievents.ContainerDelete:
+			d.containers[e.ID]++
 		}
-	}()
+	}, func(err error) {
+		// A broken subscription would make the comparison meaningless:
+		// the settle loop reports it.
+		d.mu.Lock()
+		d.broken = err
+		d.mu.Unlock()
+	})
 	return d
 }
 
