@@ -135,6 +135,26 @@ func (a *Agent) Exited(within time.Duration) bool {
 	}
 }
 
+// Freeze stops the agent with SIGSTOP until Thaw or the end of the test:
+// the kernel keeps queueing its inotify events and containerd its
+// events, so a test can build a backlog deterministically.
+func (a *Agent) Freeze() {
+	a.t.Helper()
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		a.t.Fatal(err)
+	}
+	pid := a.cmd.Process.Pid
+	a.t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+}
+
+// Thaw resumes a frozen agent (SIGCONT).
+func (a *Agent) Thaw() {
+	a.t.Helper()
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
 // Stop sends SIGTERM and waits for a clean exit.
 func (a *Agent) Stop() {
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
