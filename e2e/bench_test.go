@@ -83,7 +83,7 @@ func BenchmarkStartupReconcile(b *testing.B) {
 			for _, mode := range []string{"cold", "restored"} {
 				b.Run(mode, func(b *testing.B) {
 					for b.Loop() {
-						opts := events.Options{Client: c.Client, Namespace: testenv.Namespace}
+						opts := events.Options{Client: c.Client}
 						if mode == "restored" {
 							opts.KnownFacts = func(d string) events.ImageFacts {
 								if img := known.Images[d]; img != nil {
@@ -92,7 +92,7 @@ func BenchmarkStartupReconcile(b *testing.B) {
 								return events.ImageFacts{}
 							}
 						}
-						l, err := events.NewSource(opts).List(context.Background())
+						l, err := events.NewSource(opts).List(context.Background(), testenv.Namespace)
 						if err != nil {
 							b.Fatal(err)
 						}

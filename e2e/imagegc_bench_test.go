@@ -191,12 +191,12 @@ func benchThroughput(b *testing.B, c *testenv.Containerd) {
 	c.Import(b, imgs...)
 	settle()
 	rt, ri := c.CRI(b)
-	src := events.NewSource(events.Options{Client: c.Client, CRI: rt, Namespace: testenv.Namespace, Log: zerolog.Nop()})
+	src := events.NewSource(events.Options{Client: c.Client, CRI: rt, Log: zerolog.Nop()})
 	live, err := projection.NewLive(projection.LiveOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := src.List(ctx)
+	l, err := src.List(ctx, testenv.Namespace)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -39,6 +39,17 @@ func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
 	}
 }
 
+// containerEventIn converts a container record of namespace ns: CRI labels
+// mean a CRI container only in CRI's namespace; elsewhere anyone may have
+// copied them, and the container is a plain one.
+func containerEventIn(ns string, at time.Time, c containers.Container, digestOf func(string) string) ContainerUpserted {
+	ev := containerEvent(at, c, digestOf)
+	if ns != CRINamespace {
+		ev.CRIKind, ev.PodUID, ev.PodName, ev.PodNamespace, ev.ContainerName, ev.SandboxID = "", "", "", "", "", ""
+	}
+	return ev
+}
+
 // containerEvent converts a container record. digestOf resolves an image
 // name to its target digest ("" if unknown). Pod identity comes from the
 // kubelet's labels, then from CRI's spec annotations, so CRI containers not

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +38,8 @@ type Options struct {
 	// CRI, if set, tells exited CRI containers from never-started ones when
 	// a listing finds them without a task (CRI deletes the task on exit).
 	CRI runtime.RuntimeServiceClient
-	// Namespace to follow. Default k8s.io.
-	Namespace string
+	// Namespaces to follow. Default k8s.io only.
+	Namespaces Namespaces
 	// ResyncInterval is the period of full listings, jittered by ±10%.
 	// Default 5m. Events are hints; the listing is the truth.
 	ResyncInterval time.Duration
@@ -60,15 +62,20 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// Source follows containerd and emits domain events: a Listing after every
-// (re)subscribe and periodically, and one event per relevant envelope in
-// between. It never exits because containerd went away.
+// Source follows containerd and emits domain events, each scoped to its
+// namespace: a Listing of every managed namespace and a Round after every
+// (re)subscribe and periodically, a Listing of a namespace when it first
+// appears, and one event per relevant envelope in between. It never exits
+// because containerd went away.
 type Source struct {
 	o         Options
 	connected atomic.Bool
-	sizesMu   sync.Mutex
-	sizes     map[string]ImageFacts // by target digest; immutable per digest
-	m         sourceMetrics
+	// listed are the namespaces the current session has listed; the
+	// session's goroutine only.
+	listed  map[string]bool
+	sizesMu sync.Mutex
+	sizes   map[string]ImageFacts // by target digest; immutable per digest
+	m       sourceMetrics
 }
 
 type sourceMetrics struct {
@@ -82,8 +89,8 @@ type sourceMetrics struct {
 
 // NewSource returns a Source; Run starts it.
 func NewSource(o Options) *Source {
-	if o.Namespace == "" {
-		o.Namespace = "k8s.io"
+	if !o.Namespaces.All && len(o.Namespaces.Names) == 0 {
+		o.Namespaces.Names = []string{CRINamespace}
 	}
 	if o.ResyncInterval <= 0 {
 		o.ResyncInterval = 5 * time.Minute
@@ -125,7 +132,7 @@ func (s *Source) Connected() bool { return s.connected.Load() }
 // Run follows containerd until ctx ends, sending events to out. Sending
 // blocks on out, but the receive loop never does: envelopes queue (bounded)
 // behind it, so a slow consumer cannot make containerd buffer without limit.
-func (s *Source) Run(ctx context.Context, out chan<- Event) error {
+func (s *Source) Run(ctx context.Context, out chan<- Scoped) error {
 	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
 	backoff := minBackoff
 	reason := "start"
@@ -153,35 +160,53 @@ func (s *Source) Run(ctx context.Context, out chan<- Event) error {
 	}
 }
 
-// Filter is the subscription filter for a namespace.
-func Filter(ns string) string {
-	return fmt.Sprintf(`namespace==%s,topic~="^/(images|containers|tasks)/"`, ns)
+// Filters are the subscription filters (any one matches) for the managed
+// namespaces: every namespace's events, and the namespace topics, when all
+// are managed (exclusions are applied on receipt).
+func Filters(n Namespaces) []string {
+	if n.All {
+		return []string{`topic~="^/(images|containers|tasks|namespaces)/"`}
+	}
+	out := make([]string, len(n.Names))
+	for i, ns := range n.Names {
+		out[i] = fmt.Sprintf(`namespace==%s,topic~="^/(images|containers|tasks)/"`, ns)
+	}
+	return out
 }
 
-func (s *Source) session(ctx context.Context, out chan<- Event, reason string) error {
-	ctx, cancel := context.WithCancel(namespaces.WithNamespace(ctx, s.o.Namespace))
+func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) error {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if _, err := s.o.Client.Version(ctx); err != nil {
 		return fmt.Errorf("containerd version: %w", err)
 	}
 	// Subscribe first, then list: nothing that happens in between is lost.
-	envs, errs := s.o.Client.Subscribe(ctx, Filter(s.o.Namespace))
+	envs, errs := s.o.Client.Subscribe(ctx, Filters(s.o.Namespaces)...)
 	q := newQueue(s.o.QueueSize)
 	go s.pump(ctx, envs, errs, q)
 
 	relist := func(reason string) error {
-		l, err := s.List(ctx)
+		names, err := s.Managed(ctx)
 		if err != nil {
 			return err
 		}
+		listed := make(map[string]bool, len(names))
+		for _, ns := range names {
+			if err := s.listInto(ctx, out, ns); err != nil {
+				return err
+			}
+			listed[ns] = true
+		}
+		s.listed = listed
 		s.m.listings.WithLabelValues(reason).Inc()
-		return send(ctx, out, l)
+		return send(ctx, out, Scoped{Event: Round{At: s.o.Now().UTC(), Namespaces: names}})
 	}
 	if err := relist(reason); err != nil {
 		return err
 	}
 	s.connected.Store(true)
-	s.o.Log.Info().Str("namespace", s.o.Namespace).Str("reason", reason).Msg("following containerd")
+	s.o.Log.Info().Str("namespaces", s.o.Namespaces.String()).Strs("listed", slices.Sorted(maps.Keys(s.listed))).
+		Str("reason", reason).Msg("following containerd")
 	resync := time.NewTimer(jitter(s.o.ResyncInterval))
 	defer resync.Stop()
 	for {
@@ -198,15 +223,34 @@ func (s *Source) session(ctx context.Context, out chan<- Event, reason string) e
 			needList := overflowed
 			for _, r := range batch {
 				env := r.env
-				ev, err := s.decode(ctx, env, r.at)
+				if nerr := s.namespaceChange(ctx, out, env); nerr != errNotNamespace {
+					if nerr != nil {
+						return nerr
+					}
+					continue
+				}
+				if !s.o.Namespaces.Match(env.Namespace) {
+					s.m.ignored.WithLabelValues(topicLabel(env.Topic)).Inc()
+					continue
+				}
+				if !s.listed[env.Namespace] {
+					// A namespace appears with its first object (containerd
+					// creates it implicitly): its listing covers the event.
+					if err := s.listInto(ctx, out, env.Namespace); err != nil {
+						return err
+					}
+					s.listed[env.Namespace] = true
+					continue
+				}
+				ev, err := s.decode(namespaces.WithNamespace(ctx, env.Namespace), env, r.at)
 				if err != nil {
 					s.m.lookupErrors.Inc()
-					s.o.Log.Warn().Err(err).Str("topic", env.Topic).Msg("event lookup failed; will relist")
+					s.o.Log.Warn().Err(err).Str("namespace", env.Namespace).Str("topic", env.Topic).Msg("event lookup failed; will relist")
 					needList = true
 					continue
 				}
 				if ev != nil {
-					if err := send(ctx, out, ev); err != nil {
+					if err := send(ctx, out, Scoped{Namespace: env.Namespace, Event: ev}); err != nil {
 						return err
 					}
 				}
@@ -244,7 +288,7 @@ func (s *Source) pump(ctx context.Context, envs <-chan *cdevents.Envelope, errs 
 	}
 }
 
-func send(ctx context.Context, out chan<- Event, ev Event) error {
+func send(ctx context.Context, out chan<- Scoped, ev Scoped) error {
 	select {
 	case out <- ev:
 		return nil
@@ -306,7 +350,7 @@ func notAfter(t, at time.Time) time.Time {
 // envelope's stamps (stampAt). An error means a lookup failed and the state
 // may now be behind.
 func (s *Source) decode(ctx context.Context, env *cdevents.Envelope, received time.Time) (Event, error) {
-	if env.Namespace != s.o.Namespace || env.Event == nil {
+	if env.Event == nil {
 		return nil, nil
 	}
 	v, err := typeurl.UnmarshalAny(env.Event)
@@ -382,7 +426,8 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 		}
 		return img.Target.Digest.String()
 	}
-	ev := containerEvent(at, c, digestOf)
+	ns, _ := namespaces.Namespace(ctx)
+	ev := containerEventIn(ns, at, c, digestOf)
 	ev.Created = notAfter(s.skewed(ev.Created), at)
 	parentOf := func(c containers.Container) string {
 		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
@@ -423,9 +468,69 @@ func (s *Source) configOf(ctx context.Context, listed map[string]images.Image) f
 	}
 }
 
-// List takes a full picture of the namespace.
-func (s *Source) List(ctx context.Context) (Listing, error) {
-	ctx = namespaces.WithNamespace(ctx, s.o.Namespace)
+// Managed returns the namespaces to list, sorted: the configured ones, or
+// every existing one not excluded.
+func (s *Source) Managed(ctx context.Context) ([]string, error) {
+	if !s.o.Namespaces.All {
+		return s.o.Namespaces.Names, nil
+	}
+	all, err := s.o.Client.NamespaceService().List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list namespaces: %w", err)
+	}
+	names := make([]string, 0, len(all))
+	for _, ns := range all {
+		if s.o.Namespaces.Match(ns) {
+			names = append(names, ns)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// listInto lists namespace ns and sends the listing.
+func (s *Source) listInto(ctx context.Context, out chan<- Scoped, ns string) error {
+	l, err := s.List(ctx, ns)
+	if err != nil {
+		return err
+	}
+	return send(ctx, out, Scoped{Namespace: ns, Event: l})
+}
+
+// errNotNamespace says an envelope is not about a namespace's life.
+var errNotNamespace = errors.New("not a namespace event")
+
+// namespaceChange handles /namespaces/create and /namespaces/delete when
+// every namespace is managed: a new namespace is listed, a deleted one
+// (containerd deletes only empty ones) listed as empty. It returns
+// errNotNamespace for any other envelope.
+func (s *Source) namespaceChange(ctx context.Context, out chan<- Scoped, env *cdevents.Envelope) error {
+	if !strings.HasPrefix(env.Topic, "/namespaces/") || env.Event == nil {
+		return errNotNamespace
+	}
+	v, err := typeurl.UnmarshalAny(env.Event)
+	if err != nil {
+		s.m.malformed.Inc()
+		return nil
+	}
+	switch e := v.(type) {
+	case *apievents.NamespaceCreate:
+		if s.o.Namespaces.All && s.o.Namespaces.Match(e.Name) && !s.listed[e.Name] {
+			s.listed[e.Name] = true
+			return s.listInto(ctx, out, e.Name)
+		}
+	case *apievents.NamespaceDelete:
+		if s.listed[e.Name] && s.o.Namespaces.All {
+			delete(s.listed, e.Name)
+			return send(ctx, out, Scoped{Namespace: e.Name, Event: Listing{At: s.o.Now().UTC()}})
+		}
+	}
+	return nil
+}
+
+// List takes a full picture of namespace ns.
+func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
+	ctx = namespaces.WithNamespace(ctx, ns)
 	began := time.Now()
 	defer func() { s.m.listSeconds.Observe(time.Since(began).Seconds()) }()
 	at := s.o.Now().UTC()
@@ -467,7 +572,7 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 	configOf := s.configOf(ctx, byName)
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
 	for _, c := range ctrs {
-		ev := containerEvent(at, c, func(n string) string { return digests[n] })
+		ev := containerEventIn(ns, at, c, func(n string) string { return digests[n] })
 		ev.Created = notAfter(s.skewed(ev.Created), at)
 		contentFacts(&ev, c, parentOf, volumesOf, configOf)
 		l.Containers = append(l.Containers, ev)
@@ -488,7 +593,9 @@ func (s *Source) List(ctx context.Context) (Listing, error) {
 		}
 		l.Tasks = append(l.Tasks, t)
 	}
-	s.criExits(ctx, &l)
+	if ns == CRINamespace {
+		s.criExits(ctx, &l)
+	}
 	return l, nil
 }
 

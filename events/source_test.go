@@ -45,7 +45,6 @@ func TestDecode(t *testing.T) {
 		{"exit without a time", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7}),
 			TaskExited{At: at, ContainerID: "c", Pid: 7}},
 		{"exec exit is not the container's", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "exec-1"}), nil},
-		{"other namespace", envelope(t, "moby", "/images/delete", &apievents.ImageDelete{Name: "a:1"}), nil},
 		{"oom is not needed", envelope(t, "k8s.io", "/tasks/oom", &apievents.TaskOOM{ContainerID: "c"}), nil},
 		{"unknown type", &cdevents.Envelope{Namespace: "k8s.io", Topic: "/tasks/new", Event: &anypb.Any{TypeUrl: "containerd.events.FromTheFuture", Value: []byte{1}}}, nil},
 		{"malformed payload", &cdevents.Envelope{Namespace: "k8s.io", Topic: "/tasks/exit", Event: &anypb.Any{TypeUrl: "containerd.events.TaskExit", Value: []byte{0xff, 0xff, 0xff}}}, nil},

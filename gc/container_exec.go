@@ -91,6 +91,7 @@ type ContainerResult struct {
 
 // ContainerRemoval is the data of a published container.removed action.
 type ContainerRemoval struct {
+	Namespace     string    `json:"namespace"`
 	ID            string    `json:"id"`
 	Kind          string    `json:"kind"`
 	EvictUnit     string    `json:"evictUnit"`
@@ -118,7 +119,7 @@ func ContainerRemovalKey(id string, exitedAt time.Time) string {
 // ContainerMetrics are the container GC's Prometheus metrics. A nil
 // *ContainerMetrics records nothing.
 type ContainerMetrics struct {
-	removed *prometheus.CounterVec   // kind, reason
+	removed *prometheus.CounterVec   // namespace, kind, reason
 	kept    *prometheus.CounterVec   // liveness
 	errors  *prometheus.CounterVec   // op
 	latency *prometheus.HistogramVec // kind
@@ -133,8 +134,8 @@ func NewContainerMetrics(reg prometheus.Registerer) (*ContainerMetrics, error) {
 	m := &ContainerMetrics{
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_containers_removed_total",
-			Help: "Dead containers and sandboxes removed, by kind (native, container, sandbox) and reason (dry runs excluded).",
-		}, []string{"kind", "reason"}),
+			Help: "Dead containers and sandboxes removed, by containerd namespace, kind (native, container, sandbox) and reason (dry runs excluded).",
+		}, []string{"namespace", "kind", "reason"}),
 		kept: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_containers_kept_on_recheck_total",
 			Help: "Planned removals the runtime re-check refused, by what the runtime said (running, created, has-containers, unknown).",
@@ -261,7 +262,7 @@ func (e *ContainerExecutor) Apply(ctx context.Context, plan ContainerPlan, polic
 	planned := make(map[string]bool, n)
 	var containers, sandboxes []int
 	for i, it := range plan.Remove {
-		planned[it.ID] = true
+		planned[it.key()] = true
 		if containerKind(it) == ContainerKindSandbox {
 			sandboxes = append(sandboxes, i)
 		} else {
@@ -316,6 +317,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	e.mu.Lock()
 	r := ContainerResult{ContainerItem: it, Kind: kind, EligibleAt: e.eligibleAt(plan, policy, it)}
 	e.mu.Unlock()
+	ctx = inNamespace(ctx, it.Namespace) // re-read and delete in its own namespace
 	live, err := e.liveness(ctx, kind, it.ID)
 	if err != nil {
 		e.opts.Metrics.error("recheck")
@@ -334,8 +336,8 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			e.opts.Metrics.kept.WithLabelValues(string(live)).Inc()
 		}
 		e.mu.Lock()
-		first := e.noted[it.ID] != live
-		e.noted[it.ID] = live
+		first := e.noted[it.key()] != live
+		e.noted[it.key()] = live
 		e.mu.Unlock()
 		if first {
 			e.event(e.log.Info(), it, kind).Str("liveness", string(live)).Msg("kept on re-check")
@@ -343,7 +345,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		return r, nil
 	}
 
-	key := ContainerRemovalKey(it.ID, it.ExitedAt)
+	key := scopedKey(it.Namespace, ContainerRemovalKey(it.ID, it.ExitedAt))
 	if e.opts.DryRun {
 		r.Outcome, r.At = ContainerWouldRemove, e.opts.Now()
 		key += "#dry-run"
@@ -357,7 +359,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	} else {
 		// Intent before action: a crash after the delete still gets its event.
 		intent := Action{Kind: "container", Action: "removed", Subject: it.ID, Key: key, Data: ContainerRemoval{
-			ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
+			Namespace: it.Namespace, ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
 			PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image, ExitedAt: it.ExitedAt,
 			EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.opts.Now(),
 		}}
@@ -401,7 +403,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		ev.Bool("dryRun", true).Msg("would remove")
 	} else {
 		if m := e.opts.Metrics; m != nil {
-			m.removed.WithLabelValues(kind, string(it.Reason)).Inc()
+			m.removed.WithLabelValues(it.Namespace, kind, string(it.Reason)).Inc()
 			if !r.EligibleAt.IsZero() {
 				m.latency.WithLabelValues(kind).Observe(max(latency, 0).Seconds())
 			}
@@ -411,7 +413,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	if err := e.opts.Publisher.Publish(Action{
 		Kind: "container", Action: "removed", Subject: it.ID, Key: key,
 		Data: ContainerRemoval{
-			ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
+			Namespace: it.Namespace, ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
 			PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image,
 			ExitedAt: it.ExitedAt, EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy),
 			At: r.At, LatencySecs: latency.Seconds(), DryRun: e.opts.DryRun,
@@ -437,7 +439,7 @@ func (e *ContainerExecutor) liveness(ctx context.Context, kind, id string) (Live
 }
 
 func (e *ContainerExecutor) event(ev *zerolog.Event, it ContainerItem, kind string) *zerolog.Event {
-	ev = ev.Str("container", it.ID).Str("kind", kind).Str("reason", string(it.Reason))
+	ev = ev.Str("namespace", it.Namespace).Str("container", it.ID).Str("kind", kind).Str("reason", string(it.Reason))
 	if it.PodUID != "" {
 		ev = ev.Str("pod", it.PodNamespace+"/"+it.PodName).Str("pod_uid", it.PodUID)
 	}
@@ -488,7 +490,7 @@ func (e *ContainerExecutor) eligibleAt(plan ContainerPlan, policy ContainerPolic
 			var newer []time.Time
 			for _, list := range [][]ContainerItem{plan.Keep, plan.Remove} {
 				for _, o := range list {
-					if o.EvictUnit == it.EvictUnit && o.ID != it.ID && o.State == projection.StateExited &&
+					if o.EvictUnit == it.EvictUnit && o.Namespace == it.Namespace && o.ID != it.ID && o.State == projection.StateExited &&
 						o.Reason != ReasonTooYoung && o.ExitedAt.After(it.ExitedAt) {
 						newer = append(newer, o.ExitedAt)
 					}

@@ -270,7 +270,7 @@ func TestContainerExecutorApply(t *testing.T) {
 			var sum float64
 			for _, k := range []string{"native", "container"} {
 				for _, r := range []Reason{ReasonPerUnitCap, ReasonGlobalCap, ReasonTTLExpired} {
-					sum += testutil.ToFloat64(m.removed.WithLabelValues(k, string(r)))
+					sum += testutil.ToFloat64(m.removed.WithLabelValues("", k, string(r)))
 				}
 			}
 			if int(sum) != removed {

@@ -50,14 +50,18 @@ func (r systemContainerTimer) C() <-chan time.Time   { return r.t.C }
 func (r systemContainerTimer) Reset(d time.Duration) { r.t.Reset(d) }
 func (r systemContainerTimer) Stop()                 { r.t.Stop() }
 
-// containerState is the projection as the container GC reads it (Synced
-// is read inside View, with the state the plan is made from);
-// projection.Live is the real one.
+// containerState is the projection as the container GC reads it: View
+// calls fn with each namespace's state in turn (Synced is read inside View,
+// with the state the plan is made from); projection.Spaces is the real
+// one, projection.Live one of a single namespace.
 type containerState interface {
 	View(fn func(*projection.State))
 }
 
-var _ containerState = (*projection.Live)(nil)
+var (
+	_ containerState = (*projection.Live)(nil)
+	_ containerState = (*projection.Spaces)(nil)
+)
 
 // ContainerGCOptions configures a ContainerGC; all but Policy are optional.
 type ContainerGCOptions struct {
@@ -196,7 +200,7 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 	var plan ContainerPlan
 	g.st.View(func(s *projection.State) {
 		if s.Synced { // re-read under the same lock as the plan
-			plan = PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept)
+			plan.merge(PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept))
 		}
 	})
 	if plan.Remove == nil {
@@ -209,8 +213,8 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 	planned := make(map[string]bool, len(plan.Remove))
 	next = plan.NextEligible
 	for _, it := range plan.Remove {
-		planned[it.ID] = true
-		if r, ok := g.retry[it.ID]; ok && now.Before(r.at) {
+		planned[it.key()] = true
+		if r, ok := g.retry[it.key()]; ok && now.Before(r.at) {
 			earliest(&next, r.at)
 			continue
 		}
@@ -235,16 +239,16 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 			if r.Outcome == ContainerKept {
 				first = keptRetry
 			}
-			rs := g.retry[r.ID]
+			rs := g.retry[r.key()]
 			rs.backoff = min(max(2*rs.backoff, first), g.opts.MaxRetry)
 			rs.at = r.At.Add(rs.backoff)
-			g.retry[r.ID] = rs
+			g.retry[r.key()] = rs
 			earliest(&next, rs.at)
 		case ContainerRemoved:
 			removed++
-			delete(g.retry, r.ID)
+			delete(g.retry, r.key())
 		default:
-			delete(g.retry, r.ID)
+			delete(g.retry, r.key())
 		}
 	}
 	if ctx.Err() != nil {
@@ -271,8 +275,9 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 func (g *ContainerGC) Plan() (plan ContainerPlan, ok bool) {
 	now := g.opts.Clock.Now()
 	g.st.View(func(s *projection.State) {
-		if ok = s.Synced; ok {
-			plan = PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept)
+		if s.Synced {
+			ok = true
+			plan.merge(PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept))
 		}
 	})
 	return plan, ok

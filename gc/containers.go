@@ -91,8 +91,10 @@ type ContainerPlan struct {
 	Keep []ContainerItem `json:"keep"`
 }
 
-// ContainerItem is one container and the decision about it.
+// ContainerItem is one container (of one containerd namespace) and the
+// decision about it.
 type ContainerItem struct {
+	Namespace     string                    `json:"namespace"`
 	ID            string                    `json:"id"`
 	CRIKind       string                    `json:"criKind,omitempty"`
 	EvictUnit     string                    `json:"evictUnit"`
@@ -152,6 +154,7 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 		at[c.ID] = len(list)
 		list = append(list, p.screen(c, now))
 		it := &list[len(list)-1]
+		it.Namespace = s.Namespace
 		switch {
 		case waiting(it.Reason):
 			earliest(&plan.NextEligible, it.EligibleAt)
@@ -270,6 +273,32 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 	}
 	return plan
 }
+
+// PlanContainersAcross plans each namespace's state on its own, with the
+// same rules, and joins the plans (for tools that show them all).
+func PlanContainersAcross(states []*projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
+	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
+	for _, s := range states {
+		plan.merge(PlanContainersWith(s, p, now, podKept))
+	}
+	return plan
+}
+
+// merge adds q, a plan of another namespace made at the same time, to plan:
+// each namespace is planned on its own, with the same rules.
+func (plan *ContainerPlan) merge(q ContainerPlan) {
+	if plan.Remove == nil {
+		*plan = q
+		return
+	}
+	plan.Remove = append(plan.Remove, q.Remove...)
+	plan.Keep = append(plan.Keep, q.Keep...)
+	earliest(&plan.NextEligible, q.NextEligible)
+}
+
+// key identifies the item's container on the node: ids are unique only
+// within a namespace.
+func (it ContainerItem) key() string { return scopedKey(it.Namespace, it.ID) }
 
 // itemIndex reaches a plan's items by container id.
 type itemIndex struct {

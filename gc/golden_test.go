@@ -142,7 +142,7 @@ func plan(t *testing.T, sc scenario, s *projection.State) []byte {
 		if err := policy.Validate(); err != nil {
 			t.Fatalf("image policy: %v", err)
 		}
-		plan := PlanImages(s, sc.Disk, policy, sc.Now)
+		plan := PlanImages([]*projection.State{s}, sc.Disk, policy, sc.Now)
 		checkImagePlan(t, s, plan)
 		out.Images = &plan
 	}

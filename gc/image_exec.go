@@ -62,6 +62,7 @@ var (
 // ImageOutcome is what a pass did with one image the plan named: removed,
 // or skipped with the reason.
 type ImageOutcome struct {
+	Namespace string    `json:"namespace"`
 	Digest    string    `json:"digest"`
 	Names     []string  `json:"names"`
 	Size      int64     `json:"bytes"` // estimated: the image's size
@@ -100,7 +101,7 @@ type imageExecResult struct {
 type imageExecutor struct {
 	rt     imageRuntime
 	disk   diskMeter
-	users  func(digest string) []string // the projection's users of digest now
+	users  func(ns, digest string) []string // the projection's users of digest in namespace ns now
 	synced func() bool
 	policy ImagePolicy
 	dryRun bool
@@ -132,8 +133,9 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 		}
 	}
 	synced := x.synced()
-	// Leases are read once per pass, on the first re-check that needs them.
-	leased := sync.OnceValues(func() (map[string]bool, error) { return x.rt.LeasedContent(ctx) })
+	// Leases are read once per pass and namespace, on the first re-check
+	// that needs them.
+	leases := map[string]func() (map[string]bool, error){}
 	var errs []error
 	estimated := int64(0) // bytes the plan's estimate counts as freed so far
 	for i, it := range queue {
@@ -160,6 +162,13 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			skip(ReasonNotSynced, "")
 			continue
 		}
+		// Each image is re-read and deleted in its own namespace.
+		ctx := inNamespace(ctx, it.Namespace)
+		leased, ok := leases[it.Namespace]
+		if !ok {
+			leased = sync.OnceValues(func() (map[string]bool, error) { return x.rt.LeasedContent(ctx) })
+			leases[it.Namespace] = leased
+		}
 		names, why, detail, err := x.recheck(ctx, it, leased)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("re-check image %s: %w", it.Digest, err))
@@ -176,7 +185,7 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			continue
 		}
 		// Intent before action: a crash after the delete still gets its event.
-		intent := Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest, Key: imageRemovalKey(it.Digest, it.FirstSeen),
+		intent := Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest, Key: imageRemovalKey(it.Namespace, it.Digest, it.FirstSeen),
 			Data: imageData{ImageOutcome: x.outcome(it, rule, ActionRemoved, rule, "")}}
 		intended := intendDelete(x.pub, intent, x.log)
 		via, err := x.rt.RemoveImage(ctx, it.Digest, names)
@@ -267,7 +276,7 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem, leased func()
 	if !slices.Equal(now, it.Names) {
 		return nil, ReasonChanged, namesDiff(it.Names, now), nil
 	}
-	if users := x.users(it.Digest); len(users) > 0 {
+	if users := x.users(it.Namespace, it.Digest); len(users) > 0 {
 		return nil, ReasonInUse, "projection users: " + strings.Join(users, ","), nil
 	}
 	users, err := x.rt.ImageUsers(ctx, now, it.ConfigDigest, it.ChainID)
@@ -309,7 +318,7 @@ func namesDiff(was, now []string) string {
 
 func (x *imageExecutor) outcome(it ImageItem, rule Reason, action string, reason Reason, detail string) ImageOutcome {
 	return ImageOutcome{
-		Digest: it.Digest, Names: it.Names, Size: it.Size, FirstSeen: it.FirstSeen, LastUsed: it.LastUsed,
+		Namespace: it.Namespace, Digest: it.Digest, Names: it.Names, Size: it.Size, FirstSeen: it.FirstSeen, LastUsed: it.LastUsed,
 		Rule: rule, Action: action, Reason: reason, Detail: detail, At: x.now(),
 	}
 }

@@ -217,14 +217,14 @@ func newNode() *node {
 
 func (n *node) plan(p ImagePolicy, now time.Time) ImagePlan {
 	d, _ := n.disk.Disk()
-	return PlanImages(n.state, d, p, now)
+	return PlanImages([]*projection.State{n.state}, d, p, now)
 }
 
 func (n *node) executor(p ImagePolicy) *imageExecutor {
 	return &imageExecutor{
 		rt: n.rt, disk: n.disk, policy: p, now: func() time.Time { return at(time.Hour) },
 		synced: func() bool { return n.state.Synced },
-		users:  func(d string) []string { return slices.Sorted(maps.Keys(n.state.Users[d])) },
+		users:  func(_, d string) []string { return slices.Sorted(maps.Keys(n.state.Users[d])) },
 	}
 }
 

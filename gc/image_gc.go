@@ -16,10 +16,10 @@ import (
 	"github.com/gcagent/gcagent/projection"
 )
 
-// imageProjection is the projection as image GC reads it; *projection.Live
-// is one.
+// imageProjection is the projection of every managed namespace as image GC
+// reads it: *projection.Spaces (or, for one namespace, *projection.Live).
 type imageProjection interface {
-	View(fn func(*projection.State))
+	ViewAll(fn func([]*projection.State))
 	Synced() bool
 	Subscribe() <-chan struct{}
 }
@@ -173,12 +173,17 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 	g.exec = &imageExecutor{
 		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
 		synced: o.Projection.Synced, pub: o.Publisher, log: o.Log,
-		users: func(digest string) (ids []string) {
-			o.Projection.View(func(s *projection.State) {
-				if img := s.Images[digest]; img != nil {
-					ids = s.ImageUsers(img)
-				} else {
-					ids = slices.Sorted(maps.Keys(s.Users[digest]))
+		users: func(ns, digest string) (ids []string) {
+			o.Projection.ViewAll(func(states []*projection.State) {
+				for _, s := range states {
+					if s.Namespace != ns {
+						continue
+					}
+					if img := s.Images[digest]; img != nil {
+						ids = s.ImageUsers(img)
+					} else {
+						ids = slices.Sorted(maps.Keys(s.Users[digest]))
+					}
 				}
 			})
 			return ids
@@ -189,11 +194,11 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 			Name: "gcagent_image_gc_passes_total", Help: "Image GC passes, by trigger and result (completed, failed).",
 		}, []string{"trigger", "result"}),
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_images_removed_total", Help: "Images removed, by reason (space, max-age).",
-		}, []string{"reason"}),
+			Name: "gcagent_image_gc_images_removed_total", Help: "Images removed, by containerd namespace and reason (space, max-age).",
+		}, []string{"namespace", "reason"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_bytes_removed_total", Help: "Bytes of images removed, by reason and measure (estimated: image sizes; measured: statfs).",
-		}, []string{"reason", "measure"}),
+			Name: "gcagent_image_gc_bytes_removed_total", Help: "Bytes of images removed, by containerd namespace, reason and measure (estimated: image sizes; measured: statfs).",
+		}, []string{"namespace", "reason", "measure"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_image_gc_images_skipped_total", Help: "Images a plan named but the executor did not remove, by reason.",
 		}, []string{"reason"}),
@@ -285,13 +290,14 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	var seq uint64
 	var synced bool
 	var plan ImagePlan
-	g.o.Projection.View(func(s *projection.State) {
-		seq, synced = s.Seq, s.Synced
+	synced = g.o.Projection.Synced()
+	g.o.Projection.ViewAll(func(states []*projection.State) {
+		seq = seqOf(states)
 		if g.o.Policy.MaxAge > 0 && synced && seq != g.trig.planSeq {
 			// The next age-out moves with the state; planning is pure and
 			// cheap, so it is re-read on each change.
-			g.observeSandboxes(s)
-			plan = PlanImages(s, disk, g.policy(), now)
+			g.observeSandboxes(states)
+			plan = PlanImages(states, disk, g.policy(), now)
 		}
 	})
 	if g.o.Policy.MaxAge > 0 && synced && seq != g.trig.planSeq {
@@ -312,11 +318,11 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	disk, derr := g.o.Disk.Disk()
 	var plan ImagePlan
 	var seq uint64
-	synced := false
-	g.o.Projection.View(func(s *projection.State) {
-		g.observeSandboxes(s)
-		plan = PlanImages(s, disk, g.policy(), start)
-		seq, synced = s.Seq, s.Synced
+	synced := g.o.Projection.Synced()
+	g.o.Projection.ViewAll(func(states []*projection.State) {
+		g.observeSandboxes(states)
+		plan = PlanImages(states, disk, g.policy(), start)
+		seq = seqOf(states)
 	})
 	if derr != nil {
 		g.o.Log.Warn().Err(derr).Msg("image filesystem not measured: only max-age GC runs")
@@ -338,7 +344,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 		}
 	})
 	for _, it := range plan.Keep {
-		log.Debug().Str("image", firstName(it.Names)).Str("digest", it.Digest).Strs("names", it.Names).Int64("bytes", it.Size).
+		log.Debug().Str("namespace", it.Namespace).Str("image", firstName(it.Names)).Str("digest", it.Digest).Strs("names", it.Names).Int64("bytes", it.Size).
 			Str("reason", string(it.Reason)).Str("rule", it.Rule).Msg("image kept")
 	}
 
@@ -393,13 +399,13 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 // through rep: a removal at once (with what rep held), a skip when the pass
 // ends.
 func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log zerolog.Logger) {
-	key := imageRemovalKey(o.Digest, o.FirstSeen)
+	key := imageRemovalKey(o.Namespace, o.Digest, o.FirstSeen)
 	lvl := zerolog.InfoLevel
 	if o.Action == ActionRemoved {
 		pass.Removed = append(pass.Removed, o)
-		g.m.removed.WithLabelValues(string(o.Rule)).Inc()
-		g.m.bytes.WithLabelValues(string(o.Rule), "estimated").Add(float64(o.Size))
-		g.m.bytes.WithLabelValues(string(o.Rule), "measured").Add(float64(max(o.Freed, 0)))
+		g.m.removed.WithLabelValues(o.Namespace, string(o.Rule)).Inc()
+		g.m.bytes.WithLabelValues(o.Namespace, string(o.Rule), "estimated").Add(float64(o.Size))
+		g.m.bytes.WithLabelValues(o.Namespace, string(o.Rule), "measured").Add(float64(max(o.Freed, 0)))
 		if g.trig.reacted(o.At) {
 			g.m.reaction.Observe(o.At.Sub(g.trig.crossedAt).Seconds())
 		}
@@ -418,7 +424,7 @@ func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log z
 		if o.Action == ActionRemoved {
 			ev = ev.Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
 		}
-		ev.Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("bytes", o.Size).
+		ev.Str("namespace", o.Namespace).Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("bytes", o.Size).
 			Int64("freed", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
 			Msg("image " + o.Action)
 		if !quiet {
@@ -511,6 +517,15 @@ func (g *ImageGC) publish(a Action, log zerolog.Logger) {
 	}
 }
 
+// seqOf is a change counter of the states together: it moves whenever one
+// of them applies an event.
+func seqOf(states []*projection.State) (seq uint64) {
+	for _, s := range states {
+		seq += s.Seq
+	}
+	return seq
+}
+
 func firstName(names []string) string {
 	// Prefer a readable name over CRI's sha256: id.
 	for _, n := range names {
@@ -557,9 +572,9 @@ func (g *ImageGC) learn(ctx context.Context, now time.Time) {
 // observeSandboxes remembers the image (name and digest) of every sandbox
 // container in the state: whatever CRI's config says, an image pods were
 // started from is a sandbox image, and stays protected after the pods go.
-func (g *ImageGC) observeSandboxes(s *projection.State) {
+func (g *ImageGC) observeSandboxes(states []*projection.State) {
 	added := false
-	for _, ref := range SandboxImagesOf(s) {
+	for _, ref := range SandboxImagesOf(states...) {
 		if _, ok := g.sandboxSeen[ref]; !ok {
 			g.sandboxSeen[ref], added = struct{}{}, true
 		}
@@ -570,17 +585,19 @@ func (g *ImageGC) observeSandboxes(s *projection.State) {
 }
 
 // SandboxImagesOf returns the image names and digests the sandbox
-// containers in s were created from, sorted: images to keep as sandbox
-// images whatever the runtime's configuration says.
-func SandboxImagesOf(s *projection.State) []string {
+// containers in states were created from, sorted: images to keep as
+// sandbox images whatever the runtime's configuration says.
+func SandboxImagesOf(states ...*projection.State) []string {
 	var out []string
-	for _, c := range s.Containers {
-		if c.CRIKind != projection.KindSandbox {
-			continue
-		}
-		for _, ref := range []string{c.Image, c.ImageDigest} {
-			if ref != "" {
-				out = append(out, ref)
+	for _, s := range states {
+		for _, c := range s.Containers {
+			if c.CRIKind != projection.KindSandbox {
+				continue
+			}
+			for _, ref := range []string{c.Image, c.ImageDigest} {
+				if ref != "" {
+					out = append(out, ref)
+				}
 			}
 		}
 	}

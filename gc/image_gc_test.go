@@ -27,10 +27,11 @@ type fakeProjection struct {
 var (
 	_ imageProjection = (*fakeProjection)(nil)
 	_ imageProjection = (*projection.Live)(nil)
+	_ imageProjection = (*projection.Spaces)(nil)
 )
 
-func (p *fakeProjection) View(fn func(*projection.State)) { fn(p.state) }
-func (p *fakeProjection) Synced() bool                    { return p.state.Synced }
+func (p *fakeProjection) ViewAll(fn func([]*projection.State)) { fn([]*projection.State{p.state}) }
+func (p *fakeProjection) Synced() bool                         { return p.state.Synced }
 func (p *fakeProjection) Subscribe() <-chan struct{} {
 	p.subs++
 	return make(chan struct{})
@@ -108,10 +109,10 @@ func TestImageGCPassPublishesAndCounts(t *testing.T) {
 	if s, c := pub.keys("gc", "started"), pub.keys("gc", "completed"); !slices.Equal(s, []string{passKey}) || !slices.Equal(c, []string{passKey}) {
 		t.Errorf("pass keys started %v completed %v, want %s", s, c, passKey)
 	}
-	if v := testutil.ToFloat64(g.m.removed.WithLabelValues("space")); v != 2 {
+	if v := testutil.ToFloat64(g.m.removed.WithLabelValues("", "space")); v != 2 {
 		t.Errorf("images removed metric = %v", v)
 	}
-	if v := testutil.ToFloat64(g.m.bytes.WithLabelValues("space", "measured")); v != 16*mib {
+	if v := testutil.ToFloat64(g.m.bytes.WithLabelValues("", "space", "measured")); v != 16*mib {
 		t.Errorf("measured bytes metric = %v", v)
 	}
 	if v := testutil.ToFloat64(g.m.skipped.WithLabelValues(string(ReasonLowReached))); v != 1 {

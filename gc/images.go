@@ -72,7 +72,7 @@ func (p ImagePolicy) Validate() error {
 	return nil
 }
 
-// ImagePlan lists every image of the state exactly once, to delete or to
+// ImagePlan lists every image of the states exactly once, to delete or to
 // keep, with the reason.
 type ImagePlan struct {
 	Now  time.Time `json:"now"`
@@ -101,9 +101,10 @@ type ImagePlan struct {
 	Keep []ImageItem `json:"keep"`
 }
 
-// ImageItem is one image (one target digest with all its names) and the
-// decision about it.
+// ImageItem is one image (one target digest with all its names, in one
+// containerd namespace) and the decision about it.
 type ImageItem struct {
+	Namespace string    `json:"namespace"`
 	Digest    string    `json:"digest"`
 	Names     []string  `json:"names"` // sorted
 	Size      int64     `json:"size"`
@@ -132,18 +133,30 @@ type ImageItem struct {
 // low one, least recently used first; plus max-age GC whatever the disk.
 // Unlike the kubelet, max-age never deletes an image younger than MinAge and
 // counts a never-used image's idle time from when it was first seen, and the
-// bytes of max-age deletions count towards the amount to free. It does no I/O
-// and does not modify s.
-func PlanImages(s *projection.State, disk DiskStats, p ImagePolicy, now time.Time) ImagePlan {
+// bytes of max-age deletions count towards the amount to free.
+//
+// states are the projections of every managed namespace: they share one
+// disk, so there is one plan, least recently used first over their union.
+// Each image is judged within its own namespace (another namespace's
+// containers neither hold it nor free it); the policy's rules apply to
+// every image alike. It does no I/O and modifies no state.
+func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now time.Time) ImagePlan {
 	plan := ImagePlan{Now: now, Disk: disk, Delete: []ImageItem{}, Keep: []ImageItem{}}
 	plan.measure(p)
 
-	items := make([]ImageItem, 0, len(s.Images))
-	for _, img := range s.Images {
-		items = append(items, p.screen(s, img, now))
+	n := 0
+	for _, s := range states {
+		n += len(s.Images)
+	}
+	items := make([]ImageItem, 0, n)
+	for _, s := range states {
+		for _, img := range s.Images {
+			items = append(items, p.screen(s, img, now))
+		}
 	}
 	slices.SortFunc(items, func(a, b ImageItem) int {
-		return cmp.Or(a.LastUsed.Compare(b.LastUsed), a.FirstSeen.Compare(b.FirstSeen), strings.Compare(a.Digest, b.Digest))
+		return cmp.Or(a.LastUsed.Compare(b.LastUsed), a.FirstSeen.Compare(b.FirstSeen), strings.Compare(a.Digest, b.Digest),
+			strings.Compare(a.Namespace, b.Namespace))
 	})
 
 	// An empty reason marks a candidate: first the ones past MaxAge go,
@@ -213,6 +226,7 @@ func (plan *ImagePlan) measure(p ImagePolicy) {
 // too young; the reason is empty for a candidate.
 func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time.Time) ImageItem {
 	it := ImageItem{
+		Namespace: s.Namespace,
 		Digest:    img.Digest,
 		Names:     slices.Sorted(maps.Keys(img.Names)),
 		Size:      img.Size,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/projection"
 )
 
 // withFacts gives a pulled image its content facts, as the source reads
@@ -61,7 +62,7 @@ func TestPlanImagesInUseByContent(t *testing.T) {
 				events.Synced{At: at(time.Minute)},
 			)
 			full := DiskStats{CapacityBytes: 100 * mib, AvailableBytes: 1 * mib}
-			plan := PlanImages(s, full, ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80}, at(time.Hour))
+			plan := PlanImages([]*projection.State{s}, full, ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80}, at(time.Hour))
 			got := map[string]ImageItem{}
 			for _, it := range slices.Concat(plan.Delete, plan.Keep) {
 				got[it.Digest] = it

@@ -70,7 +70,7 @@ func TestPlanImagesDisk(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			disk := DiskStats{CapacityBytes: tt.capacity, AvailableBytes: tt.available}
 			p := ImagePolicy{HighThresholdPercent: tt.high, LowThresholdPercent: tt.low}
-			plan := PlanImages(projection.New(), disk, p, t0)
+			plan := PlanImages([]*projection.State{projection.New()}, disk, p, t0)
 			if plan.Usage != tt.usage || plan.Triggered != tt.triggered || plan.AmountToFree != tt.amount || plan.InvalidCapacity != tt.invalid {
 				t.Fatalf("usage %d triggered %v amount %d invalid %v, want %d %v %d %v",
 					plan.Usage, plan.Triggered, plan.AmountToFree, plan.InvalidCapacity, tt.usage, tt.triggered, tt.amount, tt.invalid)
@@ -430,7 +430,7 @@ func TestPlanImages(t *testing.T) {
 			now := at(cmp.Or(tt.now, 10*h))
 			s := build(tt.evs...)
 			before := s.Clone()
-			plan := PlanImages(s, tt.disk, p, now)
+			plan := PlanImages([]*projection.State{s}, tt.disk, p, now)
 
 			if got := imageSummary(plan.Delete); !slices.Equal(got, tt.delete) {
 				t.Errorf("delete:\n got %q\nwant %q", got, tt.delete)

@@ -49,6 +49,6 @@ func abandonDelete(pub Publisher, a Action, intended bool, log zerolog.Logger) {
 
 // imageRemovalKey is the key of an image removal before its intent makes
 // it unique: the digest and when the agent first saw the image.
-func imageRemovalKey(digest string, firstSeen time.Time) string {
-	return digest + "@" + strconv.FormatInt(firstSeen.UnixNano(), 10)
+func imageRemovalKey(ns, digest string, firstSeen time.Time) string {
+	return scopedKey(ns, digest+"@"+strconv.FormatInt(firstSeen.UnixNano(), 10))
 }

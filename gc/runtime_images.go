@@ -97,7 +97,7 @@ func (r Runtime) ImageUsers(ctx context.Context, names []string, config, chain s
 			}
 		}
 	}
-	if config != "" && r.CRI != nil {
+	if config != "" && r.CRI != nil && r.criIn(ctx) {
 		resp, err := r.CRI.ListContainers(ctx, &runtime.ListContainersRequest{})
 		if err != nil {
 			return nil, fmt.Errorf("cri list containers: %w", err)
@@ -166,7 +166,7 @@ func (r Runtime) RemoveImage(ctx context.Context, digest string, names []ImageNa
 		return viaNative, nil
 	}
 	via := viaNative
-	if r.CRIImages != nil && criManaged(names) {
+	if r.CRIImages != nil && r.criIn(ctx) && criManaged(names) {
 		ok, err := r.removeImageCRI(ctx, names)
 		if err != nil {
 			return viaCRI, err

@@ -13,6 +13,8 @@ import (
 
 // LiveOptions configures a Live projection.
 type LiveOptions struct {
+	// Namespace is the containerd namespace projected. Default k8s.io.
+	Namespace string
 	// Store persists the projection; nil keeps it in memory only.
 	Store *Store
 	// SnapshotEvery is how many journal entries trigger a snapshot (and so a
@@ -25,6 +27,10 @@ type LiveOptions struct {
 	Now        func() time.Time
 	Log        zerolog.Logger
 	Registerer prometheus.Registerer
+
+	// metrics, when set by Spaces, are shared by every namespace's Live
+	// (and registered once); else NewLive makes and registers its own.
+	metrics *liveMetrics
 }
 
 // Live owns the State: it applies events, journals them, takes snapshots,
@@ -36,7 +42,7 @@ type Live struct {
 	state *State
 	subs  []chan struct{}
 	since int // journal entries since the last snapshot
-	m     liveMetrics
+	m     *liveMetrics
 	fault atomic.Pointer[JournalFault] // nil while persisting works
 	tried time.Time                    // last snapshot attempt; Run's goroutine only
 }
@@ -73,6 +79,28 @@ type liveMetrics struct {
 	snapshots     prometheus.Counter
 }
 
+func newLiveMetrics() *liveMetrics {
+	return &liveMetrics{
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gcagent_projection_events_applied_total", Help: "Domain events applied to the projection, by namespace and kind.",
+		}, []string{"namespace", "kind"}),
+		journalErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gcagent_projection_journal_errors_total", Help: "Journal appends, snapshots or entries that failed.",
+		}),
+		snapshots: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gcagent_projection_snapshots_total", Help: "Snapshots written (each compacts the journal).",
+		}),
+	}
+}
+
+// register registers the metrics and the gauges of the projections lives
+// returns at scrape time.
+func (m *liveMetrics) register(reg prometheus.Registerer, lives func() []*Live) {
+	if reg != nil {
+		reg.MustRegister(m.applied, m.journalErrors, m.snapshots, gaugeFunc{lives})
+	}
+}
+
 // NewLive restores the projection from the store (snapshot plus journal),
 // unsynced until the first reconcile.
 func NewLive(opts LiveOptions) (*Live, error) {
@@ -85,20 +113,13 @@ func NewLive(opts LiveOptions) (*Live, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	l := &Live{opts: opts, state: New()}
-	l.m = liveMetrics{
-		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_projection_events_applied_total", Help: "Domain events applied to the projection, by kind.",
-		}, []string{"kind"}),
-		journalErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "gcagent_projection_journal_errors_total", Help: "Journal appends, snapshots or entries that failed.",
-		}),
-		snapshots: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "gcagent_projection_snapshots_total", Help: "Snapshots written (each compacts the journal).",
-		}),
+	if opts.Namespace == "" {
+		opts.Namespace = events.CRINamespace
 	}
-	if opts.Registerer != nil {
-		opts.Registerer.MustRegister(l.m.applied, l.m.journalErrors, l.m.snapshots, l.gauges())
+	l := &Live{opts: opts, state: New(), m: opts.metrics}
+	if l.m == nil {
+		l.m = newLiveMetrics()
+		l.m.register(opts.Registerer, func() []*Live { return []*Live{l} })
 	}
 	if opts.Store != nil {
 		res, err := opts.Store.Load()
@@ -111,11 +132,15 @@ func NewLive(opts LiveOptions) (*Live, error) {
 		}
 		l.state = res.State
 		l.since = res.Replayed
-		opts.Log.Info().Int("images", len(l.state.Images)).Int("containers", len(l.state.Containers)).
+		opts.Log.Info().Str("namespace", opts.Namespace).Int("images", len(l.state.Images)).Int("containers", len(l.state.Containers)).
 			Int("pods", len(l.state.Pods)).Int("replayed", res.Replayed).Uint64("seq", l.state.Seq).Msg("projection restored")
 	}
+	l.state.Namespace = opts.Namespace
 	return l, nil
 }
+
+// Namespace is the containerd namespace projected.
+func (l *Live) Namespace() string { return l.opts.Namespace }
 
 // Run applies events from in until ctx ends, then writes a final snapshot.
 // Events that arrive together are applied and journaled as one batch.
@@ -168,7 +193,7 @@ func (l *Live) Apply(batch ...events.Event) {
 		}
 		for _, e := range evs {
 			l.state.Apply(e)
-			l.m.applied.WithLabelValues(string(e.Kind())).Inc()
+			l.m.applied.WithLabelValues(l.opts.Namespace, string(e.Kind())).Inc()
 		}
 		applied = append(applied, evs...)
 	}
@@ -187,7 +212,7 @@ func (l *Live) Apply(batch ...events.Event) {
 		// memory stays right, and the next snapshot catches the file up.
 		if err := appendErr; err != nil {
 			l.failed(err)
-			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
+			l.opts.Log.Error().Err(err).Str("namespace", l.opts.Namespace).Int("events", len(applied)).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
 		}
 		l.since += len(applied)
@@ -220,13 +245,13 @@ func (l *Live) snapshot() {
 	l.mu.Unlock()
 	if err := st.Snapshot(s); err != nil {
 		l.failed(err)
-		l.opts.Log.Error().Err(err).Msg("snapshot failed")
+		l.opts.Log.Error().Err(err).Str("namespace", l.opts.Namespace).Msg("snapshot failed")
 		return
 	}
 	l.m.snapshots.Inc()
 	l.since = 0
 	if l.fault.Swap(nil) != nil {
-		l.opts.Log.Info().Uint64("seq", s.Seq).Msg("journal resumed: snapshot written")
+		l.opts.Log.Info().Str("namespace", l.opts.Namespace).Uint64("seq", s.Seq).Msg("journal resumed: snapshot written")
 	}
 }
 
@@ -243,6 +268,12 @@ func (l *Live) View(fn func(*State)) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	fn(l.state)
+}
+
+// ViewAll calls fn with the one state, as Spaces.ViewAll does with every
+// namespace's; fn must not keep or modify it.
+func (l *Live) ViewAll(fn func([]*State)) {
+	l.View(func(s *State) { fn([]*State{s}) })
 }
 
 // Synced reports whether the projection reflects a full listing of
@@ -271,18 +302,14 @@ func (l *Live) notify() {
 	}
 }
 
-func (l *Live) gauges() prometheus.Collector {
-	return gaugeFunc{l}
-}
-
-// gaugeFunc exports the projection's sizes at scrape time.
-type gaugeFunc struct{ l *Live }
+// gaugeFunc exports the projections' sizes at scrape time.
+type gaugeFunc struct{ lives func() []*Live }
 
 var (
-	descImages     = prometheus.NewDesc("gcagent_projection_images", "Images (target digests) in the projection.", nil, nil)
-	descContainers = prometheus.NewDesc("gcagent_projection_containers", "Containers in the projection, by state.", []string{"state"}, nil)
-	descPods       = prometheus.NewDesc("gcagent_projection_live_pods", "Pods with a sandbox.", nil, nil)
-	descSynced     = prometheus.NewDesc("gcagent_projection_synced", "1 once the projection reflects a full listing.", nil, nil)
+	descImages     = prometheus.NewDesc("gcagent_projection_images", "Images (target digests) in the projection, by namespace.", []string{"namespace"}, nil)
+	descContainers = prometheus.NewDesc("gcagent_projection_containers", "Containers in the projection, by namespace and state.", []string{"namespace", "state"}, nil)
+	descPods       = prometheus.NewDesc("gcagent_projection_live_pods", "Pods with a sandbox, by namespace.", []string{"namespace"}, nil)
+	descSynced     = prometheus.NewDesc("gcagent_projection_synced", "1 once the namespace's projection reflects a full listing.", []string{"namespace"}, nil)
 )
 
 func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) {
@@ -293,14 +320,21 @@ func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (g gaugeFunc) Collect(ch chan<- prometheus.Metric) {
-	g.l.View(func(s *State) {
-		ch <- prometheus.MustNewConstMetric(descImages, prometheus.GaugeValue, float64(len(s.Images)))
+	for _, l := range g.lives() {
+		l.collect(ch)
+	}
+}
+
+func (l *Live) collect(ch chan<- prometheus.Metric) {
+	ns := l.opts.Namespace
+	l.View(func(s *State) {
+		ch <- prometheus.MustNewConstMetric(descImages, prometheus.GaugeValue, float64(len(s.Images)), ns)
 		byState := map[ContainerState]int{StateCreated: 0, StateRunning: 0, StateExited: 0}
 		for _, c := range s.Containers {
 			byState[c.State]++
 		}
 		for st, n := range byState {
-			ch <- prometheus.MustNewConstMetric(descContainers, prometheus.GaugeValue, float64(n), string(st))
+			ch <- prometheus.MustNewConstMetric(descContainers, prometheus.GaugeValue, float64(n), ns, string(st))
 		}
 		live := 0
 		for _, p := range s.Pods {
@@ -308,11 +342,11 @@ func (g gaugeFunc) Collect(ch chan<- prometheus.Metric) {
 				live++
 			}
 		}
-		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(live))
+		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(live), ns)
 		synced := 0.0
 		if s.Synced {
 			synced = 1
 		}
-		ch <- prometheus.MustNewConstMetric(descSynced, prometheus.GaugeValue, synced)
+		ch <- prometheus.MustNewConstMetric(descSynced, prometheus.GaugeValue, synced, ns)
 	})
 }

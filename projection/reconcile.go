@@ -120,6 +120,7 @@ func (s *State) Clone() *State {
 		Users:      make(map[string]map[string]struct{}, len(s.Users)),
 		Synced:     s.Synced,
 		Seq:        s.Seq,
+		Namespace:  s.Namespace,
 	}
 	for k, img := range s.Images {
 		cp := *img

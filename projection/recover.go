@@ -139,14 +139,31 @@ func (st *Store) check() error {
 	if err != nil {
 		return err
 	}
-	_, err = st.Load()
+	_, err = st.LoadSpaces()
 	return err
+}
+
+// LoadSpaces loads the projection of every namespace the file holds.
+func (st *Store) LoadSpaces() (map[string]LoadResult, error) {
+	names, err := st.Spaces()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]LoadResult, len(names))
+	for _, ns := range names {
+		res, err := st.Space(ns).Load()
+		if err != nil {
+			return nil, fmt.Errorf("namespace %s: %w", ns, err)
+		}
+		out[ns] = res
+	}
+	return out, nil
 }
 
 // ReadStore loads the store at path read-only, for tools beside a stopped
 // agent: a damaged file is an error, never a panic. It fails when the
 // agent holds the file.
-func ReadStore(path string) (res LoadResult, err error) {
+func ReadStore(path string) (res map[string]LoadResult, err error) {
 	var ro *Store
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
@@ -154,11 +171,11 @@ func ReadStore(path string) (res LoadResult, err error) {
 			if ro != nil {
 				_ = ro.Close()
 			}
-			res, err = LoadResult{}, fmt.Errorf("state %s unreadable: %v", path, r)
+			res, err = nil, fmt.Errorf("state %s unreadable: %v", path, r)
 		}
 	}()
 	if ro, err = OpenStoreReadOnly(path); err != nil {
-		return LoadResult{}, err
+		return nil, err
 	}
 	defer func() {
 		if ro != nil {
@@ -166,7 +183,7 @@ func ReadStore(path string) (res LoadResult, err error) {
 		}
 	}()
 	if err := ro.check(); err != nil {
-		return LoadResult{}, fmt.Errorf("state %s unreadable: %w", path, err)
+		return nil, fmt.Errorf("state %s unreadable: %w", path, err)
 	}
-	return ro.Load()
+	return ro.LoadSpaces()
 }

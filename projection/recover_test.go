@@ -164,8 +164,8 @@ func TestReadStore(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	want := writeStore(t, path)
 	res, err := ReadStore(path)
-	if err != nil || len(res.State.Images) != len(want.Images) {
-		t.Fatalf("good file: %d images, %v", len(res.State.Images), err)
+	if err != nil || len(res["k8s.io"].State.Images) != len(want.Images) {
+		t.Fatalf("good file: %v, %v", res, err)
 	}
 	good, _ := os.ReadFile(path)
 	b := bytes.Clone(good)

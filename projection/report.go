@@ -10,9 +10,12 @@ import (
 // Report is the projection as operators and tools read it (/status,
 // `gcagent status`): sorted, with effective last-used times.
 type Report struct {
-	Synced     bool              `json:"synced"`
-	Seq        uint64            `json:"seq"`
-	At         time.Time         `json:"at"`
+	Synced bool      `json:"synced"`
+	Seq    uint64    `json:"seq"`
+	At     time.Time `json:"at"`
+	// Namespaces are the containerd namespaces reported, sorted; each
+	// image and container says which it is in.
+	Namespaces []string          `json:"namespaces"`
 	Images     []ImageReport     `json:"images"`
 	Containers []ContainerReport `json:"containers"`
 	Pods       []PodReport       `json:"pods"`
@@ -20,6 +23,7 @@ type Report struct {
 
 // ImageReport is one image in a Report.
 type ImageReport struct {
+	Namespace string    `json:"namespace"` // containerd's
 	Digest    string    `json:"digest"`
 	Names     []string  `json:"names"`
 	Size      int64     `json:"size"`
@@ -31,6 +35,7 @@ type ImageReport struct {
 
 // ContainerReport is one container in a Report.
 type ContainerReport struct {
+	Namespace   string         `json:"namespace"` // containerd's
 	ID          string         `json:"id"`
 	Image       string         `json:"image"`
 	ImageDigest string         `json:"imageDigest"`
@@ -52,14 +57,25 @@ type PodReport struct {
 	GoneAt    *time.Time `json:"goneAt,omitempty"`
 }
 
-// NewReport renders s as of now.
-func NewReport(s *State, now time.Time) Report {
-	r := Report{Synced: s.Synced, Seq: s.Seq, At: now,
+// NewReport renders the states (one per namespace, sorted) as of now:
+// synced when every one is, Seq their sum.
+func NewReport(now time.Time, states ...*State) Report {
+	r := Report{Synced: len(states) > 0, At: now, Namespaces: []string{},
 		Images: []ImageReport{}, Containers: []ContainerReport{}, Pods: []PodReport{}}
+	for _, s := range states {
+		r.Synced = r.Synced && s.Synced
+		r.Seq += s.Seq
+		r.Namespaces = append(r.Namespaces, s.Namespace)
+		r.add(s, now)
+	}
+	return r
+}
+
+func (r *Report) add(s *State, now time.Time) {
 	for _, d := range slices.Sorted(maps.Keys(s.Images)) {
 		img := s.Images[d]
 		r.Images = append(r.Images, ImageReport{
-			Digest: d, Names: slices.Sorted(maps.Keys(img.Names)), Size: img.Size,
+			Namespace: s.Namespace, Digest: d, Names: slices.Sorted(maps.Keys(img.Names)), Size: img.Size,
 			FirstSeen: img.FirstSeen, LastUsed: s.LastUsed(img, now),
 			Users: append([]string{}, s.ImageUsers(img)...), Pinned: img.Pinned(),
 		})
@@ -70,7 +86,7 @@ func NewReport(s *State, now time.Time) Report {
 		if kind == "" {
 			kind = "native"
 		}
-		cr := ContainerReport{ID: id, Image: c.Image, ImageDigest: c.ImageDigest, State: c.State,
+		cr := ContainerReport{Namespace: s.Namespace, ID: id, Image: c.Image, ImageDigest: c.ImageDigest, State: c.State,
 			ExitStatus: c.ExitStatus, Kind: kind, PodUID: c.PodUID, EvictUnit: c.EvictUnit()}
 		if c.State == StateExited {
 			t := c.ExitedAt
@@ -87,7 +103,6 @@ func NewReport(s *State, now time.Time) Report {
 		}
 		r.Pods = append(r.Pods, pr)
 	}
-	return r
 }
 
 func sortedKeys(m map[string]struct{}) []string {

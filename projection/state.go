@@ -49,6 +49,10 @@ type State struct {
 	Users  map[string]map[string]struct{} `json:"users"`
 	Synced bool                           `json:"synced"`
 	Seq    uint64                         `json:"seq"` // events applied so far
+	// Namespace is the containerd namespace this projection is of; set by
+	// its Live (a state restored from a file written before namespaces
+	// were managed has none stored).
+	Namespace string `json:"namespace,omitempty"`
 
 	// byKey maps config and chain use keys to the digests of the images
 	// they name. It is derived from Images (reindex), never persisted.

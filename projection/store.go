@@ -3,11 +3,15 @@ package projection
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 var (
@@ -16,12 +20,69 @@ var (
 	keySnapshot   = []byte("snapshot") //
 )
 
-// Store persists the projection: a journal of applied events plus a snapshot.
+// Store persists a projection: a journal of applied events plus a snapshot.
 // A snapshot at seq S makes journal entries <= S redundant, so Snapshot
 // deletes them in the same transaction and the file stays bounded.
-// A Store is safe for use by one owner goroutine at a time.
+// One file holds the projection of every namespace, each in its own pair of
+// buckets (Space). A Store is safe for use by one owner goroutine at a time.
 type Store struct {
-	db *bolt.DB
+	db            *bolt.DB
+	journal, meta []byte // bucket names
+}
+
+// Space returns the store of namespace ns's projection, in the same file.
+// CRI's namespace keeps the file's first buckets (journal, meta): they
+// hold the projection agents wrote before they managed namespaces, which
+// was CRI's by default. Buckets are created by the first write.
+func (st *Store) Space(ns string) *Store {
+	if ns == events.CRINamespace {
+		return &Store{db: st.db, journal: bucketJournal, meta: bucketMeta}
+	}
+	return &Store{db: st.db, journal: []byte(spacePrefixJournal + ns), meta: []byte(spacePrefixMeta + ns)}
+}
+
+const spacePrefixJournal, spacePrefixMeta = "journal/", "meta/"
+
+// Spaces returns the namespaces with a persisted projection, sorted.
+func (st *Store) Spaces() ([]string, error) {
+	var out []string
+	err := st.db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			switch n := string(name); {
+			case n == string(bucketMeta):
+				if b.Get(keySnapshot) != nil || tx.Bucket(bucketJournal) != nil && tx.Bucket(bucketJournal).Stats().KeyN > 0 {
+					out = append(out, events.CRINamespace)
+				}
+			case strings.HasPrefix(n, spacePrefixMeta):
+				out = append(out, strings.TrimPrefix(n, spacePrefixMeta))
+			}
+			return nil
+		})
+	})
+	slices.Sort(out)
+	return out, err
+}
+
+// Drop deletes this namespace's projection from the file.
+func (st *Store) Drop() error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{st.journal, st.meta} {
+			if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// buckets returns this space's buckets in a writable transaction,
+// creating them on first use.
+func (st *Store) buckets(tx *bolt.Tx) (journal, meta *bolt.Bucket, err error) {
+	if journal, err = tx.CreateBucketIfNotExists(st.journal); err != nil {
+		return nil, nil, err
+	}
+	meta, err = tx.CreateBucketIfNotExists(st.meta)
+	return journal, meta, err
 }
 
 // OpenStore opens (or creates) the store file. It fails fast if another
@@ -43,7 +104,7 @@ func OpenStore(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init state %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, journal: bucketJournal, meta: bucketMeta}, nil
 }
 
 // OpenStoreReadOnly opens an existing store for reading only, for tools
@@ -54,7 +115,7 @@ func OpenStoreReadOnly(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state %s read-only: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, journal: bucketJournal, meta: bucketMeta}, nil
 }
 
 // Close closes the file.
@@ -73,7 +134,7 @@ type LoadResult struct {
 func (st *Store) Load() (LoadResult, error) {
 	res := LoadResult{State: New()}
 	err := st.db.View(func(tx *bolt.Tx) error {
-		meta, journal := tx.Bucket(bucketMeta), tx.Bucket(bucketJournal)
+		meta, journal := tx.Bucket(st.meta), tx.Bucket(st.journal)
 		if meta == nil || journal == nil {
 			return nil // a file never written by an agent: nothing to restore
 		}
@@ -115,7 +176,10 @@ func (st *Store) Append(last uint64, evs []events.Event) error {
 		return nil
 	}
 	return st.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketJournal)
+		b, _, err := st.buckets(tx)
+		if err != nil {
+			return err
+		}
 		first := last - uint64(len(evs)) + 1
 		for i, ev := range evs {
 			v, err := events.Marshal(ev)
@@ -137,10 +201,13 @@ func (st *Store) Snapshot(s *State) error {
 		return fmt.Errorf("encode snapshot: %w", err)
 	}
 	return st.db.Update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketMeta).Put(keySnapshot, b); err != nil {
+		j, meta, err := st.buckets(tx)
+		if err != nil {
 			return err
 		}
-		j := tx.Bucket(bucketJournal)
+		if err := meta.Put(keySnapshot, b); err != nil {
+			return err
+		}
 		c := j.Cursor()
 		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= s.Seq; k, _ = c.First() {
 			if err := j.Delete(k); err != nil {
@@ -156,7 +223,9 @@ func (st *Store) Snapshot(s *State) error {
 func (st *Store) JournalLen() (int, error) {
 	var n int
 	err := st.db.View(func(tx *bolt.Tx) error {
-		n = tx.Bucket(bucketJournal).Stats().KeyN
+		if b := tx.Bucket(st.journal); b != nil {
+			n = b.Stats().KeyN
+		}
 		return nil
 	})
 	return n, err

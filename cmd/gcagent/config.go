@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 
 	"bufio"
@@ -24,8 +25,12 @@ import (
 type Config struct {
 	// ContainerdAddress is containerd's socket. Default /run/containerd/containerd.sock.
 	ContainerdAddress string
-	// Namespace is the containerd namespace to manage. Default k8s.io.
+	// Namespace is the containerd namespaces to manage: a comma-separated
+	// list, or * for every one (also those created later). Default k8s.io.
 	Namespace string
+	// ExcludeNamespace are namespaces never managed (comma-separated).
+	// Default moby,plugins.moby: Docker keeps its own state about them.
+	ExcludeNamespace string
 	// ImageFS is the directory whose filesystem is measured. Default empty:
 	// CRI's image filesystem (ImageFsInfo), else /var/lib/containerd.
 	ImageFS string
@@ -109,7 +114,8 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		ContainerdAddress:    "/run/containerd/containerd.sock",
-		Namespace:            "k8s.io",
+		Namespace:            events.CRINamespace,
+		ExcludeNamespace:     strings.Join(events.DefaultExcluded, ","),
 		ImageGCHighThreshold: 85,
 		ImageGCLowThreshold:  80,
 		MinimumImageTTL:      2 * time.Minute,
@@ -227,7 +233,10 @@ func (c Config) Validate() error {
 			checks = append(checks, fmt.Errorf("invalid --keep-image %q: %v", p, err))
 		}
 	}
-	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress, "namespace": c.Namespace,
+	if _, err := c.namespaces(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid %v", err))
+	}
+	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress,
 		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {
 		if strings.TrimSpace(v) == "" {
 			checks = append(checks, fmt.Errorf("invalid --%s: must not be empty", name))
@@ -252,6 +261,12 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// namespaces are the managed namespaces --namespace and
+// --exclude-namespace describe.
+func (c Config) namespaces() (events.Namespaces, error) {
+	return events.ParseNamespaces(c.Namespace, c.ExcludeNamespace)
+}
+
 // stringList is a repeatable flag.
 type stringList struct{ p *[]string }
 
@@ -268,7 +283,8 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.String("config", "", "file of `name = value` lines (flags and environment win)")
 	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", cfg.ContainerdAddress, "containerd socket")
-	fs.StringVar(&cfg.Namespace, "namespace", cfg.Namespace, "containerd namespace to manage")
+	fs.StringVar(&cfg.Namespace, "namespace", cfg.Namespace, "containerd namespaces to manage: comma-separated, or * for every one (also those created later)")
+	fs.StringVar(&cfg.ExcludeNamespace, "exclude-namespace", cfg.ExcludeNamespace, "containerd namespaces never to manage, comma-separated (Docker's by default)")
 	fs.StringVar(&cfg.ImageFS, "image-fs", cfg.ImageFS, "directory whose filesystem is measured for image GC (default: CRI's image filesystem, as the kubelet measures, else /var/lib/containerd)")
 	fs.IntVar(&cfg.ImageGCHighThreshold, "image-gc-high-threshold", cfg.ImageGCHighThreshold, "disk usage percent that starts image GC (100 disables)")
 	fs.IntVar(&cfg.ImageGCLowThreshold, "image-gc-low-threshold", cfg.ImageGCLowThreshold, "disk usage percent image GC frees down to")

@@ -69,7 +69,7 @@ func printContainerPlan(w io.Writer, p gc.ContainerPolicy, plan gc.ContainerPlan
 		fmt.Fprintf(w, "next TTL expiry: %s\n", plan.NextEligible.Format(time.RFC3339Nano))
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DECISION\tREASON\tCONTAINER\tKIND\tSTATE\tPOD\tEXITED\tDETAIL")
+	fmt.Fprintln(tw, "DECISION\tREASON\tNAMESPACE\tCONTAINER\tKIND\tSTATE\tPOD\tEXITED\tDETAIL")
 	row := func(decision string, it gc.ContainerItem) {
 		kind := it.CRIKind
 		if kind == "" {
@@ -88,7 +88,7 @@ func printContainerPlan(w io.Writer, p gc.ContainerPolicy, plan gc.ContainerPlan
 		case len(it.Containers) > 0:
 			detail = "containers " + strings.Join(it.Containers, ",")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", decision, it.Reason, short(it.ID), kind, it.State, pod, exited, detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", decision, it.Reason, it.Namespace, short(it.ID), kind, it.State, pod, exited, detail)
 	}
 	for _, it := range plan.Remove {
 		row("remove", it)

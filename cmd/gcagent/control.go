@@ -52,7 +52,8 @@ func (h controlHandler) Status(context.Context) (any, error) {
 	st := ControlStatus{Heartbeat: a.heartbeat(now, a.bus), Node: a.cfg.NodeName, Cluster: a.cfg.Cluster,
 		Version: version, Now: now, DryRun: a.cfg.DryRun, AllowRemoteGC: a.cfg.AllowRemoteGC}
 	a.live.View(func(s *projection.State) {
-		st.Pods, st.Seq = len(s.Pods), s.Seq
+		st.Pods += len(s.Pods)
+		st.Seq += s.Seq
 		for _, c := range s.Containers {
 			if c.Dead() {
 				st.DeadContainer++
@@ -78,10 +79,10 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	}
 	now := a.clock.Now()
 	var p ControlPlan
-	a.live.View(func(s *projection.State) {
-		p.Synced = s.Synced
-		p.Images = gc.PlanImages(s, disk, a.imagePolicy(), now)
-		p.Containers = gc.PlanContainersWith(s, a.cfg.containerPolicy(), now, podLogDirExists(a.cfg.PodLogDir))
+	p.Synced = a.live.Synced()
+	a.live.ViewAll(func(states []*projection.State) {
+		p.Images = gc.PlanImages(states, disk, a.imagePolicy(), now)
+		p.Containers = gc.PlanContainersAcross(states, a.cfg.containerPolicy(), now, podLogDirExists(a.cfg.PodLogDir))
 	})
 	return p, nil
 }
@@ -110,9 +111,20 @@ func (h controlHandler) Explain(_ context.Context, query string) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var digest string
-	h.a.live.View(func(s *projection.State) { digest, err = findImage(s, query) })
-	if err != nil {
+	// The first namespace (sorted) that knows the image answers.
+	var ns, digest string
+	err = fmt.Errorf("image %q is not known to this node", query)
+	h.a.live.View(func(s *projection.State) {
+		if digest != "" {
+			return
+		}
+		if d, ferr := findImage(s, query); ferr == nil {
+			ns, digest, err = s.Namespace, d, nil
+		} else if !strings.Contains(ferr.Error(), "not known") {
+			err = ferr
+		}
+	})
+	if digest == "" {
 		return nil, err
 	}
 	ex := ControlExplanation{Query: query, Usage: p.Images.Usage, High: h.a.cfg.ImageGCHighThreshold,
@@ -123,7 +135,7 @@ func (h controlHandler) Explain(_ context.Context, query string) (any, error) {
 		items    []gc.ImageItem
 	}{{"delete", p.Images.Delete}, {"keep", p.Images.Keep}} {
 		for _, it := range list.items {
-			if it.Digest == digest {
+			if it.Digest == digest && it.Namespace == ns {
 				ex.Decision, ex.Image, found = list.decision, it, true
 			}
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,7 +14,9 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
@@ -152,6 +155,7 @@ type objectChecker interface {
 type nodeObjects struct{ cl *client.Client }
 
 func (o nodeObjects) gone(ctx context.Context, in natsbus.Intent) (bool, error) {
+	ctx = namespaces.WithNamespace(ctx, intentNamespace(in))
 	switch in.Kind {
 	case "image":
 		imgs, err := o.cl.ImageService().List(ctx, "target.digest=="+strconv.Quote(in.Subject))
@@ -181,6 +185,19 @@ func (o nodeObjects) gone(ctx context.Context, in natsbus.Intent) (bool, error) 
 		return false, err
 	}
 	return false, fmt.Errorf("intent of unknown kind %q", in.Kind)
+}
+
+// intentNamespace is the containerd namespace of the object an intent is
+// about, from its data; intents recorded before namespaces were managed
+// (none said) are CRI's.
+func intentNamespace(in natsbus.Intent) string {
+	var d struct {
+		Namespace string `json:"namespace"`
+	}
+	if json.Unmarshal(in.Data, &d) != nil || d.Namespace == "" {
+		return events.CRINamespace
+	}
+	return d.Namespace
 }
 
 // resolveIntents resolves each intent a crash left pending: the object is

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
@@ -29,9 +30,10 @@ type logsState struct {
 
 var _ logs.State = logsState{}
 
-// liveLogsState reads the agent's projection under its lock.
-func liveLogsState(l *projection.Live, cri runtimeapi.RuntimeServiceClient) logsState {
-	return logsState{view: l.View, cri: cri}
+// liveLogsState reads the agent's projection of CRI's namespace (the only
+// one with kubelet logs) under its lock.
+func liveLogsState(sp *projection.Spaces, cri runtimeapi.RuntimeServiceClient) logsState {
+	return logsState{view: sp.In(events.CRINamespace).View, cri: cri}
 }
 
 // staticLogsState reads s, which nothing else may modify meanwhile.

@@ -158,7 +158,8 @@ func redactURL(u string) string {
 func (a *agent) startedAction(boot time.Time) gc.Action {
 	host, _ := os.Hostname()
 	return gc.Action{Kind: "agent", Action: "started", Subject: a.cfg.NodeName, Key: fmt.Sprint(boot.UnixNano()),
-		Data: map[string]any{"version": version, "hostname": host, "namespace": a.cfg.Namespace, "dryRun": a.cfg.DryRun,
+		Data: map[string]any{"version": version, "hostname": host, "namespace": a.cfg.Namespace,
+			"excludeNamespace": a.cfg.ExcludeNamespace, "dryRun": a.cfg.DryRun,
 			"pruneContainers": a.cfg.PruneContainers, "imageGCHighThreshold": a.cfg.ImageGCHighThreshold,
 			"imageGCLowThreshold": a.cfg.ImageGCLowThreshold}}
 }
@@ -190,9 +191,13 @@ func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 			hb.DiskUsagePercent = 100 - int(min(disk.AvailableBytes, disk.CapacityBytes)*100/disk.CapacityBytes)
 		}
 	}
-	a.live.View(func(s *projection.State) {
-		hb.Images, hb.Containers, hb.Synced = len(s.Images), len(s.Containers), s.Synced
-		hb.ReclaimableBytes = a.reclaimableBytes(s, now)
+	hb.Synced = a.live.Synced()
+	a.live.ViewAll(func(states []*projection.State) {
+		for _, s := range states {
+			hb.Images += len(s.Images)
+			hb.Containers += len(s.Containers)
+		}
+		hb.ReclaimableBytes = a.reclaimableBytes(states, now)
 	})
 	hb.Outbox, hb.NATSMode = b.pub.Depth(), b.pub.Mode()
 	if a.lastGC != nil {
@@ -202,11 +207,11 @@ func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 }
 
 // reclaimableBytes is what image GC could delete now if the disk were full:
-// the sizes of the images no rule protects. Call it inside live.View.
-func (a *agent) reclaimableBytes(s *projection.State, now time.Time) (n int64) {
+// the sizes of the images no rule protects. Call it inside live.ViewAll.
+func (a *agent) reclaimableBytes(states []*projection.State, now time.Time) (n int64) {
 	p := a.imagePolicy()
 	p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
-	plan := gc.PlanImages(s, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
+	plan := gc.PlanImages(states, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
 	for _, it := range plan.Delete {
 		n += it.Size
 	}

@@ -64,7 +64,7 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.sampledAt, ts)
 	}
 	var reclaimable int64
-	a.live.View(func(s *projection.State) { reclaimable = a.reclaimableBytes(s, time.Now().UTC()) })
+	a.live.ViewAll(func(states []*projection.State) { reclaimable = a.reclaimableBytes(states, time.Now().UTC()) })
 	gauge(c.reclaimable, float64(reclaimable))
 	connected := a.source.Connected()
 	gauge(c.connected, b2f(connected))

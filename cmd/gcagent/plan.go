@@ -30,8 +30,10 @@ import (
 type planDoc struct {
 	At         time.Time `json:"at"`
 	Containerd string    `json:"containerd"`
-	Namespace  string    `json:"namespace"`
-	ImageFS    string    `json:"imageFS"`
+	// Namespace is --namespace as given; Namespaces the ones planned.
+	Namespace  string   `json:"namespace"`
+	Namespaces []string `json:"namespaces"`
+	ImageFS    string   `json:"imageFS"`
 	// History says where first-seen and last-used times come from: "state"
 	// (the agent's persisted projection, then a fresh listing on top) or
 	// "containerd" (creation times; last use unknown).
@@ -114,7 +116,11 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	// not move it), so that this plan's ages are the agent's.
 	clk, _ := clock.Continue(nil, filepath.Join(cfg.StateDir, clock.File))
 	doc := planDoc{At: clk.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS}
-	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithDefaultNamespace(cfg.Namespace), client.WithTimeout(10*time.Second))...)
+	nss, err := cfg.namespaces()
+	if err != nil {
+		return doc, err
+	}
+	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithTimeout(10*time.Second))...)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
 	}
@@ -125,19 +131,36 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	}
 	defer conn.Close()
 	cri := runtimeapi.NewRuntimeServiceClient(conn)
-	src := events.NewSource(events.Options{Client: cl, CRI: cri, Namespace: cfg.Namespace, Log: zerolog.Nop(), Now: clk.Now})
-	listing, err := src.List(ctx)
+	src := events.NewSource(events.Options{Client: cl, CRI: cri, Namespaces: nss, Log: zerolog.Nop(), Now: clk.Now})
+	names, err := src.Managed(ctx)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
 	}
-	state, note := loadHistory(filepath.Join(cfg.StateDir, "state.db"), listing)
+	doc.Namespaces = names
+	persisted, note := loadHistory(filepath.Join(cfg.StateDir, "state.db"))
 	doc.History, doc.HistoryNote = "state", note
-	if state == nil {
+	if persisted == nil {
 		doc.History = "containerd"
-		state = fromListing(listing)
 	}
-	for _, ev := range projection.Reconcile(state, listing) {
-		state.Apply(ev)
+	var states []*projection.State
+	criState := projection.New()
+	for _, ns := range names {
+		listing, err := src.List(ctx, ns)
+		if err != nil {
+			return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
+		}
+		state := persisted[ns].State
+		if state == nil {
+			state = fromListing(listing)
+		}
+		for _, ev := range projection.Reconcile(state, listing) {
+			state.Apply(ev)
+		}
+		state.Namespace = ns
+		states = append(states, state)
+		if ns == events.CRINamespace {
+			criState = state
+		}
 	}
 
 	p := cfg.imagePolicy()
@@ -145,7 +168,7 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
 	}
-	p.SandboxImages = gc.SandboxImageSet(p.SandboxImages, learned, gc.SandboxImagesOf(state))
+	p.SandboxImages = gc.SandboxImageSet(p.SandboxImages, learned, gc.SandboxImagesOf(states...))
 	doc.SandboxImages = p.SandboxImages
 	fs := gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, runtimeapi.NewImageServiceClient(conn))
 	disk, err := fs.Disk()
@@ -156,23 +179,26 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	if err != nil {
 		return doc, err
 	}
-	doc.Images = gc.PlanImages(state, disk, p, doc.At)
+	doc.Images = gc.PlanImages(states, disk, p, doc.At)
 	doc.ContainerPolicy = cfg.containerPolicy()
-	doc.Containers = gc.PlanContainersWith(state, doc.ContainerPolicy, doc.At, podLogDirExists(cfg.PodLogDir))
+	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, podLogDirExists(cfg.PodLogDir))
 	doc.LogsConfig = cfg.logsConfig()
-	if doc.Logs, err = planLogs(cfg, state); err != nil {
+	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
+	// empty and unsynced, and the log plan removes nothing.
+	if doc.Logs, err = planLogs(cfg, criState); err != nil {
 		return doc, err
 	}
 	return doc, nil
 }
 
-// loadHistory restores the agent's persisted projection when the agent is
-// not running; it returns nil when there is none or it is locked. A running
+// loadHistory restores the agent's persisted projections (by namespace)
+// when the agent is not running; it returns nil when there is none or it
+// is locked. A running
 // agent holds the store's lock (bbolt allows no reader beside the writer,
 // and copying a file being written is not safe), so plan then works from
 // containerd's creation times and says so: `gcagent status` and the control
 // verb plan give the running agent's own view.
-func loadHistory(path string, l events.Listing) (*projection.State, string) {
+func loadHistory(path string) (map[string]projection.LoadResult, string) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, "no agent state at " + path + ": first seen is containerd's creation time, last use unknown"
 	}
@@ -181,7 +207,7 @@ func loadHistory(path string, l events.Listing) (*projection.State, string) {
 		return nil, "agent state " + path + " not readable (is the agent running?): " + err.Error() +
 			"; first seen is containerd's creation time, last use unknown"
 	}
-	return res.State, fmt.Sprintf("agent state %s (seq %d) plus a listing at %s", path, res.State.Seq, l.At.Format(time.RFC3339))
+	return res, fmt.Sprintf("agent state %s plus a fresh listing", path)
 }
 
 // fromListing builds a projection from a listing alone, each image and
@@ -208,7 +234,8 @@ func fromListing(l events.Listing) *projection.State {
 
 // printPlan prints the plan for humans, one section per kind.
 func printPlan(w io.Writer, doc planDoc) {
-	fmt.Fprintf(w, "containerd %s, namespace %s, at %s\n", doc.Containerd, doc.Namespace, doc.At.Format(time.RFC3339))
+	fmt.Fprintf(w, "containerd %s, namespaces %s (--namespace %s), at %s\n", doc.Containerd, strings.Join(doc.Namespaces, ","),
+		doc.Namespace, doc.At.Format(time.RFC3339))
 	fmt.Fprintf(w, "history: %s", doc.History)
 	if doc.HistoryNote != "" {
 		fmt.Fprintf(w, " (%s)", doc.HistoryNote)
@@ -251,7 +278,7 @@ func printImagePlan(w io.Writer, doc planDoc) {
 		return "now"
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DECISION\tREASON\tIMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tDETAIL")
+	fmt.Fprintln(tw, "DECISION\tREASON\tNAMESPACE\tIMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tDETAIL")
 	row := func(decision string, it gc.ImageItem) {
 		detail := it.Rule
 		switch {
@@ -264,7 +291,7 @@ func printImagePlan(w io.Writer, doc planDoc) {
 		case it.Name != "":
 			detail = it.Name
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", decision, it.Reason, strings.Join(it.Names, ","),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", decision, it.Reason, it.Namespace, strings.Join(it.Names, ","),
 			projection.ShortDigest(it.Digest), humanBytes(it.Size), ago(it.FirstSeen), ago(it.LastUsed), detail)
 	}
 	for _, it := range p.Delete {

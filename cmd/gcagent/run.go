@@ -41,10 +41,11 @@ func newLogger(cfg Config, w io.Writer) zerolog.Logger {
 // agent is the running daemon's parts. Each component (image GC, container
 // GC, logs, NATS) adds its field and starts from run.
 type agent struct {
-	cfg     Config
-	log     zerolog.Logger
-	reg     *prometheus.Registry
-	live    *projection.Live
+	cfg Config
+	log zerolog.Logger
+	reg *prometheus.Registry
+	// live is the projection of every managed namespace.
+	live    *projection.Spaces
 	source  *events.Source
 	runtime gc.Runtime
 	// version asks containerd for its version: the /readyz probe that it
@@ -96,15 +97,20 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	live, err := projection.NewLive(projection.LiveOptions{
-		Store: store, Log: log.With().Str("component", "projection").Logger(), Registerer: reg, Now: clk.Now,
+	nss, err := cfg.namespaces()
+	if err != nil {
+		return err
+	}
+	live, err := projection.NewSpaces(projection.SpacesOptions{
+		Store: store, Managed: nss.Match, Registerer: reg,
+		Live: projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
 	})
 	if err != nil {
 		return err
 	}
 	// client.New does not dial: containerd may come later, and the Source
-	// retries until it does.
-	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithDefaultNamespace(cfg.Namespace))...)
+	// retries until it does. No default namespace: every call names its own.
+	cl, err := client.New(cfg.ContainerdAddress, events.ClientOpts()...)
 	if err != nil {
 		return fmt.Errorf("containerd client: %w", err)
 	}
@@ -116,10 +122,11 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	defer criConn.Close()
 	cri := runtimeapi.NewRuntimeServiceClient(criConn)
 	src := events.NewSource(events.Options{
-		Client: cl, CRI: cri, Namespace: cfg.Namespace, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
+		Client: cl, CRI: cri, Namespaces: nss, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
 		KnownFacts: func(digest string) (f events.ImageFacts) {
+			// Content is shared by every namespace: any one's facts will do.
 			live.View(func(s *projection.State) {
-				if img := s.Images[digest]; img != nil {
+				if img := s.Images[digest]; img != nil && f.Size == 0 {
 					f = events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
 				}
 			})
@@ -128,7 +135,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
-		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn), Namespace: cfg.Namespace}}
+		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn)}}
 	a.version = cl.Version
 	a.imageFS = gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
 
@@ -164,11 +171,12 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
 
-	log.Info().Str("version", version).Str("containerd", cfg.ContainerdAddress).Str("namespace", cfg.Namespace).
+	log.Info().Str("version", version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
+		Strs("exclude_namespaces", nss.Exclude).
 		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
 	g, gctx := errgroup.WithContext(ctx)
-	evs := make(chan events.Event, 1024)
+	evs := make(chan events.Scoped, 1024)
 	if sd := a.newSystemdNotify(evs); sd != nil { // before live.Run: it subscribes
 		g.Go(func() error { return sd.run(gctx) })
 	}
@@ -270,7 +278,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		var doc statusDoc
-		a.live.View(func(s *projection.State) { doc.Report = projection.NewReport(s, a.clock.Now()) })
+		a.live.ViewAll(func(states []*projection.State) { doc.Report = projection.NewReport(a.clock.Now(), states...) })
 		if a.imageGC != nil {
 			st := a.imageGC.Status()
 			doc.ImageGC = &st

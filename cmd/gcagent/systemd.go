@@ -34,7 +34,7 @@ type systemdNotify struct {
 // newSystemdNotify returns nil when the agent was not started by systemd
 // with Type=notify (no NOTIFY_SOCKET). Call it before the projection runs
 // (it subscribes to it).
-func (a *agent) newSystemdNotify(evs chan events.Event) *systemdNotify {
+func (a *agent) newSystemdNotify(evs chan events.Scoped) *systemdNotify {
 	if os.Getenv("NOTIFY_SOCKET") == "" {
 		return nil
 	}

@@ -226,7 +226,7 @@ func TestCtlCommand(t *testing.T) {
 	}
 	defer nc.Close()
 	var logs syncBuffer
-	live, err := projection.NewLive(projection.LiveOptions{})
+	live, err := projection.NewSpaces(projection.SpacesOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,108 @@
+package events
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/identifiers"
+)
+
+// CRINamespace is the namespace containerd's CRI plugin keeps pods, their
+// containers and their images in (k3s and RKE2 too). Only there do CRI
+// labels mean a CRI container, and only there are images removed through
+// CRI.
+const CRINamespace = "k8s.io"
+
+// DefaultExcluded are the namespaces never managed unless listed by name:
+// Docker's (moby) and its plugins' keep their own state about their
+// containers and images, so nothing outside Docker may delete them.
+var DefaultExcluded = []string{"moby", "plugins.moby"}
+
+// Namespaces says which containerd namespaces the agent manages: a list, or
+// every namespace (including ones created later) but the excluded ones.
+type Namespaces struct {
+	All     bool     // every namespace not excluded
+	Names   []string // when not All, sorted
+	Exclude []string // sorted
+}
+
+// ParseNamespaces reads --namespace (comma-separated names, or *) and
+// --exclude-namespace (comma-separated names). Every name must be a valid
+// containerd namespace; a name both listed and excluded is an error.
+func ParseNamespaces(list, exclude string) (Namespaces, error) {
+	var n Namespaces
+	split := func(flag, v string) ([]string, error) {
+		var out []string
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			if f == "" {
+				continue
+			}
+			if err := identifiers.Validate(f); err != nil {
+				return nil, fmt.Errorf("--%s %q: %v", flag, f, err)
+			}
+			out = append(out, f)
+		}
+		slices.Sort(out)
+		return slices.Compact(out), nil
+	}
+	var err error
+	if n.Exclude, err = split("exclude-namespace", exclude); err != nil {
+		return n, err
+	}
+	if strings.TrimSpace(list) == "*" {
+		n.All = true
+		return n, nil
+	}
+	if n.Names, err = split("namespace", list); err != nil {
+		return n, err
+	}
+	if len(n.Names) == 0 {
+		return n, fmt.Errorf("--namespace %q: name at least one namespace, or *", list)
+	}
+	for _, name := range n.Names {
+		if slices.Contains(n.Exclude, name) {
+			return n, fmt.Errorf("--namespace %s is also in --exclude-namespace", name)
+		}
+	}
+	return n, nil
+}
+
+// Match reports whether ns is managed.
+func (n Namespaces) Match(ns string) bool {
+	if slices.Contains(n.Exclude, ns) {
+		return false
+	}
+	return n.All || slices.Contains(n.Names, ns)
+}
+
+// String is the flag's spelling: "*" or the names joined by commas.
+func (n Namespaces) String() string {
+	if n.All {
+		return "*"
+	}
+	return strings.Join(n.Names, ",")
+}
+
+// Scoped is an event of one namespace, as the Source emits it: containerd's
+// envelopes carry their namespace, and each namespace has its own
+// projection.
+type Scoped struct {
+	Namespace string
+	Event     Event
+}
+
+// Round ends a listing of every managed namespace: those not in Namespaces
+// do not exist (any more). It is not journaled.
+type Round struct {
+	At         time.Time
+	Namespaces []string // sorted
+}
+
+// KindRound is a Round's kind; it never reaches a journal.
+const KindRound Kind = "round"
+
+func (e Round) Time() time.Time { return e.At }
+func (Round) Kind() Kind        { return KindRound }

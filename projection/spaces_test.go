@@ -1,0 +1,98 @@
+package projection
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func img(at time.Time, name, digest string) events.ImageUpserted {
+	return events.ImageUpserted{At: at, Name: name, Digest: digest, Size: 1}
+}
+
+// TestSpaces: events go to their namespace's projection only; a Round
+// makes them synced and drops a namespace it does not list; every
+// namespace is restored from the one file, CRI's from the buckets older
+// agents wrote.
+func TestSpaces(t *testing.T) {
+	t0 := time.Unix(1000, 0).UTC()
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	sp, err := NewSpaces(SpacesOptions{Store: st, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp.Apply(
+		events.Scoped{Namespace: "k8s.io", Event: events.Listing{At: t0, Images: []events.ImageUpserted{img(t0, "a:1", "sha256:a")}}},
+		events.Scoped{Namespace: "default", Event: events.Listing{At: t0, Images: []events.ImageUpserted{img(t0, "a:1", "sha256:b")}}},
+		events.Scoped{Namespace: "gone", Event: events.Listing{At: t0}},
+	)
+	if sp.Synced() {
+		t.Fatal("synced before a Round")
+	}
+	sp.Apply(events.Scoped{Event: events.Round{At: t0, Namespaces: []string{"default", "k8s.io"}}},
+		events.Scoped{Namespace: "default", Event: img(t0.Add(time.Second), "b:1", "sha256:c")})
+	if !sp.Synced() {
+		t.Fatal("not synced after a Round")
+	}
+	if got := sp.Names(); len(got) != 2 || got[0] != "default" || got[1] != "k8s.io" {
+		t.Fatalf("namespaces %v, want [default k8s.io] (gone dropped by the Round)", got)
+	}
+	var seen []string
+	sp.ViewAll(func(states []*State) {
+		for _, s := range states {
+			for d := range s.Images {
+				seen = append(seen, s.Namespace+"/"+d)
+			}
+		}
+	})
+	if len(seen) != 3 {
+		t.Fatalf("images %v, want sha256:b and sha256:c in default, sha256:a in k8s.io", seen)
+	}
+	sp.In("k8s.io").View(func(s *State) {
+		if s.Images["sha256:a"] == nil || s.Images["sha256:b"] != nil {
+			t.Errorf("k8s.io holds %v: another namespace's image leaked in", s.Images)
+		}
+	})
+	if n := testutil.ToFloat64(sp.m.applied.WithLabelValues("default", string(events.KindImageUpserted))); n != 2 {
+		t.Errorf("applied{namespace=default,kind=image.upserted} = %v, want 2", n)
+	}
+	for _, l := range sp.all() {
+		l.snapshot()
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err = OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	names, err := st.Spaces()
+	if err != nil || len(names) != 2 {
+		t.Fatalf("persisted namespaces %v, %v: want default and k8s.io", names, err)
+	}
+	legacy, err := st.Load() // the file's first buckets: what agents before namespaces read
+	if err != nil || legacy.State.Images["sha256:a"] == nil {
+		t.Fatalf("k8s.io not in the first buckets: %v", err)
+	}
+	sp2, err := NewSpaces(SpacesOptions{Store: st, Managed: func(ns string) bool { return ns != "default" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sp2.Names(); len(got) != 1 || got[0] != "k8s.io" {
+		t.Fatalf("restored %v, want only the managed k8s.io", got)
+	}
+	if sp2.Synced() {
+		t.Error("a restored projection is synced before a listing")
+	}
+}
