@@ -113,6 +113,7 @@ type Containerd struct {
 	Client       *client.Client
 
 	t       testing.TB
+	ns      string // the helpers' namespace; empty: Namespace
 	bin     string
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -172,9 +173,23 @@ func StartContainerd(t testing.TB, opts Options) *Containerd {
 	return c
 }
 
-// Ctx returns a context in the test namespace that ends with the test.
+// Ctx returns a context in the daemon view's namespace (Namespace unless
+// InNamespace chose another).
 func (c *Containerd) Ctx() context.Context {
+	if c.ns != "" {
+		return namespaces.WithNamespace(context.Background(), c.ns)
+	}
 	return namespaces.WithNamespace(context.Background(), Namespace)
+}
+
+// InNamespace returns a view of the same daemon whose helpers (Import,
+// RunNative, ...) work in containerd namespace ns, as a client such as
+// nerdctl (default) or BuildKit (buildkit) would. Stop, Restart and the
+// like act on the one daemon.
+func (c *Containerd) InNamespace(ns string) *Containerd {
+	cp := *c
+	cp.ns = ns
+	return &cp
 }
 
 func (c *Containerd) config() string {
