@@ -241,9 +241,14 @@ func (l *Live) snapshot() {
 	l.tried = l.opts.Now()
 	l.mu.Lock()
 	l.state.ForgetPodsGoneBefore(l.opts.Now().Add(-l.opts.PodHistory))
-	s := l.state.Clone()
 	l.mu.Unlock()
-	if err := st.Snapshot(s); err != nil {
+	// Encoded in place, without a copy of the whole state: this goroutine
+	// is the only writer, and readers share the read lock meanwhile.
+	l.mu.RLock()
+	err := st.Snapshot(l.state)
+	s := struct{ Seq uint64 }{l.state.Seq}
+	l.mu.RUnlock()
+	if err != nil {
 		l.failed(err)
 		l.opts.Log.Error().Err(err).Str("namespace", l.opts.Namespace).Msg("snapshot failed")
 		return

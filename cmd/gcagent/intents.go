@@ -141,7 +141,15 @@ func (p logsPublisher) AbandonRemoval(_ context.Context, r logs.Removal) error {
 // unique by the outbox, so it needs no time.
 func logAction(r logs.Removal) gc.Action {
 	path := filepath.Join(r.Dir, r.Name)
-	return gc.Action{Kind: "log", Action: "removed", Subject: path, Key: string(r.Kind) + ":" + path, Data: r}
+	return gc.Action{Kind: "log", Action: "removed", Subject: path, Key: string(r.Kind) + ":" + path,
+		Data: logRemoval{Removal: r, Namespace: events.CRINamespace}}
+}
+
+// logRemoval is the data of log.removed: kubelet logs are of pods in CRI's
+// namespace.
+type logRemoval struct {
+	logs.Removal
+	Namespace string `json:"namespace"`
 }
 
 // objectChecker tells whether the object of a pending intent is gone.

@@ -97,29 +97,29 @@ func printReport(w io.Writer, rep projection.Report) {
 		}
 		return d.String() + " ago"
 	}
-	fmt.Fprintf(w, "synced: %v  events applied: %d  images: %d  containers: %d  pods: %d\n\n",
-		rep.Synced, rep.Seq, len(rep.Images), len(rep.Containers), len(rep.Pods))
+	fmt.Fprintf(w, "namespaces: %s  synced: %v  events applied: %d  images: %d  containers: %d  pods: %d\n\n",
+		strings.Join(rep.Namespaces, ","), rep.Synced, rep.Seq, len(rep.Images), len(rep.Containers), len(rep.Pods))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tUSERS\tPINNED")
+	fmt.Fprintln(tw, "NAMESPACE\tIMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tUSERS\tPINNED")
 	for _, img := range rep.Images {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%v\n", displayNames(img.Names), projection.ShortDigest(img.Digest),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\n", img.Namespace, displayNames(img.Names), projection.ShortDigest(img.Digest),
 			humanBytes(img.Size), ago(img.FirstSeen), ago(img.LastUsed), len(img.Users), img.Pinned)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONTAINER\tKIND\tSTATE\tEXITED\tIMAGE\tEVICT UNIT")
+	fmt.Fprintln(tw, "NAMESPACE\tCONTAINER\tKIND\tSTATE\tEXITED\tIMAGE\tEVICT UNIT")
 	for _, c := range rep.Containers {
 		exited := "-"
 		if c.ExitedAt != nil {
 			exited = fmt.Sprintf("%s (status %d)", ago(*c.ExitedAt), c.ExitStatus)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", short(c.ID), c.Kind, c.State, exited, c.Image, c.EvictUnit)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Namespace, short(c.ID), c.Kind, c.State, exited, c.Image, c.EvictUnit)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD UID\tNAMESPACE/NAME\tALIVE\tSANDBOXES")
+	fmt.Fprintln(tw, "POD UID\tPOD NAMESPACE/NAME\tALIVE\tSANDBOXES")
 	for _, p := range rep.Pods {
 		fmt.Fprintf(tw, "%s\t%s/%s\t%v\t%d\n", p.UID, p.Namespace, p.Name, p.Alive, len(p.Sandboxes))
 	}

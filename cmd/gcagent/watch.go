@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -330,6 +331,7 @@ func (f *fleet) apply(ev natsbus.CloudEvent) {
 		ContainerName string   `json:"containerName"`
 		PodName       string   `json:"podName"`
 		PodNamespace  string   `json:"podNamespace"`
+		Namespace     string   `json:"namespace"` // containerd's
 	}
 	_ = json.Unmarshal(ev.Data, &d) // a payload of another shape leaves d empty
 	switch {
@@ -376,6 +378,9 @@ func (f *fleet) apply(ev natsbus.CloudEvent) {
 		subject = imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject))
 	case "container":
 		subject = containerLabel(ev.Subject, d.PodNamespace, d.PodName, d.ContainerName)
+	}
+	if (kind == "image" || kind == "container") && d.Namespace != "" && d.Namespace != events.CRINamespace {
+		subject = d.Namespace + ": " + subject // k8s.io is the usual one: said only for the others
 	}
 	f.tail = append(f.tail, tailLine{At: ev.Time, Node: n.Node, Type: kind + "." + action, Subject: subject, Detail: strings.TrimSpace(detail)})
 	// Replayed and live events may interleave across nodes: keep time order.

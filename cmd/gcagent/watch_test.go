@@ -298,6 +298,9 @@ func TestWatchTailNamesObjects(t *testing.T) {
 		ce(t, "n1", "container", "removed", "3f2a9c0d1e2b3c4d5e6f", t0.Add(2*time.Second), map[string]any{
 			"podNamespace": "default", "podName": "web-7d9", "containerName": "app"}),
 		ce(t, "n1", "container", "removed", "nightly-job", t0.Add(3*time.Second), map[string]any{}),
+		ce(t, "n1", "container", "removed", "build-1", t0.Add(4*time.Second), map[string]any{"namespace": "buildkit"}),
+		ce(t, "n1", "image", "removed", digest, t0.Add(5*time.Second), map[string]any{"digest": digest, "namespace": "default",
+			"names": []string{"example.test/web:1"}}),
 	} {
 		f.apply(ev)
 	}
@@ -306,6 +309,8 @@ func TestWatchTailNamesObjects(t *testing.T) {
 		"sha256:37d11ee8042e",
 		"default/web-7d9 app (3f2a9c0d1e2b)",
 		"nightly-job",
+		"buildkit: build-1", // a namespace other than k8s.io is said
+		"default: example.test/web:1 (sha256:37d11ee8042e)",
 	}
 	if len(f.tail) != len(want) {
 		t.Fatalf("tail %+v", f.tail)
