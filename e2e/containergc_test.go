@@ -211,7 +211,7 @@ func TestContainerGCNativeTTL(t *testing.T) {
 		assertStays(t, c, "keep-running", "keep-created")
 		m := mustMetrics(t, a)
 		for _, want := range []string{
-			`gcagent_containers_removed_total{kind="native",reason="ttl-expired"} 3`,
+			`gcagent_containers_removed_total{kind="native",namespace="k8s.io",reason="ttl-expired"} 3`,
 			`gcagent_container_removal_latency_seconds_count{kind="native"} 3`,
 		} {
 			if !containsLine(m, want) {
@@ -412,8 +412,8 @@ func TestContainerGCCRIPods(t *testing.T) {
 		}
 		m := mustMetrics(t, a)
 		for _, want := range []string{
-			`gcagent_containers_removed_total{kind="container",reason="per-unit-cap"} 3`,
-			`gcagent_containers_removed_total{kind="sandbox",reason="sandbox-orphaned"} 1`,
+			`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 3`,
+			`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="sandbox-orphaned"} 1`,
 		} {
 			if !containsLine(m, want) {
 				t.Errorf("metrics lack %q", want)

@@ -258,11 +258,12 @@ func TestLogsHostileTrees(t *testing.T) {
 	})
 }
 
-// TestLogsPodDirNeedsCRIToAgree: an agent that cannot see a pod in its
-// projection (here: it follows another namespace) still keeps that pod's
-// log dir, because CRI lists a sandbox of the uid; a real orphan next to it
-// goes after the grace.
-func TestLogsPodDirNeedsCRIToAgree(t *testing.T) {
+// TestLogsOffWithoutCRINamespace: an agent that does not manage CRI's
+// namespace (here: it follows another one) cannot tell the kubelet's live
+// logs from dead ones, so it removes nothing from the log dirs, not even
+// an orphan past its grace, and says why. (That CRI must agree before a pod
+// dir the projection does not see goes is TestPodStateConfirmsWithCRI.)
+func TestLogsOffWithoutCRINamespace(t *testing.T) {
 	c := testenv.StartContainerd(t, testenv.Options{Version: testenv.Versions()[0]})
 	c.Import(t, testenv.Pause(c.SandboxImage))
 	rt, _ := c.CRI(t)
@@ -271,16 +272,20 @@ func TestLogsPodDirNeedsCRIToAgree(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(orphan, "app"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--namespace=elsewhere", "--pod-log-grace=1s",
+	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--namespace=elsewhere", "--pod-log-grace=1s",
 		"--prune-containers=off", "--image-gc-high-threshold=100")
-	testenv.Eventually(t, 20*time.Second, func() string {
-		if _, err := os.Stat(orphan); err == nil {
-			return "orphan pod dir still there"
+	waitSynced(t, a)
+	testenv.Eventually(t, 10*time.Second, func() string {
+		if b, _ := os.ReadFile(a.LogFile); !strings.Contains(string(b), "log cleanup off") {
+			return "the agent does not say that log cleanup is off"
 		}
 		return ""
 	})
-	if _, err := os.Stat(pod.LogDir); err != nil {
-		t.Fatalf("live pod's log dir removed although CRI lists its sandbox: %v", err)
+	time.Sleep(3 * time.Second) // three graces: a cleaner that ran would have removed the orphan
+	for _, dir := range []string{orphan, pod.LogDir} {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("%s removed by an agent that does not manage %s: %v", dir, testenv.Namespace, err)
+		}
 	}
 }
 

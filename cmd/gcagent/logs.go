@@ -142,11 +142,19 @@ func (c Config) logsConfig() logs.Config {
 }
 
 // setupLogs builds the log cleaner and subscribes it to the projection;
-// call it before the projection runs (Subscribe's contract).
+// call it before the projection runs (Subscribe's contract). The kubelet's
+// logs are of CRI's containers: when CRI's namespace is not managed the
+// agent cannot tell a live container's log from a dead one's, and the
+// cleaner stays off.
 func (a *agent) setupLogs() error {
 	m, err := logs.NewMetrics(a.reg)
 	if err != nil {
 		return err
+	}
+	if nss, _ := a.cfg.namespaces(); !nss.Match(events.CRINamespace) {
+		a.log.Info().Str("component", "logs").Str("namespaces", nss.String()).
+			Msg("log cleanup off: the kubelet's logs belong to namespace " + events.CRINamespace + ", which is not managed")
+		return nil
 	}
 	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live, a.runtime.CRI), logs.Options{
 		Publisher: logsPublisher{a.pub}, Metrics: m, Logger: a.log, Now: a.clock.Now,
@@ -161,6 +169,10 @@ func (a *agent) setupLogs() error {
 // runLogs runs the cleaner and asks it for a pass on every projection
 // change (a container exited or went, a pod went), until ctx ends.
 func (a *agent) runLogs(ctx context.Context) error {
+	if a.logs == nil {
+		<-ctx.Done()
+		return nil
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.logs.Run(ctx) })
 	g.Go(func() error {

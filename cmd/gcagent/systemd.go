@@ -46,7 +46,7 @@ func (a *agent) newSystemdNotify(evs chan events.Scoped) *systemdNotify {
 	}
 	health := &loopHealth{
 		queued:  func() (int, int) { return len(evs), cap(evs) },
-		view:    a.live.View,
+		view:    a.live.ViewAll,
 		timeout: max(wd/4, 10*time.Millisecond),
 	}
 	return &systemdNotify{
@@ -122,7 +122,9 @@ func (s *systemdNotify) run(ctx context.Context) error {
 // a probe still blocked counts as unhealthy.
 type loopHealth struct {
 	queued  func() (n, capacity int)
-	view    func(fn func(*projection.State))
+	// view reads every namespace's projection at once; it answers (with
+	// none) before any namespace is listed.
+	view    func(fn func([]*projection.State))
 	timeout time.Duration
 
 	inflight chan uint64 // the pending probe's answer, nil when none
@@ -135,7 +137,13 @@ type loopHealth struct {
 func (h *loopHealth) check() error {
 	if h.inflight == nil {
 		ch := make(chan uint64, 1)
-		go h.view(func(s *projection.State) { ch <- s.Seq })
+		go h.view(func(states []*projection.State) {
+			var seq uint64
+			for _, s := range states {
+				seq += s.Seq
+			}
+			ch <- seq
+		})
 		h.inflight = ch
 	}
 	var seq uint64

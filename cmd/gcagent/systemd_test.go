@@ -117,11 +117,11 @@ func TestLoopHealth(t *testing.T) {
 	blocking := false
 	h := &loopHealth{
 		queued: func() (int, int) { return queued, 4 },
-		view: func(fn func(*projection.State)) {
+		view: func(fn func([]*projection.State)) {
 			if blocking {
 				<-block
 			}
-			fn(&projection.State{Seq: seq})
+			fn([]*projection.State{{Seq: seq}})
 		},
 		timeout: 20 * time.Millisecond,
 	}
