@@ -121,7 +121,7 @@ func (s *systemdNotify) run(ctx context.Context) error {
 // twice in a row with nothing applied in between. One probe runs at a time;
 // a probe still blocked counts as unhealthy.
 type loopHealth struct {
-	queued  func() (n, capacity int)
+	queued func() (n, capacity int)
 	// view reads every namespace's projection at once; it answers (with
 	// none) before any namespace is listed.
 	view    func(fn func([]*projection.State))
