@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,19 +37,26 @@ func footprintSizes(b *testing.B) []int {
 }
 
 // BenchmarkFootprint measures the agent binary at the size of a busy node
-// (issue #11): a private containerd (the newest of testenv.Versions())
-// seeded with n images and n containers, half of them labelled like CRI
-// containers, and the agent at its defaults (log level info). It reports
+// (issue #11): a private containerd (the newest of testenv.Versions()) whose
+// stores are seeded with n images and n containers, half of them labelled
+// like CRI containers, and the agent at its defaults (log level info). It
+// reports
 //   - ready-first-ms: process start to the first /readyz 200, empty state;
+//   - settle-ms: how long after that first ready the agent stays busy (the
+//     first snapshot, GC passes) until it uses under 5% of a core;
 //   - ready-restart-ms: after SIGTERM, start on the same state dir to 200;
-//   - rss-MiB, peak-MiB: VmRSS at the first ready, VmHWM at the end of the
-//     first run (after the churn); restart-rss-MiB likewise after restart;
-//   - cpu-ms/event: the agent's utime+stime while footprintChurn containers
-//     are created and deleted through the container service, until all
-//     their events are applied, per containerd event (idle included; the
-//     idle rate is logged).
+//   - rss-MiB: VmRSS at the first ready; peak-MiB: VmHWM at the end of the
+//     first run (after settling and the churns); restart-rss-MiB: VmRSS at
+//     the ready after the restart;
+//   - cpu-ms/event: the agent's utime+stime while footprintChurn
+//     containers are created and deleted through the container service, 8
+//     at a time, until all their deletes are applied, per containerd event
+//     (idle included: it is logged, a few ms/s); serial-cpu-ms/event: the
+//     same for a quarter as many, one at a time (a batch per event).
 //
-// One run is the workload: run with -benchtime=1x.
+// FOOTPRINT_SIZES overrides n (default 1000,10000); FOOTPRINT_PERF=dir
+// records perf profiles of the first start, the settling and the churns
+// (the agent serves no pprof). One run is the workload: -benchtime=1x.
 func BenchmarkFootprint(b *testing.B) {
 	vs := testenv.Versions()
 	v := vs[len(vs)-1]
@@ -122,50 +130,49 @@ func mustMetricsText(b *testing.B, a *testenv.Agent) string {
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
-func benchFootprint(b *testing.B, v testenv.Version, n int) {
-	c := testenv.StartContainerd(b, testenv.Options{Version: v})
-	seed := testenv.Seed{Images: n, Containers: n}
-	began := time.Now()
-	c.SeedRecords(b, seed)
-	seeding := time.Since(began)
-	state := filepath.Join(b.TempDir(), "state")
-	flags := []string{"--log-level=info"}
-	testenv.AgentBinary(b) // built before the clock starts
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-	// 1. First start, empty state dir.
-	b.ResetTimer()
-	start := time.Now()
-	a := testenv.StartAgent(b, c, state, flags...)
-	readyFirst := waitReady(b, a, start)
-	memFirst := mustMemory(b, a)
+// waitQuiet waits until the agent uses less than 5% of a core over a
+// second (up to 2 minutes) and returns how long that took and the CPU it
+// used meanwhile.
+func waitQuiet(b *testing.B, a *testenv.Agent) (time.Duration, time.Duration) {
+	b.Helper()
+	start, cpu0 := time.Now(), mustCPU(b, a)
+	prev := cpu0
+	for time.Since(start) < 2*time.Minute {
+		time.Sleep(time.Second)
+		cpu := mustCPU(b, a)
+		if cpu-prev < 50*time.Millisecond {
+			return time.Since(start), cpu - cpu0
+		}
+		prev = cpu
+	}
+	b.Fatalf("agent still busy 2 minutes after ready:\n%s", a.LogTail(30))
+	return 0, 0
+}
+
+// churnResult is what the agent spent following one churn.
+type churnResult struct {
+	events            int
+	received, dropped float64
+	took, cpu         time.Duration
+	cpuPerEventMs     float64
+}
+
+// churn creates and deletes count containers (seed's records n+first ...,
+// half CRI-labelled) through the container service on workers goroutines,
+// waits until the agent has applied every delete, and returns the agent's
+// CPU time over it.
+func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.Seed, n, first, count, workers int) churnResult {
+	b.Helper()
+	const deletedSeries = `gcagent_projection_events_applied_total{kind="container.deleted"}`
 	text := mustMetricsText(b, a)
-	if got := footprintMetric(text, "gcagent_projection_images"); int(got) != n {
-		b.Fatalf("ready with %v images in the projection, want %d", got, n)
-	}
-	if got := metricSum(text, "gcagent_projection_containers"); int(got) != n {
-		b.Fatalf("ready with %v containers in the projection, want %d", got, n)
-	}
-	heapInuse := footprintMetric(text, "go_memstats_heap_inuse_bytes")
-	heapAlloc := footprintMetric(text, "go_memstats_heap_alloc_bytes")
-	goSys := footprintMetric(text, "go_memstats_sys_bytes")
-
-	// 2. Idle rate, then churn: create and delete footprintChurn containers
-	// (half CRI-labelled) through the container service.
-	idle0 := mustCPU(b, a)
-	idleStart := time.Now()
-	time.Sleep(2 * time.Second)
-	idleRate := float64((mustCPU(b, a) - idle0).Milliseconds()) / time.Since(idleStart).Seconds()
-
-	deletedSeries := `gcagent_projection_events_applied_total{kind="container.deleted"}`
-	text = mustMetricsText(b, a)
 	deleted0 := footprintMetric(text, deletedSeries)
 	received0 := metricSum(text, "gcagent_events_received_total")
 	dropped0 := metricSum(text, "gcagent_events_dropped_total")
-	cpu0 := mustCPU(b, a)
-	churnStart := time.Now()
-	ctx := c.Ctx()
-	if err := testenv.Parallel(ctx, footprintChurn, 8, func(ctx context.Context, i int) error {
-		rec, err := seed.SeedContainer(n + i)
+	cpu0, start := mustCPU(b, a), time.Now()
+	if err := testenv.Parallel(c.Ctx(), count, workers, func(ctx context.Context, i int) error {
+		rec, err := seed.SeedContainer(n + first + i)
 		if err != nil {
 			return err
 		}
@@ -176,30 +183,98 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	}); err != nil {
 		b.Fatalf("churn: %v", err)
 	}
-	var received, dropped float64
+	r := churnResult{events: 2 * count}
 	testenv.Eventually(b, 3*time.Minute, func() string {
 		text, err := metricsText(a)
 		if err != nil {
 			return err.Error()
 		}
-		received = metricSum(text, "gcagent_events_received_total") - received0
-		dropped = metricSum(text, "gcagent_events_dropped_total") - dropped0
+		r.received = metricSum(text, "gcagent_events_received_total") - received0
+		r.dropped = metricSum(text, "gcagent_events_dropped_total") - dropped0
 		deleted := footprintMetric(text, deletedSeries) - deleted0
-		if deleted >= footprintChurn {
+		if deleted >= float64(count) {
 			return ""
 		}
 		// Dropped envelopes are repaired by a listing, which applies no
 		// delete for a container it never saw: then the count settles.
-		if dropped > 0 && received >= 2*footprintChurn && int(metricSum(text, "gcagent_projection_containers")) == n {
+		if r.dropped > 0 && r.received >= float64(r.events) && int(metricSum(text, "gcagent_projection_containers")) == n {
 			return ""
 		}
-		return fmt.Sprintf("%v of %d container deletes applied (%v envelopes received, %v dropped)", deleted, footprintChurn, received, dropped)
+		return fmt.Sprintf("%v of %d container deletes applied (%v envelopes received, %v dropped)", deleted, count, r.received, r.dropped)
 	})
-	churnTime := time.Since(churnStart)
-	cpuChurn := mustCPU(b, a) - cpu0
-	churnEvents := 2 * footprintChurn
-	cpuPerEvent := float64(cpuChurn.Microseconds()) / 1000 / float64(churnEvents)
+	r.took, r.cpu = time.Since(start), mustCPU(b, a)-cpu0
+	r.cpuPerEventMs = ms(r.cpu) / float64(r.events)
+	return r
+}
+
+// startPerf records a CPU profile of the agent with perf into dir/name.data
+// when FOOTPRINT_PERF names a dir (the agent serves no pprof); stop ends it.
+func startPerf(b *testing.B, a *testenv.Agent, name string) (stop func()) {
+	dir := os.Getenv("FOOTPRINT_PERF")
+	if dir == "" {
+		return func() {}
+	}
+	cmd := exec.Command("perf", "record", "-q", "-F", "499", "-g", "-p", fmt.Sprint(a.Pid()), "-o", filepath.Join(dir, name+".data"))
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("FOOTPRINT_PERF: %v", err)
+	}
+	return func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	}
+}
+
+func benchFootprint(b *testing.B, v testenv.Version, n int) {
+	// containerd's root on a tmpfs: its metadata commits do not wait for a
+	// disk, so seeding 10,000 records takes seconds. The agent's state dir
+	// stays on disk.
+	c := testenv.StartContainerd(b, testenv.Options{Version: v, RootSize: "2g"})
+	seed := testenv.Seed{Images: n, Containers: n}
+	began := time.Now()
+	c.SeedRecords(b, seed)
+	seeding := time.Since(began)
+	state := filepath.Join(b.TempDir(), "state")
+	flags := []string{"--log-level=info"}
+	testenv.AgentBinary(b) // built before the clock starts
+	b.ResetTimer()
+
+	// 1. First start, empty state dir.
+	start := time.Now()
+	a := testenv.StartAgent(b, c, state, flags...)
+	stopPerf := startPerf(b, a, fmt.Sprintf("first-n%d", n))
+	readyFirst := waitReady(b, a, start)
+	memFirst := mustMemory(b, a)
+	cpuFirst := mustCPU(b, a)
+	stopPerf()
+	text := mustMetricsText(b, a)
+	if got := footprintMetric(text, "gcagent_projection_images"); int(got) != n {
+		b.Fatalf("ready with %v images in the projection, want %d", got, n)
+	}
+	if got := metricSum(text, "gcagent_projection_containers"); int(got) != n {
+		b.Fatalf("ready with %v containers in the projection, want %d", got, n)
+	}
+	listing := footprintMetric(text, "gcagent_events_listing_seconds_sum")
+	heapInuse := footprintMetric(text, "go_memstats_heap_inuse_bytes")
+	goSys := footprintMetric(text, "go_memstats_sys_bytes")
+
+	// The work a start leaves after ready (the first snapshot of the whole
+	// projection, GC passes over it) ends before the churn is measured.
+	stopPerf = startPerf(b, a, fmt.Sprintf("settle-n%d", n))
+	settle, settleCPU := waitQuiet(b, a)
+	stopPerf()
+	idle0, idleStart := mustCPU(b, a), time.Now()
+	time.Sleep(2 * time.Second)
+	idleRate := ms(mustCPU(b, a)-idle0) / time.Since(idleStart).Seconds()
+
+	// 2. Churn: a burst on 8 goroutines (events arrive faster than one at a
+	// time, and are applied and journaled in batches), then one at a time.
+	stopPerf = startPerf(b, a, fmt.Sprintf("churn-n%d", n))
+	burst := churn(b, c, a, seed, n, 0, footprintChurn, 8)
+	serial := churn(b, c, a, seed, n, footprintChurn, footprintChurn/4, 1)
+	stopPerf()
 	memEnd := mustMemory(b, a)
+	text = mustMetricsText(b, a)
+	heapEnd := footprintMetric(text, "go_memstats_heap_inuse_bytes")
 
 	// 3. Restart on the same state dir.
 	a.Stop()
@@ -207,6 +282,7 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	a = testenv.StartAgent(b, c, state, flags...)
 	readyRestart := waitReady(b, a, start)
 	memRestart := mustMemory(b, a)
+	cpuRestart := mustCPU(b, a)
 	b.StopTimer()
 	text = mustMetricsText(b, a)
 	if got := metricSum(text, "gcagent_projection_containers"); int(got) != n {
@@ -214,16 +290,25 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	}
 	a.Stop()
 
-	b.ReportMetric(float64(readyFirst.Microseconds())/1000, "ready-first-ms")
-	b.ReportMetric(float64(readyRestart.Microseconds())/1000, "ready-restart-ms")
+	b.ReportMetric(ms(readyFirst), "ready-first-ms")
+	b.ReportMetric(ms(readyRestart), "ready-restart-ms")
 	b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
 	b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
 	b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
-	b.ReportMetric(mib(memRestart.Peak), "restart-peak-MiB")
-	b.ReportMetric(cpuPerEvent, "cpu-ms/event")
-	b.Logf("containerd %s n=%d (seeded in %s) | ready first %s restart %s | rss %.1f MiB peak %.1f MiB, after restart rss %.1f peak %.1f | at first ready: go heap in use %.1f MiB, heap alloc %.1f MiB, go sys %.1f MiB | churn %d events (%v received, %v dropped) in %s: agent cpu %s = %.3f ms/event, idle %.1f ms/s",
-		v, n, seeding.Round(time.Millisecond), readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond),
-		mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Peak),
-		heapInuse/(1<<20), heapAlloc/(1<<20), goSys/(1<<20),
-		churnEvents, received, dropped, churnTime.Round(time.Millisecond), cpuChurn, cpuPerEvent, idleRate)
+	b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
+	b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
+	b.ReportMetric(ms(settle), "settle-ms")
+	b.Logf("containerd %s n=%d, seeded in %s", v, n, seeding.Round(time.Millisecond))
+	b.Logf("ready: first %s (agent cpu %s, listing %.2fs), restart %s (agent cpu %s); after the first ready the agent was busy %s more (cpu %s), then idle at %.1f ms/s",
+		readyFirst.Round(time.Millisecond), cpuFirst, listing, readyRestart.Round(time.Millisecond), cpuRestart,
+		settle.Round(time.Millisecond), settleCPU, idleRate)
+	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, at its end heap in use %.1f; restart rss %.1f peak %.1f MiB",
+		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Peak))
+	for _, r := range []struct {
+		name string
+		churnResult
+	}{{"burst (8 at a time)", burst}, {"serial", serial}} {
+		b.Logf("churn %s: %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event",
+			r.name, r.events, r.received, r.dropped, r.took.Round(time.Millisecond), r.cpu, r.cpuPerEventMs)
+	}
 }
