@@ -11,6 +11,14 @@ import (
 // Pid returns the agent's process id.
 func (a *Agent) Pid() int { return a.cmd.Process.Pid }
 
+// Pid returns the daemon's process id (0 while it is stopped).
+func (c *Containerd) Pid() int {
+	if c.cmd == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
 // ProcMemory is a process's resident memory from /proc/<pid>/status.
 type ProcMemory struct {
 	RSS  int64 // VmRSS, bytes
