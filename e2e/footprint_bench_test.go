@@ -39,7 +39,9 @@ func footprintSizes(b *testing.B) []int {
 // BenchmarkFootprint measures the agent binary at the size of a busy node
 // (issue #11): a private containerd (the newest of testenv.Versions()) whose
 // stores are seeded with n images and n containers, half of them labelled
-// like CRI containers, and the agent at its defaults (log level info). It
+// like CRI containers, every image named and id-referenced as CRI pulls
+// it, and the agent at its defaults (log level info). containerd's root is
+// a tmpfs (seeding takes seconds), the agent's state dir is on disk. It
 // reports
 //   - ready-first-ms: process start to the first /readyz 200, empty state;
 //   - settle-ms: how long after that first ready the agent stays busy (the
@@ -325,7 +327,10 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
 	b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
 	b.ReportMetric(ms(settle), "settle-ms")
-	b.Logf("containerd %s n=%d, seeded in %s, then busy %s more", v, n, seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
+	b.Logf("| containerd %s | n=%d | ready first %s, restart %s | rss %.1f MiB, peak %.1f MiB, restart rss %.1f MiB | %.3f ms/event (serial %.3f) |",
+		v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS),
+		burst.cpuPerEventMs, serial.cpuPerEventMs)
+	b.Logf("seeded in %s, containerd then busy %s more", seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
 	b.Logf("ready: first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s); after the first ready the agent was busy %s more (cpu %s), then idle at %.1f ms/s",
 		readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
 		settle.Round(time.Millisecond), settleCPU, idleRate)
