@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -71,17 +72,31 @@ func BenchmarkFootprint(b *testing.B) {
 	}
 }
 
-// footprintMetric returns the value of one series (name with its labels, as
-// /metrics spells it) in a /metrics text, 0 if absent.
-func footprintMetric(text, series string) float64 {
+// footprintMetric sums the samples of metric name in a /metrics text whose
+// labels include every one of labels (e.g. `kind="container.deleted"`), so
+// it does not depend on which other labels (a namespace) a series has.
+func footprintMetric(text, name string, labels ...string) float64 {
+	var sum float64
 	for _, l := range strings.Split(text, "\n") {
-		if rest, ok := strings.CutPrefix(l, series); ok && strings.HasPrefix(rest, " ") {
-			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
-				return v
+		rest, ok := strings.CutPrefix(l, name)
+		if !ok || (!strings.HasPrefix(rest, "{") && !strings.HasPrefix(rest, " ")) {
+			continue
+		}
+		set, value := "", rest
+		if strings.HasPrefix(rest, "{") {
+			end := strings.LastIndexByte(rest, '}')
+			if end < 0 {
+				continue
+			}
+			set, value = rest[1:end], rest[end+1:]
+		}
+		if !slices.ContainsFunc(labels, func(want string) bool { return !slices.Contains(strings.Split(set, ","), want) }) {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+				sum += v
 			}
 		}
 	}
-	return 0
+	return sum
 }
 
 // waitReady polls /readyz every 10ms from start and returns the time to the
@@ -182,9 +197,11 @@ type churnResult struct {
 // CPU time over it.
 func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.Seed, n, first, count, workers int) churnResult {
 	b.Helper()
-	const deletedSeries = `gcagent_projection_events_applied_total{kind="container.deleted"}`
+	deletes := func(text string) float64 {
+		return footprintMetric(text, "gcagent_projection_events_applied_total", `kind="container.deleted"`)
+	}
 	text := mustMetricsText(b, a)
-	deleted0 := footprintMetric(text, deletedSeries)
+	deleted0 := deletes(text)
 	received0 := metricSum(text, "gcagent_events_received_total")
 	dropped0 := metricSum(text, "gcagent_events_dropped_total")
 	cpu0, start := mustCPU(b, a), time.Now()
@@ -208,7 +225,7 @@ func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.S
 		}
 		r.received = metricSum(text, "gcagent_events_received_total") - received0
 		r.dropped = metricSum(text, "gcagent_events_dropped_total") - dropped0
-		deleted := footprintMetric(text, deletedSeries) - deleted0
+		deleted := deletes(text) - deleted0
 		if deleted >= float64(count) {
 			return ""
 		}
