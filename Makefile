@@ -47,8 +47,9 @@ unit: ## run the tests that need no daemon
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 30m -v ./e2e/
 
-bench: deps ## run the benchmarks (reducer, reconcile over the real API) and print figures
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./projection/ ./e2e/ ./natsbus/
+bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers) and print figures
+	$(GO) test -run '^$$' -bench . -skip BenchmarkFootprint -benchmem -timeout 30m ./projection/ ./e2e/ ./natsbus/
+	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
 
 demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/

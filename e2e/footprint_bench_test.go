@@ -1,0 +1,363 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gcagent/gcagent/internal/testenv"
+)
+
+// footprintChurn is how many containers BenchmarkFootprint creates and
+// deletes (two containerd events each) while the agent follows.
+const footprintChurn = 2000
+
+// footprintSizes are the node sizes (images and containers each) measured:
+// FOOTPRINT_SIZES as a comma-separated list, default 1000 and 10000.
+func footprintSizes(b *testing.B) []int {
+	v := os.Getenv("FOOTPRINT_SIZES")
+	if v == "" {
+		return []int{1000, 10000}
+	}
+	var out []int
+	for _, s := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			b.Fatalf("FOOTPRINT_SIZES=%q: %q is not a positive count", v, s)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// BenchmarkFootprint measures the agent binary at the size of a busy node
+// (issue #11): a private containerd (the newest of testenv.Versions()) whose
+// stores are seeded with n images and n containers, half of them labelled
+// like CRI containers, every image named and id-referenced as CRI pulls
+// it, and the agent at its defaults (log level info). containerd's root is
+// a tmpfs (seeding takes seconds), the agent's state dir is on disk. It
+// reports
+//   - ready-first-ms: process start to the first /readyz 200, empty state;
+//   - settle-ms: how long after that first ready the agent stays busy (the
+//     first snapshot, GC passes) until it uses under 5% of a core;
+//   - ready-restart-ms: after SIGTERM, start on the same state dir to 200;
+//   - rss-MiB: VmRSS at the first ready; peak-MiB: VmHWM at the end of the
+//     first run (after settling and the churns); restart-rss-MiB: VmRSS at
+//     the ready after the restart;
+//   - cpu-ms/event: the agent's utime+stime while footprintChurn
+//     containers are created and deleted through the container service, 8
+//     at a time, until all their deletes are applied, per containerd event
+//     (idle included: it is logged, a few ms/s); serial-cpu-ms/event: the
+//     same for a quarter as many, one at a time (a batch per event).
+//
+// FOOTPRINT_SIZES overrides n (default 1000,10000); FOOTPRINT_PERF=dir
+// records perf profiles of the first start, the settling and the churns
+// (the agent serves no pprof). One run is the workload: -benchtime=1x.
+func BenchmarkFootprint(b *testing.B) {
+	vs := testenv.Versions()
+	v := vs[len(vs)-1]
+	for _, n := range footprintSizes(b) {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			for range b.N {
+				benchFootprint(b, v, n)
+			}
+		})
+	}
+}
+
+// footprintMetric sums the samples of metric name in a /metrics text whose
+// labels include every one of labels (e.g. `kind="container.deleted"`), so
+// it does not depend on which other labels (a namespace) a series has.
+func footprintMetric(text, name string, labels ...string) float64 {
+	var sum float64
+	for _, l := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(l, name)
+		if !ok || (!strings.HasPrefix(rest, "{") && !strings.HasPrefix(rest, " ")) {
+			continue
+		}
+		set, value := "", rest
+		if strings.HasPrefix(rest, "{") {
+			end := strings.LastIndexByte(rest, '}')
+			if end < 0 {
+				continue
+			}
+			set, value = rest[1:end], rest[end+1:]
+		}
+		if !slices.ContainsFunc(labels, func(want string) bool { return !slices.Contains(strings.Split(set, ","), want) }) {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
+}
+
+// waitReady polls /readyz every 10ms from start and returns the time to the
+// first 200.
+func waitReady(b *testing.B, a *testenv.Agent, start time.Time) time.Duration {
+	b.Helper()
+	deadline := start.Add(3 * time.Minute)
+	for {
+		if code, _ := a.Get("/readyz", nil); code == 200 {
+			return time.Since(start)
+		}
+		if a.Exited(0) {
+			b.Fatalf("agent exited before ready:\n%s", a.LogTail(30))
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("agent not ready after %s:\n%s", time.Since(start), a.LogTail(30))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func mustMemory(b *testing.B, a *testenv.Agent) testenv.ProcMemory {
+	b.Helper()
+	m, err := testenv.ReadProcMemory(a.Pid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+func mustCPU(b *testing.B, a *testenv.Agent) time.Duration {
+	b.Helper()
+	d, err := testenv.ReadProcCPU(a.Pid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+func mustMetricsText(b *testing.B, a *testenv.Agent) string {
+	b.Helper()
+	text, err := metricsText(a)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return text
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// waitQuiet waits until process pid (what) has used less than 5% of a core
+// over the last second (up to 2 minutes), sampling every 200ms, and returns
+// how long it stayed busy (to the start of that quiet second) and the CPU
+// it used meanwhile.
+func waitQuiet(b *testing.B, pid int, what string) (time.Duration, time.Duration) {
+	b.Helper()
+	cpuOf := func() time.Duration {
+		d, err := testenv.ReadProcCPU(pid)
+		if err != nil {
+			b.Fatalf("%s: %v", what, err)
+		}
+		return d
+	}
+	type sample struct {
+		at  time.Time
+		cpu time.Duration
+	}
+	start, cpu0 := time.Now(), cpuOf()
+	window := []sample{{start, cpu0}}
+	for time.Since(start) < 2*time.Minute {
+		time.Sleep(200 * time.Millisecond)
+		now := sample{time.Now(), cpuOf()}
+		window = append(window, now)
+		for len(window) > 2 && now.at.Sub(window[1].at) >= time.Second {
+			window = window[1:]
+		}
+		if old := window[0]; now.at.Sub(old.at) >= time.Second && now.cpu-old.cpu < 50*time.Millisecond {
+			return old.at.Sub(start), old.cpu - cpu0
+		}
+	}
+	b.Fatalf("%s still busy after 2 minutes", what)
+	return 0, 0
+}
+
+// churnResult is what the agent spent following one churn.
+type churnResult struct {
+	events            int
+	received, dropped float64
+	took, cpu         time.Duration
+	cpuPerEventMs     float64
+}
+
+// churn creates and deletes count containers (seed's records n+first ...,
+// half CRI-labelled) through the container service on workers goroutines,
+// waits until the agent has applied every delete, and returns the agent's
+// CPU time over it.
+func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.Seed, n, first, count, workers int) churnResult {
+	b.Helper()
+	deletes := func(text string) float64 {
+		return footprintMetric(text, "gcagent_projection_events_applied_total", `kind="container.deleted"`)
+	}
+	text := mustMetricsText(b, a)
+	deleted0 := deletes(text)
+	received0 := metricSum(text, "gcagent_events_received_total")
+	dropped0 := metricSum(text, "gcagent_events_dropped_total")
+	cpu0, start := mustCPU(b, a), time.Now()
+	if err := testenv.Parallel(c.Ctx(), count, workers, func(ctx context.Context, i int) error {
+		rec, err := seed.SeedContainer(n + first + i)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Client.ContainerService().Create(ctx, rec); err != nil {
+			return err
+		}
+		return c.Client.ContainerService().Delete(ctx, rec.ID)
+	}); err != nil {
+		b.Fatalf("churn: %v", err)
+	}
+	r := churnResult{events: 2 * count}
+	testenv.Eventually(b, 3*time.Minute, func() string {
+		text, err := metricsText(a)
+		if err != nil {
+			return err.Error()
+		}
+		r.received = metricSum(text, "gcagent_events_received_total") - received0
+		r.dropped = metricSum(text, "gcagent_events_dropped_total") - dropped0
+		deleted := deletes(text) - deleted0
+		if deleted >= float64(count) {
+			return ""
+		}
+		// Dropped envelopes are repaired by a listing, which applies no
+		// delete for a container it never saw: then the count settles.
+		if r.dropped > 0 && r.received >= float64(r.events) && int(metricSum(text, "gcagent_projection_containers")) == n {
+			return ""
+		}
+		return fmt.Sprintf("%v of %d container deletes applied (%v envelopes received, %v dropped)", deleted, count, r.received, r.dropped)
+	})
+	r.took, r.cpu = time.Since(start), mustCPU(b, a)-cpu0
+	r.cpuPerEventMs = ms(r.cpu) / float64(r.events)
+	return r
+}
+
+// startPerf records a CPU profile of the agent with perf into dir/name.data
+// when FOOTPRINT_PERF names a dir (the agent serves no pprof); stop ends it.
+func startPerf(b *testing.B, a *testenv.Agent, name string) (stop func()) {
+	dir := os.Getenv("FOOTPRINT_PERF")
+	if dir == "" {
+		return func() {}
+	}
+	cmd := exec.Command("perf", "record", "-q", "-F", "499", "-g", "-p", fmt.Sprint(a.Pid()), "-o", filepath.Join(dir, name+".data"))
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("FOOTPRINT_PERF: %v", err)
+	}
+	return func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	}
+}
+
+func benchFootprint(b *testing.B, v testenv.Version, n int) {
+	// containerd's root on a tmpfs: its metadata commits do not wait for a
+	// disk, so seeding 10,000 records takes seconds. The agent's state dir
+	// stays on disk.
+	c := testenv.StartContainerd(b, testenv.Options{Version: v, RootSize: "2g"})
+	seed := testenv.Seed{Images: n, Containers: n, CRIManaged: true}
+	began := time.Now()
+	c.SeedRecords(b, seed)
+	seeding := time.Since(began)
+	// The agent starts once containerd has digested the seeding (CRI
+	// follows its events).
+	ctrdBusy, _ := waitQuiet(b, c.Pid(), "containerd")
+	state := filepath.Join(b.TempDir(), "state")
+	flags := []string{"--log-level=info"}
+	testenv.AgentBinary(b) // built before the clock starts
+	b.ResetTimer()
+
+	// 1. First start, empty state dir.
+	ctrdCPU0, err := testenv.ReadProcCPU(c.Pid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	a := testenv.StartAgent(b, c, state, flags...)
+	stopPerf := startPerf(b, a, fmt.Sprintf("first-n%d", n))
+	readyFirst := waitReady(b, a, start)
+	memFirst := mustMemory(b, a)
+	cpuFirst := mustCPU(b, a)
+	ctrdCPU, err := testenv.ReadProcCPU(c.Pid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctrdCPU -= ctrdCPU0
+	stopPerf()
+	text := mustMetricsText(b, a)
+	if got := footprintMetric(text, "gcagent_projection_images"); int(got) != n {
+		b.Fatalf("ready with %v images in the projection, want %d", got, n)
+	}
+	if got := metricSum(text, "gcagent_projection_containers"); int(got) != n {
+		b.Fatalf("ready with %v containers in the projection, want %d", got, n)
+	}
+	listing := footprintMetric(text, "gcagent_events_listing_seconds_sum")
+	heapInuse := footprintMetric(text, "go_memstats_heap_inuse_bytes")
+	goSys := footprintMetric(text, "go_memstats_sys_bytes")
+
+	// The work a start leaves after ready (the first snapshot of the whole
+	// projection, GC passes over it) ends before the churn is measured.
+	stopPerf = startPerf(b, a, fmt.Sprintf("settle-n%d", n))
+	settle, settleCPU := waitQuiet(b, a.Pid(), "agent")
+	stopPerf()
+	idle0, idleStart := mustCPU(b, a), time.Now()
+	time.Sleep(2 * time.Second)
+	idleRate := ms(mustCPU(b, a)-idle0) / time.Since(idleStart).Seconds()
+
+	// 2. Churn: a burst on 8 goroutines (events arrive faster than one at a
+	// time, and are applied and journaled in batches), then one at a time.
+	stopPerf = startPerf(b, a, fmt.Sprintf("churn-n%d", n))
+	burst := churn(b, c, a, seed, n, 0, footprintChurn, 8)
+	serial := churn(b, c, a, seed, n, footprintChurn, footprintChurn/4, 1)
+	stopPerf()
+	memEnd := mustMemory(b, a)
+	text = mustMetricsText(b, a)
+	heapEnd := footprintMetric(text, "go_memstats_heap_inuse_bytes")
+
+	// 3. Restart on the same state dir.
+	a.Stop()
+	start = time.Now()
+	a = testenv.StartAgent(b, c, state, flags...)
+	readyRestart := waitReady(b, a, start)
+	memRestart := mustMemory(b, a)
+	cpuRestart := mustCPU(b, a)
+	b.StopTimer()
+	text = mustMetricsText(b, a)
+	if got := metricSum(text, "gcagent_projection_containers"); int(got) != n {
+		b.Errorf("restarted with %v containers in the projection, want %d", got, n)
+	}
+	a.Stop()
+
+	b.ReportMetric(ms(readyFirst), "ready-first-ms")
+	b.ReportMetric(ms(readyRestart), "ready-restart-ms")
+	b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
+	b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
+	b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
+	b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
+	b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
+	b.ReportMetric(ms(settle), "settle-ms")
+	b.Logf("| containerd %s | n=%d | ready first %s, restart %s | rss %.1f MiB, peak %.1f MiB, restart rss %.1f MiB | %.3f ms/event (serial %.3f) |",
+		v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS),
+		burst.cpuPerEventMs, serial.cpuPerEventMs)
+	b.Logf("seeded in %s, containerd then busy %s more", seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
+	b.Logf("ready: first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s); after the first ready the agent was busy %s more (cpu %s), then idle at %.1f ms/s",
+		readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
+		settle.Round(time.Millisecond), settleCPU, idleRate)
+	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, at its end heap in use %.1f; restart rss %.1f peak %.1f MiB",
+		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Peak))
+	for _, r := range []struct {
+		name string
+		churnResult
+	}{{"burst (8 at a time)", burst}, {"serial", serial}} {
+		b.Logf("churn %s: %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event",
+			r.name, r.events, r.received, r.dropped, r.took.Round(time.Millisecond), r.cpu, r.cpuPerEventMs)
+	}
+}

@@ -1,0 +1,186 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/go-digest"
+	ispecs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Seed says what SeedRecords writes: records only, no snapshots, no tasks
+// and no pulls, so a daemon looks like a busy node's in seconds.
+type Seed struct {
+	// Images distinct images, each with its own config and manifest and one
+	// shared 1 KiB layer, named ImageName(i).
+	Images int
+	// Containers containers, named ContainerID(i), container i running image
+	// i%Images. Even ones are labelled like CRI containers of a pod (kind
+	// container, pod uid, name and namespace, container name, and CRI's
+	// sandbox annotations in the spec); odd ones are plain.
+	Containers int
+	// Prefix makes the names distinct from other seeds in the daemon
+	// (default "seed").
+	Prefix string
+	// Workers bounds the requests in flight (default 16).
+	Workers int
+	// CRIManaged makes each image look pulled through CRI: its name and a
+	// second name, its image id (config digest), both labelled
+	// io.cri-containerd.image=managed. Otherwise containerd's CRI plugin
+	// does that itself, in the background, for every image it sees created
+	// (two image events each, long after the seeding on a 10,000-image
+	// daemon).
+	CRIManaged bool
+}
+
+func (s Seed) prefix() string {
+	if s.Prefix == "" {
+		return "seed"
+	}
+	return s.Prefix
+}
+
+// ImageName is the name of seeded image i.
+func (s Seed) ImageName(i int) string { return fmt.Sprintf("%s.test/img-%05d:1", s.prefix(), i) }
+
+// ContainerID is the id of seeded container i.
+func (s Seed) ContainerID(i int) string { return fmt.Sprintf("%s-%05d", s.prefix(), i) }
+
+// SeedContainer returns seeded container i's record (also for containers
+// created later, e.g. to churn): image i%s.Images, CRI labels when i is even.
+func (s Seed) SeedContainer(i int) (containers.Container, error) {
+	labels := map[string]string{}
+	spec := &specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"/bin/app", fmt.Sprint(i)}, Cwd: "/"}}
+	if i%2 == 0 {
+		uid := fmt.Sprintf("%s-pod-%05d", s.prefix(), i/8)
+		labels = map[string]string{
+			"io.cri-containerd.kind":       "container",
+			"io.kubernetes.pod.uid":        uid,
+			"io.kubernetes.pod.name":       fmt.Sprintf("app-%05d", i/8),
+			"io.kubernetes.pod.namespace":  "default",
+			"io.kubernetes.container.name": fmt.Sprintf("c%d", i%8/2),
+		}
+		spec.Annotations = map[string]string{
+			"io.kubernetes.cri.container-type":    "container",
+			"io.kubernetes.cri.container-name":    fmt.Sprintf("c%d", i%8/2),
+			"io.kubernetes.cri.sandbox-id":        digest.FromString(uid).Encoded(),
+			"io.kubernetes.cri.sandbox-uid":       uid,
+			"io.kubernetes.cri.sandbox-name":      fmt.Sprintf("app-%05d", i/8),
+			"io.kubernetes.cri.sandbox-namespace": "default",
+			"io.kubernetes.cri.image-name":        s.ImageName(i % max(s.Images, 1)),
+		}
+	}
+	a, err := typeurl.MarshalAny(spec)
+	if err != nil {
+		return containers.Container{}, err
+	}
+	return containers.Container{
+		ID: s.ContainerID(i), Image: s.ImageName(i % max(s.Images, 1)), Labels: labels,
+		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"}, Spec: a,
+	}, nil
+}
+
+// SeedRecords writes s's images and containers straight into the daemon's
+// content, image and container stores, s.Workers requests at a time.
+func (c *Containerd) SeedRecords(t testing.TB, s Seed) {
+	t.Helper()
+	if s.Workers <= 0 {
+		s.Workers = 16
+	}
+	ctx := c.Ctx()
+	cs := c.Client.ContentStore()
+	put := func(ctx context.Context, mediaType string, data []byte, labels map[string]string) (ocispec.Descriptor, error) {
+		d := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(data), Size: int64(len(data))}
+		return d, content.WriteBlob(ctx, cs, d.Digest.String(), bytes.NewReader(data), d, content.WithLabels(labels))
+	}
+	layer, err := put(ctx, ocispec.MediaTypeImageLayer, bytes.Repeat([]byte{7}, 1024), nil)
+	if err != nil {
+		t.Fatalf("seed layer: %v", err)
+	}
+	seedImage := func(ctx context.Context, i int) error {
+		cfg, _ := json.Marshal(ocispec.Image{
+			Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
+			Config:   ocispec.ImageConfig{Labels: map[string]string{"seed": s.ImageName(i)}},
+			RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layer.Digest}},
+		})
+		cd, err := put(ctx, ocispec.MediaTypeImageConfig, cfg, nil)
+		if err != nil {
+			return err
+		}
+		mf, _ := json.Marshal(ocispec.Manifest{Versioned: ispecs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+			Config: cd, Layers: []ocispec.Descriptor{layer}})
+		md, err := put(ctx, ocispec.MediaTypeImageManifest, mf, map[string]string{
+			"containerd.io/gc.ref.content.config": cd.Digest.String(), "containerd.io/gc.ref.content.l.0": layer.Digest.String(),
+		})
+		if err != nil {
+			return err
+		}
+		if !s.CRIManaged {
+			_, err = c.Client.ImageService().Create(ctx, images.Image{Name: s.ImageName(i), Target: md})
+			return err
+		}
+		for _, name := range []string{s.ImageName(i), cd.Digest.String()} {
+			if _, err := c.Client.ImageService().Create(ctx, images.Image{Name: name, Target: md,
+				Labels: map[string]string{"io.cri-containerd.image": "managed"}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	seedContainer := func(ctx context.Context, i int) error {
+		rec, err := s.SeedContainer(i)
+		if err != nil {
+			return err
+		}
+		_, err = c.Client.ContainerService().Create(ctx, rec)
+		return err
+	}
+	if err := Parallel(ctx, s.Images, s.Workers, seedImage); err != nil {
+		t.Fatalf("seed images: %v", err)
+	}
+	if err := Parallel(ctx, s.Containers, s.Workers, seedContainer); err != nil {
+		t.Fatalf("seed containers: %v", err)
+	}
+}
+
+// Parallel runs fn(ctx, i) for i in [0, n) on w goroutines and returns the
+// first error; after one, the indexes not yet started are skipped.
+func Parallel(ctx context.Context, n, w int, fn func(ctx context.Context, i int) error) error {
+	var (
+		next  atomic.Int64
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range max(min(w, n), 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(ctx, i); err != nil {
+					once.Do(func() { first = fmt.Errorf("%d: %w", i, err); cancel() })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
