@@ -200,9 +200,16 @@ func (l *Live) Apply(batch ...events.Event) {
 	// The batch is journaled before the lock is released: nobody (GC,
 	// /status, control replies) sees a state that a kill -9 would lose, such
 	// as the first-seen time of an image, short of a failed write.
+	// A batch as large as a snapshot's worth of journal (a first listing
+	// of a big node) is written as a snapshot: one encoding of the state
+	// instead of one entry per event and a snapshot right after.
 	var appendErr error
 	st := l.opts.Store
-	if st != nil {
+	asSnapshot := st != nil && len(applied) >= l.opts.SnapshotEvery
+	if asSnapshot {
+		l.tried = l.opts.Now()
+		appendErr = st.Snapshot(l.state)
+	} else if st != nil {
 		appendErr = st.Append(l.state.Seq, applied)
 	}
 	l.mu.Unlock()
@@ -210,12 +217,16 @@ func (l *Live) Apply(batch ...events.Event) {
 	if st != nil {
 		// A full disk must not stop the agent that frees it: the state in
 		// memory stays right, and the next snapshot catches the file up.
-		if err := appendErr; err != nil {
+		switch err := appendErr; {
+		case err != nil:
 			l.failed(err)
 			l.opts.Log.Error().Err(err).Str("namespace", l.opts.Namespace).Int("events", len(applied)).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
+		case asSnapshot:
+			l.snapshotted()
+		default:
+			l.since += len(applied)
 		}
-		l.since += len(applied)
 		if l.since >= l.opts.SnapshotEvery && l.snapshotDue() {
 			l.snapshot()
 		}
@@ -246,17 +257,22 @@ func (l *Live) snapshot() {
 	// is the only writer, and readers share the read lock meanwhile.
 	l.mu.RLock()
 	err := st.Snapshot(l.state)
-	s := struct{ Seq uint64 }{l.state.Seq}
 	l.mu.RUnlock()
 	if err != nil {
 		l.failed(err)
 		l.opts.Log.Error().Err(err).Str("namespace", l.opts.Namespace).Msg("snapshot failed")
 		return
 	}
+	l.snapshotted()
+}
+
+// snapshotted records a snapshot written: the journal restarts empty, and
+// a failure before it is repaired.
+func (l *Live) snapshotted() {
 	l.m.snapshots.Inc()
 	l.since = 0
 	if l.fault.Swap(nil) != nil {
-		l.opts.Log.Info().Str("namespace", l.opts.Namespace).Uint64("seq", s.Seq).Msg("journal resumed: snapshot written")
+		l.opts.Log.Info().Str("namespace", l.opts.Namespace).Msg("journal resumed: snapshot written")
 	}
 }
 

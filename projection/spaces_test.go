@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -94,5 +95,82 @@ func TestSpaces(t *testing.T) {
 	}
 	if sp2.Synced() {
 		t.Error("a restored projection is synced before a listing")
+	}
+}
+
+// TestSnapshotDropsCoveredJournal: a snapshot deletes exactly the journal
+// entries it covers, all of them or a prefix.
+func TestSnapshotDropsCoveredJournal(t *testing.T) {
+	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	t0 := time.Unix(1000, 0).UTC()
+	s := New()
+	var evs []events.Event
+	for i := range 100 {
+		ev := img(t0, fmt.Sprintf("a:%d", i), fmt.Sprintf("sha256:%d", i))
+		s.Apply(ev)
+		evs = append(evs, ev)
+	}
+	if err := st.Append(s.Seq, evs); err != nil {
+		t.Fatal(err)
+	}
+	covered := s.Clone()
+	covered.Seq = 60 // as if the snapshot were taken after the 60th entry
+	if err := st.Snapshot(covered); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.JournalLen(); err != nil || n != 40 {
+		t.Fatalf("journal holds %d entries after a snapshot at 60 of 100, want 40 (%v)", n, err)
+	}
+	if err := st.Snapshot(s); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.JournalLen(); err != nil || n != 0 {
+		t.Fatalf("journal holds %d entries after a snapshot covering all, want 0 (%v)", n, err)
+	}
+	if err := st.Append(s.Seq+1, []events.Event{img(t0, "b:1", "sha256:b")}); err != nil {
+		t.Fatalf("append after the journal was dropped: %v", err)
+	}
+	res, err := st.Load()
+	if err != nil || res.State.Images["sha256:b"] == nil || len(res.State.Images) != 101 {
+		t.Fatalf("load: %d images, %v", len(res.State.Images), err)
+	}
+}
+
+// TestLargeBatchWrittenAsSnapshot: a batch of a snapshot's worth of events
+// (a first listing of a big node) is persisted as one snapshot, not as a
+// journal entry per event, before anyone can read it.
+func TestLargeBatchWrittenAsSnapshot(t *testing.T) {
+	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l, err := NewLive(LiveOptions{Store: st, SnapshotEvery: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0).UTC()
+	listing := events.Listing{At: t0}
+	for i := range 20 {
+		listing.Images = append(listing.Images, img(t0, fmt.Sprintf("a:%d", i), fmt.Sprintf("sha256:%d", i)))
+	}
+	l.Apply(listing)
+	if n, err := st.JournalLen(); err != nil || n != 0 {
+		t.Fatalf("journal holds %d entries, want 0: the batch goes into a snapshot (%v)", n, err)
+	}
+	if n := testutil.ToFloat64(l.m.snapshots); n != 1 {
+		t.Errorf("snapshots = %v, want 1", n)
+	}
+	l.Apply(img(t0.Add(time.Second), "b:1", "sha256:b")) // small batches go to the journal again
+	if n, err := st.JournalLen(); err != nil || n != 1 {
+		t.Fatalf("journal holds %d entries after one more event, want 1 (%v)", n, err)
+	}
+	res, err := st.Load()
+	if err != nil || len(res.State.Images) != 21 || !res.State.Images["sha256:3"].FirstSeen.Equal(t0) {
+		t.Fatalf("restored %d images, %v", len(res.State.Images), err)
 	}
 }

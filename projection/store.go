@@ -208,11 +208,23 @@ func (st *Store) Snapshot(s *State) error {
 		if err := meta.Put(keySnapshot, b); err != nil {
 			return err
 		}
-		c := j.Cursor()
-		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= s.Seq; k, _ = c.First() {
-			if err := j.Delete(k); err != nil {
+		// The snapshot usually covers the whole journal: drop the bucket at
+		// once. Else delete the covered prefix in one forward walk (a cursor
+		// stays valid across its own Delete; re-seeking the first key after
+		// each one is quadratic in the journal's length).
+		if k, _ := j.Cursor().Last(); k == nil || binary.BigEndian.Uint64(k) <= s.Seq {
+			if err := tx.DeleteBucket(st.journal); err != nil {
 				return err
 			}
+			_, err := tx.CreateBucket(st.journal)
+			return err
+		}
+		c := j.Cursor()
+		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= s.Seq; {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+			k, _ = c.Seek(k)
 		}
 		return nil
 	})
