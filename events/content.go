@@ -1,19 +1,29 @@
 package events
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"slices"
 	"strings"
 
-	"github.com/containerd/containerd/v2/client"
+	contentapi "github.com/containerd/containerd/api/services/content/v1"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/images/usage"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
+	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"google.golang.org/grpc"
 )
 
 // What a container runs is found by content, never by the name it was
@@ -66,20 +76,26 @@ func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
 		return f
 	}
 	f = s.o.KnownFacts(d)
-	ci := client.NewImage(s.o.Client, img)
+	// The size walk, the config lookup and the rootfs read all start from
+	// the same index and manifest: each blob is read once.
+	blobs := &blobCache{cs: s.o.Client.ContentStore(), blobs: map[digest.Digest][]byte{}}
+	if conn, ok := s.o.Client.Conn().(grpc.ClientConnInterface); ok {
+		blobs.api = contentapi.NewContentClient(conn)
+	}
+	platform := platforms.Default() // the client's, as client.Image uses
 	if f.Size <= 0 {
-		n, err := ci.Size(ctx)
+		n, err := usage.CalculateImageUsage(ctx, img, blobs, usage.WithManifestLimit(platform, 1), usage.WithManifestUsage())
 		if err != nil {
 			s.o.Log.Debug().Err(err).Str("image", img.Name).Msg("image size unknown")
 		}
 		f.Size = n
 	}
 	if f.Config == "" || f.Chain == "" {
-		if cfg, err := ci.Config(ctx); err == nil {
+		if cfg, err := img.Config(ctx, blobs, platform); err == nil {
 			f.Config = cfg.Digest.String()
-		}
-		if diffIDs, err := ci.RootFS(ctx); err == nil && len(diffIDs) > 0 {
-			f.Chain = identity.ChainID(diffIDs).String()
+			if diffIDs, err := images.RootFS(ctx, blobs, cfg); err == nil && len(diffIDs) > 0 {
+				f.Chain = identity.ChainID(diffIDs).String()
+			}
 		}
 	}
 	if f.Size > 0 && f.Config != "" && f.Chain != "" {
@@ -89,6 +105,66 @@ func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
 	}
 	return f
 }
+
+// blobCache serves the blobs of one image's facts, each read from
+// containerd once, in one call (the content store's ReaderAt makes two:
+// info, then the stream).
+type blobCache struct {
+	cs    content.InfoReaderProvider
+	api   contentapi.ContentClient // nil: read through cs
+	blobs map[digest.Digest][]byte
+}
+
+// maxMetadataBlob bounds a blob read whole: indexes, manifests and configs
+// are kilobytes; a store that streams more for one is not trusted.
+const maxMetadataBlob = 16 << 20
+
+// read returns the whole blob desc names.
+func (b *blobCache) read(ctx context.Context, desc ocispec.Descriptor) ([]byte, error) {
+	if b.api == nil {
+		return content.ReadBlob(ctx, b.cs, desc)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := b.api.Read(ctx, &contentapi.ReadContentRequest{Digest: desc.Digest.String()})
+	if err != nil {
+		return nil, errgrpc.ToNative(err)
+	}
+	var p []byte
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return p, nil
+		}
+		if err != nil {
+			return nil, errgrpc.ToNative(err)
+		}
+		if len(p)+len(resp.Data) > maxMetadataBlob {
+			return nil, fmt.Errorf("blob %s: more than %d bytes", desc.Digest, maxMetadataBlob)
+		}
+		p = append(p, resp.Data...)
+	}
+}
+
+func (b *blobCache) Info(ctx context.Context, d digest.Digest) (content.Info, error) {
+	return b.cs.Info(ctx, d)
+}
+
+func (b *blobCache) ReaderAt(ctx context.Context, desc ocispec.Descriptor) (content.ReaderAt, error) {
+	p, ok := b.blobs[desc.Digest]
+	if !ok {
+		var err error
+		if p, err = b.read(ctx, desc); err != nil {
+			return nil, err
+		}
+		b.blobs[desc.Digest] = p
+	}
+	return bytesReaderAt{bytes.NewReader(p)}, nil
+}
+
+type bytesReaderAt struct{ *bytes.Reader }
+
+func (bytesReaderAt) Close() error { return nil }
 
 // criMetadata is the part of CRI's container metadata gcagent reads: the
 // image id and the image-volume mounts. The extension is JSON whatever the
