@@ -74,6 +74,11 @@ type ContainerGCOptions struct {
 	Clock     ContainerClock    // nil: the real clock
 	// MaxRetry caps the backoff after failed deletes. Default 1m.
 	MaxRetry time.Duration
+	// MinGap spaces passes woken by projection changes: a change within
+	// MinGap of the last pass waits for the gap's end, so a burst of events
+	// (a node drained, a build farm) costs one pass per gap, not one per
+	// event, while a lone change is planned at once. 0: a pass per change.
+	MinGap time.Duration
 	// PodKept says whether a pod is still there though no container of it
 	// is (its log dir exists), so its newest sandbox stays; nil: never.
 	PodKept func(uid, namespace, name string) bool
@@ -168,14 +173,27 @@ func (g *ContainerGC) Run(ctx context.Context) error {
 		Bool("dryRun", g.opts.DryRun).Msg("container gc started")
 	timer := g.opts.Clock.NewTimer(0) // the first pass now
 	defer timer.Stop()
+	var last, next time.Time // the last pass; when the timer fires
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-g.changes:
+			if gapEnd := last.Add(g.opts.MinGap); g.opts.Clock.Now().Before(gapEnd) {
+				// Too soon after the last pass: the timer, armed no later
+				// than the gap's end, makes the pass for every change since.
+				if next.IsZero() || gapEnd.Before(next) {
+					next = gapEnd
+					timer.Stop()
+					timer.Reset(max(gapEnd.Sub(g.opts.Clock.Now()), 0))
+				}
+				continue
+			}
 		case <-timer.C():
 		}
-		next, err := g.Pass(ctx)
+		var err error
+		last = g.opts.Clock.Now()
+		next, err = g.Pass(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -200,7 +218,9 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 	var plan ContainerPlan
 	g.st.View(func(s *projection.State) {
 		if s.Synced { // re-read under the same lock as the plan
-			plan.merge(PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept))
+			// Keep leaves out what is plainly not dead: /status shows why
+			// dead containers stay, `gcagent plan` shows everything.
+			plan.merge(planContainers(s, g.opts.Policy, now, g.opts.PodKept, false))
 		}
 	})
 	if plan.Remove == nil {

@@ -167,6 +167,13 @@ type gcHarness struct {
 // t0 and a fake runtime; it waits for the first pass to have armed the timer.
 func startGC(t *testing.T, p ContainerPolicy, evs ...events.Event) *gcHarness {
 	t.Helper()
+	return startGCWith(t, ContainerGCOptions{Policy: p}, evs...)
+}
+
+// startGCWith is startGC with more options (its Clock and Publisher are
+// the harness's).
+func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gcHarness {
+	t.Helper()
 	h := &gcHarness{clock: newFakeContainerClock(t0), rt: newFakeContainerRuntime(), pub: &fakePublisher{published: make(chan Action, 100)}}
 	live, err := projection.NewLive(projection.LiveOptions{Now: h.clock.Now})
 	if err != nil {
@@ -175,7 +182,8 @@ func startGC(t *testing.T, p ContainerPolicy, evs ...events.Event) *gcHarness {
 	h.live = live
 	changes := live.Subscribe()
 	live.Apply(evs...)
-	h.gc, err = NewContainerGC(live, changes, h.rt, ContainerGCOptions{Policy: p, Clock: h.clock, Publisher: h.pub})
+	opts.Clock, opts.Publisher = h.clock, h.pub
+	h.gc, err = NewContainerGC(live, changes, h.rt, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,4 +377,36 @@ func TestContainerGCRechecksWhenTheRuntimeLags(t *testing.T) {
 	h.clock.Step(keptRetry)
 	waitDeleted(t, h.rt, "sb")
 	waitArmed(t, h.clock, time.Time{})
+}
+
+// TestContainerGCMinGap: a change right after a pass waits for the gap's
+// end (one pass then covers every change since); a lone change later is
+// planned at once.
+func TestContainerGCMinGap(t *testing.T) {
+	p := nativePolicy
+	p.MinAge = 0
+	const gap = 50 * time.Millisecond
+	h := startGCWith(t, ContainerGCOptions{Policy: p, MinGap: gap}, flat(
+		native(-2*time.Second, "a", "img"), start(-2*time.Second, "a"),
+		native(-2*time.Second, "b", "img"), start(-2*time.Second, "b"),
+		native(-2*time.Second, "c", "img"), start(-2*time.Second, "c"),
+		events.Synced{At: t0})...)
+	// A pass at t0 (the start): the clock stays there, so both exits
+	// below come within the gap and wait for its end.
+	deadline := time.Now().Add(guard)
+	for h.gc.Status().Passes == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no first pass")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.apply(gone(-time.Second, "a"))
+	h.apply(gone(-time.Second, "b"))
+	waitArmed(t, h.clock, at(gap))
+	noMoreDeletes(t, h.rt)
+	h.clock.Step(gap)
+	waitDeleted(t, h.rt, "a", "b")
+	h.clock.Step(time.Second)
+	h.apply(gone(-time.Second, "c"))
+	waitDeleted(t, h.rt, "c") // the clock does not move: planned at once
 }

@@ -143,14 +143,30 @@ func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) Conta
 // PlanContainersWith is PlanContainers with podKept (nil: never) saying
 // whether a pod, by uid, namespace and name, is still there.
 func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
+	return planContainers(s, p, now, podKept, true)
+}
+
+// planContainers plans; without all, Keep leaves out the containers that
+// are plainly not dead (running, never started) or that the prune mode
+// excludes, which on a busy node are nearly all: a GC pass then costs a
+// look at each container, not an item, a map entry and a sort. Remove and
+// NextEligible are the same either way.
+func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool, all bool) ContainerPlan {
 	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
 	// Items live in one slice, reached by id: no allocation per container.
-	list := make([]ContainerItem, 0, len(s.Containers))
-	at := make(map[string]int, len(s.Containers))
+	size := len(s.Containers)
+	if !all {
+		size = 0 // most are settled: grow with the rest
+	}
+	list := make([]ContainerItem, 0, size)
+	at := make(map[string]int, size)
 	items := itemIndex{list: &list, at: at}
 	units := map[string][]*projection.Container{}
 	var sandboxes []*projection.Container
 	for _, c := range s.Containers {
+		if !all && p.settled(c) {
+			continue
+		}
 		at[c.ID] = len(list)
 		list = append(list, p.screen(c, now))
 		it := &list[len(list)-1]
@@ -207,10 +223,18 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 		}
 		return pd
 	}
+	// No sandbox to decide (the usual case outside --prune-containers=all):
+	// the pods need no index.
 	for _, c := range s.Containers {
+		if len(sandboxes) == 0 {
+			break
+		}
 		switch c.CRIKind {
 		case projection.KindContainer:
-			kept := !removes(items.get(c.ID).Reason)
+			kept := true
+			if it := items.lookup(c.ID); it != nil {
+				kept = !removes(it.Reason)
+			}
 			add := func(m map[string]*pod, key string) {
 				if key == "" {
 					return
@@ -307,6 +331,20 @@ type itemIndex struct {
 }
 
 func (x itemIndex) get(id string) *ContainerItem { return &(*x.list)[x.at[id]] }
+
+// lookup is get for an id that may have no item (a settled container).
+func (x itemIndex) lookup(id string) *ContainerItem {
+	if i, ok := x.at[id]; ok {
+		return &(*x.list)[i]
+	}
+	return nil
+}
+
+// settled reports whether c is kept whatever else holds: not dead, or
+// excluded by the prune mode (screen's first reasons).
+func (p ContainerPolicy) settled(c *projection.Container) bool {
+	return !c.Dead() || p.Prune == PruneOff || p.Prune == PruneNative && c.CRIKind != ""
+}
 
 // screen describes c and gives the reason it is kept whatever the caps:
 // running, never started, excluded by the prune mode, or too young; the

@@ -313,6 +313,12 @@ func TestPlanContainers(t *testing.T) {
 				t.Errorf("keep:\n got %q\nwant %q", got, tt.keep)
 			}
 			checkContainerPlan(t, s, p, plan)
+			// A GC pass's plan leaves settled containers out of Keep only.
+			light := planContainers(s, p, plan.Now, nil, false)
+			if !slices.Equal(containerSummary(light.Remove), containerSummary(plan.Remove)) || !light.NextEligible.Equal(plan.NextEligible) {
+				t.Errorf("a pass's plan removes %q (next %v), the full plan %q (next %v)",
+					containerSummary(light.Remove), light.NextEligible, containerSummary(plan.Remove), plan.NextEligible)
+			}
 			if !sameJSON(t, before, s) {
 				t.Error("PlanContainers modified the state")
 			}

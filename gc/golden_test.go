@@ -1,6 +1,7 @@
 package gc
 
 import (
+	"slices"
 	"bytes"
 	"encoding/json"
 	"flag"
@@ -158,6 +159,10 @@ func plan(t *testing.T, sc scenario, s *projection.State) []byte {
 		}
 		plan := PlanContainers(s, policy, sc.Now)
 		checkContainerPlan(t, s, policy, plan)
+		if light := planContainers(s, policy, sc.Now, nil, false); !slices.Equal(containerSummary(light.Remove), containerSummary(plan.Remove)) ||
+			!light.NextEligible.Equal(plan.NextEligible) {
+			t.Errorf("a pass's plan removes %q, the full plan %q", containerSummary(light.Remove), containerSummary(plan.Remove))
+		}
 		out.Containers = &plan
 	}
 	b, err := json.MarshalIndent(out, "", "  ")

@@ -24,6 +24,11 @@ func (c Config) containerPolicy() gc.ContainerPolicy {
 	}
 }
 
+// containerGCMinGap spaces the container GC's passes in a burst of events:
+// at most 20 full plans a second, whatever the event rate, for at most
+// 50 ms more latency.
+const containerGCMinGap = 50 * time.Millisecond
+
 // setupContainerGC builds the container GC and subscribes it to the
 // projection; call it before the projection runs (Subscribe's contract).
 func (a *agent) setupContainerGC() error {
@@ -39,6 +44,7 @@ func (a *agent) setupContainerGC() error {
 		Logger:    a.log,
 		PodKept:   podLogDirExists(a.cfg.PodLogDir),
 		Clock:     gc.SystemContainerClock(a.clock.Now),
+		MinGap:    containerGCMinGap,
 	})
 	if err != nil {
 		return err

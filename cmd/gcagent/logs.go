@@ -166,8 +166,14 @@ func (a *agent) setupLogs() error {
 	return nil
 }
 
-// runLogs runs the cleaner and asks it for a pass on every projection
-// change (a container exited or went, a pod went), until ctx ends.
+// logsMinGap spaces the log passes projection changes ask for: a burst of
+// events costs one pass (two directory scans) per gap, not one per event.
+// A link that dangles is seen by fsnotify at once anyway.
+const logsMinGap = 50 * time.Millisecond
+
+// runLogs runs the cleaner and asks it for a pass on projection changes (a
+// container exited or went, a pod went), at most once per logsMinGap,
+// until ctx ends.
 func (a *agent) runLogs(ctx context.Context) error {
 	if a.logs == nil {
 		<-ctx.Done()
@@ -182,6 +188,12 @@ func (a *agent) runLogs(ctx context.Context) error {
 				return nil
 			case <-a.logsChanges:
 				a.logs.Notify()
+			}
+			// Changes meanwhile coalesce in the channel: one Notify after.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(logsMinGap):
 			}
 		}
 	})

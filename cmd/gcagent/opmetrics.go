@@ -2,6 +2,7 @@ package main
 
 import (
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/gcagent/gcagent/projection"
@@ -17,7 +18,16 @@ type opsCollector struct {
 	a                                        *agent
 	build, high, low, capacity, available    *prometheus.Desc
 	reclaimable, connected, ready, sampledAt *prometheus.Desc
+
+	// The reclaimable bytes take a plan of every image: computed at most
+	// every reclaimableEvery, however often the agent is scraped.
+	mu            sync.Mutex
+	reclaimableAt time.Time
+	reclaimableN  int64
 }
+
+// reclaimableEvery bounds how often a scrape plans every image.
+const reclaimableEvery = 5 * time.Second
 
 func newOpsCollector(a *agent) *opsCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
@@ -63,9 +73,13 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(c.sampledAt, ts)
 	}
-	var reclaimable int64
-	a.live.ViewAll(func(states []*projection.State) { reclaimable = a.reclaimableBytes(states, time.Now().UTC()) })
-	gauge(c.reclaimable, float64(reclaimable))
+	c.mu.Lock()
+	if now := time.Now(); c.reclaimableAt.IsZero() || now.Sub(c.reclaimableAt) >= reclaimableEvery {
+		a.live.ViewAll(func(states []*projection.State) { c.reclaimableN = a.reclaimableBytes(states, now.UTC()) })
+		c.reclaimableAt = now
+	}
+	gauge(c.reclaimable, float64(c.reclaimableN))
+	c.mu.Unlock()
 	connected := a.source.Connected()
 	gauge(c.connected, b2f(connected))
 	gauge(c.ready, b2f(connected && a.live.Synced()))
