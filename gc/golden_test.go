@@ -1,12 +1,12 @@
 package gc
 
 import (
-	"slices"
 	"bytes"
 	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
