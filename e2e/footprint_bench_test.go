@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -272,6 +274,9 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	ctrdBusy, _ := waitQuiet(b, c.Pid(), "containerd")
 	state := filepath.Join(b.TempDir(), "state")
 	flags := []string{"--log-level=info"}
+	if os.Getenv("FOOTPRINT_HEAP") != "" {
+		flags = append(flags, "--profiling")
+	}
 	testenv.AgentBinary(b) // built before the clock starts
 	b.ResetTimer()
 
@@ -285,6 +290,7 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	stopPerf := startPerf(b, a, fmt.Sprintf("first-n%d", n))
 	readyFirst := waitReady(b, a, start)
 	memFirst := mustMemory(b, a)
+	saveHeap(b, a, fmt.Sprintf("heap-first-n%d.pb.gz", n))
 	cpuFirst := mustCPU(b, a)
 	ctrdCPU, err := testenv.ReadProcCPU(c.Pid())
 	if err != nil {
@@ -311,6 +317,7 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	idle0, idleStart := mustCPU(b, a), time.Now()
 	time.Sleep(2 * time.Second)
 	idleRate := ms(mustCPU(b, a)-idle0) / time.Since(idleStart).Seconds()
+	memIdle := mustMemory(b, a) // settled: what the node pays while nothing happens
 
 	// 2. Churn: a burst on 8 goroutines (events arrive faster than one at a
 	// time, and are applied and journaled in batches), then one at a time.
@@ -319,6 +326,7 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	serial := churn(b, c, a, seed, n, footprintChurn, footprintChurn/4, 1)
 	stopPerf()
 	memEnd := mustMemory(b, a)
+	saveHeap(b, a, fmt.Sprintf("heap-end-n%d.pb.gz", n))
 	text = mustMetricsText(b, a)
 	heapEnd := footprintMetric(text, "go_memstats_heap_inuse_bytes")
 
@@ -351,13 +359,34 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	b.Logf("ready: first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s); after the first ready the agent was busy %s more (cpu %s), then idle at %.1f ms/s",
 		readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
 		settle.Round(time.Millisecond), settleCPU, idleRate)
-	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, at its end heap in use %.1f; restart rss %.1f peak %.1f MiB",
-		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Peak))
+	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, idle after ready %.1f MiB, at its end rss %.1f MiB, heap in use %.1f; restart rss %.1f peak %.1f MiB",
+		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), mib(memIdle.RSS), mib(memEnd.RSS), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Peak))
 	for _, r := range []struct {
 		name string
 		churnResult
 	}{{"burst (8 at a time)", burst}, {"serial", serial}} {
 		b.Logf("churn %s: %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event",
 			r.name, r.events, r.received, r.dropped, r.took.Round(time.Millisecond), r.cpu, r.cpuPerEventMs)
+	}
+}
+
+// saveHeap writes the agent's heap profile into FOOTPRINT_HEAP (a dir),
+// when set: the agent then runs with --profiling.
+func saveHeap(b *testing.B, a *testenv.Agent, name string) {
+	dir := os.Getenv("FOOTPRINT_HEAP")
+	if dir == "" {
+		return
+	}
+	resp, err := http.Get("http://" + a.Addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatalf("FOOTPRINT_HEAP: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("FOOTPRINT_HEAP: %d %v", resp.StatusCode, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), body, 0o644); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -24,6 +24,28 @@ const (
 	annContainerName    = "io.kubernetes.cri.container-name"
 )
 
+// CRI's image labels gcagent reads: a pinned image is never deleted; a
+// CRI-managed one is deleted through CRI.
+const (
+	LabelPinned     = "io.cri-containerd.pinned"
+	LabelCRIManaged = "io.cri-containerd.image"
+)
+
+// ImageLabels returns the labels of l that gcagent reads (nil if none): an
+// image record can carry any number, and a busy node has thousands.
+func ImageLabels(l map[string]string) map[string]string {
+	var out map[string]string
+	for _, k := range []string{LabelPinned, LabelCRIManaged} {
+		if v, ok := l[k]; ok {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
 // imageEvent converts an image record; its content facts are supplied by
 // the caller.
 func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
@@ -31,7 +53,7 @@ func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
 		At:           at,
 		Name:         img.Name,
 		Digest:       img.Target.Digest.String(),
-		Labels:       img.Labels,
+		Labels:       ImageLabels(img.Labels),
 		Size:         f.Size,
 		Created:      img.CreatedAt.UTC(),
 		ConfigDigest: f.Config,

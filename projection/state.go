@@ -11,19 +11,50 @@ package projection
 import (
 	"cmp"
 	"slices"
+	"sync"
 	"time"
+	"unique"
 
 	"github.com/gcagent/gcagent/events"
 )
 
 // CRI labels and values gcagent reads (copied: containerd's are internal).
 const (
-	LabelPinned      = "io.cri-containerd.pinned"
+	LabelPinned      = events.LabelPinned
 	LabelPinnedValue = "pinned"
-	LabelCRIManaged  = "io.cri-containerd.image"
+	LabelCRIManaged  = events.LabelCRIManaged
 	KindSandbox      = "sandbox"
 	KindContainer    = "container"
 )
+
+// intern returns the one copy of s the process keeps: a digest or a name
+// is held by an image, by every container that uses it and by the use
+// index, and a busy node has tens of thousands of each.
+func intern(s string) string {
+	if s == "" {
+		return s
+	}
+	return unique.Make(s).Value()
+}
+
+// labelSets holds one map per distinct set of image labels gcagent reads;
+// images share them (nothing modifies a stored label map).
+var labelSets sync.Map // string -> map[string]string
+
+// imageLabels returns the labels of l that gcagent reads, as a shared map,
+// nil when there are none.
+func imageLabels(l map[string]string) map[string]string {
+	l = events.ImageLabels(l)
+	if len(l) == 0 {
+		return nil
+	}
+	key := l[LabelPinned] + "\x00" + l[LabelCRIManaged]
+	if m, ok := labelSets.Load(key); ok {
+		return m.(map[string]string)
+	}
+	m, _ := labelSets.LoadOrStore(key, l)
+	return m.(map[string]string)
+}
 
 // ContainerState is what the agent knows of a container's init process.
 type ContainerState string
@@ -291,26 +322,27 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	}
 	img := s.Images[e.Digest]
 	if img == nil {
-		img = &Image{Digest: e.Digest, Names: map[string]map[string]string{}, FirstSeen: e.At, Created: e.Created}
-		s.Images[e.Digest] = img
+		img = &Image{Digest: intern(e.Digest), Names: map[string]map[string]string{}, FirstSeen: e.At, Created: e.Created}
+		s.Images[img.Digest] = img
 	}
 	if (e.ConfigDigest != "" && e.ConfigDigest != img.ConfigDigest) || (e.ChainID != "" && e.ChainID != img.ChainID) {
 		s.unindex(img)
-		img.ConfigDigest = cmp.Or(e.ConfigDigest, img.ConfigDigest)
-		img.ChainID = cmp.Or(e.ChainID, img.ChainID)
+		img.ConfigDigest = intern(cmp.Or(e.ConfigDigest, img.ConfigDigest))
+		img.ChainID = intern(cmp.Or(e.ChainID, img.ChainID))
 		s.index(img)
 	}
 	if s.imageInUse(img) && e.At.After(img.LastUsed) {
 		img.LastUsed = e.At // held by a container from the moment it appears
 	}
-	img.Names[e.Name] = e.Labels
+	name := intern(e.Name)
+	img.Names[name] = imageLabels(e.Labels)
 	if e.Size > 0 {
 		img.Size = e.Size
 	}
 	if img.Created.IsZero() || (!e.Created.IsZero() && e.Created.Before(img.Created)) {
 		img.Created = e.Created
 	}
-	s.Names[e.Name] = e.Digest
+	s.Names[name] = img.Digest
 }
 
 func (s *State) dropName(name string) {
@@ -342,24 +374,24 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 		digest = s.Names[e.Image]
 	}
 	oldKeys := c.UseKeys()
-	c.ImageDigest = digest
+	c.ImageDigest = intern(digest)
 	// Content facts are sticky: a failed lookup does not forget them.
-	c.ImageID = cmp.Or(e.ImageID, c.ImageID)
-	c.RootChain = cmp.Or(e.RootChain, c.RootChain)
+	c.ImageID = intern(cmp.Or(e.ImageID, c.ImageID))
+	c.RootChain = intern(cmp.Or(e.RootChain, c.RootChain))
 	if e.VolumeImageIDs != nil || c.CRIKind != e.CRIKind {
 		c.VolumeImageIDs = e.VolumeImageIDs
 	}
 	if e.VolumeChains != nil {
 		c.VolumeChains = e.VolumeChains
 	}
-	c.RootKey = s.rootKey(c)
+	c.RootKey = intern(s.rootKey(c))
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
 	c.RestartManaged = e.RestartManaged
 	c.op(e.At)
 	wasSandbox := c.CRIKind == KindSandbox
 	oldUID := c.PodUID
-	c.Image, c.CRIKind = e.Image, e.CRIKind
-	c.PodUID, c.PodName, c.PodNamespace = e.PodUID, e.PodName, e.PodNamespace
+	c.Image, c.CRIKind = intern(e.Image), intern(e.CRIKind)
+	c.PodUID, c.PodName, c.PodNamespace = e.PodUID, e.PodName, intern(e.PodNamespace)
 	c.ContainerName, c.SandboxID, c.Created = e.ContainerName, e.SandboxID, e.Created
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
 		s.leavePod(oldUID, c.ID, e.At)

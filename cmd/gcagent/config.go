@@ -99,6 +99,9 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// AllowRemoteGC lets NATS control requests run GC. Default false.
 	AllowRemoteGC bool
+	// Profiling serves Go's profiles under /debug/pprof/ on the metrics
+	// address. Default false.
+	Profiling bool
 	// MetricsAddress serves /metrics, /healthz, /readyz and /status. Default 127.0.0.1:9617.
 	MetricsAddress string
 	// DryRun plans, logs and publishes but deletes nothing. Default false.
@@ -313,6 +316,7 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.DurationVar(&cfg.OutboxMaxAge, "outbox-max-age", cfg.OutboxMaxAge, "unacked events older than this are dropped (and logged)")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "period of agent.heartbeat events")
 	fs.BoolVar(&cfg.AllowRemoteGC, "allow-remote-gc", cfg.AllowRemoteGC, "let NATS control requests run GC")
+	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "serve Go's profiles (heap, CPU) under /debug/pprof/ on the metrics address")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "address of /metrics, /healthz, /readyz and /status")
 	fs.BoolVar(&cfg.DryRun, "dry-run", cfg.DryRun, "plan, log and publish, but delete nothing")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "json or console")

@@ -8,8 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -177,9 +180,11 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	evs := make(chan events.Scoped, 1024)
+	synced := live.Subscribe()                    // before live.Run, as every subscriber
 	if sd := a.newSystemdNotify(evs); sd != nil { // before live.Run: it subscribes
 		g.Go(func() error { return sd.run(gctx) })
 	}
+	g.Go(func() error { return releaseAfterSync(gctx, live, synced, log) })
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
@@ -238,6 +243,10 @@ type statusDoc struct {
 func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if a.cfg.Profiling {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		var problems []string
@@ -297,6 +306,25 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		_ = enc.Encode(doc)
 	})
 	return mux
+}
+
+// releaseAfterSync returns the memory of the first listing to the system
+// once the projection is synced: the listing of a big node is the agent's
+// peak, and the Go runtime would otherwise keep those pages for minutes.
+func releaseAfterSync(ctx context.Context, live *projection.Spaces, changes <-chan struct{}, log zerolog.Logger) error {
+	for !live.Synced() {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+		}
+	}
+	debug.FreeOSMemory()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	log.Info().Str("component", "projection").Uint64("heap_in_use", m.HeapInuse).Uint64("heap_released", m.HeapReleased).
+		Msg("synced: memory of the first listing returned")
+	return nil
 }
 
 // readyProbeTimeout bounds /readyz's call to containerd.
