@@ -91,11 +91,18 @@ func openChecked(path string) (st *Store, err error) {
 			return nil, err
 		}
 		err = ro.check()
+		loaded := ro.loaded
 		_ = ro.Close()
 		ro = nil
 		if err != nil {
 			return nil, errUnreadable{err}
 		}
+		// The check decoded every projection: the agent's first Load of
+		// each takes it from there instead of decoding the file again.
+		if st, err = OpenStore(path); err == nil {
+			st.loaded = loaded
+		}
+		return st, err
 	}
 	return OpenStore(path)
 }
@@ -139,7 +146,8 @@ func (st *Store) check() error {
 	if err != nil {
 		return err
 	}
-	_, err = st.LoadSpaces()
+	loaded, err := st.LoadSpaces()
+	st.loaded = &loaded
 	return err
 }
 

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"fmt"
+	"reflect"
 	"path/filepath"
 	"testing"
 	"time"
@@ -172,5 +173,39 @@ func TestLargeBatchWrittenAsSnapshot(t *testing.T) {
 	res, err := st.Load()
 	if err != nil || len(res.State.Images) != 21 || !res.State.Images["sha256:3"].FirstSeen.Equal(t0) {
 		t.Fatalf("restored %d images, %v", len(res.State.Images), err)
+	}
+}
+
+// TestUsersRebuiltOnLoad: the use index is not persisted; a restored state
+// has the same one, rebuilt from its containers.
+func TestUsersRebuiltOnLoad(t *testing.T) {
+	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	t0 := time.Unix(1000, 0).UTC()
+	s := New()
+	for _, ev := range []events.Event{
+		events.ImageUpserted{At: t0, Name: "a:1", Digest: "sha256:a", ConfigDigest: "sha256:ca", ChainID: "sha256:xa"},
+		events.ImageUpserted{At: t0, Name: "b:1", Digest: "sha256:b"},
+		events.ContainerUpserted{At: t0, ID: "c1", Image: "a:1", ImageDigest: "sha256:a", ImageID: "sha256:ca"},
+		events.ContainerUpserted{At: t0, ID: "c2", Image: "a:1", RootChain: "sha256:xa"},
+		events.ContainerUpserted{At: t0, ID: "c3", Image: "b:1", VolumeImageIDs: []string{"sha256:ca"}},
+	} {
+		s.Apply(ev)
+	}
+	if len(s.Users) == 0 {
+		t.Fatal("test setup: no use keys")
+	}
+	if err := st.Snapshot(s); err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(res.State.Users, s.Users) {
+		t.Fatalf("restored users %v, want %v", res.State.Users, s.Users)
 	}
 }

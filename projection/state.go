@@ -77,7 +77,9 @@ type State struct {
 	// Users indexes containers by the use keys they hold (see
 	// Container.UseKeys): a target digest, "config:<image id>" or
 	// "chain:<chain id>", also for keys no image has (any more, or yet).
-	Users  map[string]map[string]struct{} `json:"users"`
+	// Derived from Containers (fill rebuilds it), so never persisted: a
+	// snapshot decodes faster without it.
+	Users  map[string]map[string]struct{} `json:"-"`
 	Synced bool                           `json:"synced"`
 	Seq    uint64                         `json:"seq"` // events applied so far
 	// Namespace is the containerd namespace this projection is of; set by

@@ -28,6 +28,9 @@ var (
 type Store struct {
 	db            *bolt.DB
 	journal, meta []byte // bucket names
+	// loaded, shared by a file's spaces, holds what a check at open
+	// decoded, by namespace, until each space's first Load takes it.
+	loaded *map[string]LoadResult
 }
 
 // Space returns the store of namespace ns's projection, in the same file.
@@ -36,9 +39,9 @@ type Store struct {
 // was CRI's by default. Buckets are created by the first write.
 func (st *Store) Space(ns string) *Store {
 	if ns == events.CRINamespace {
-		return &Store{db: st.db, journal: bucketJournal, meta: bucketMeta}
+		return &Store{db: st.db, journal: bucketJournal, meta: bucketMeta, loaded: st.loaded}
 	}
-	return &Store{db: st.db, journal: []byte(spacePrefixJournal + ns), meta: []byte(spacePrefixMeta + ns)}
+	return &Store{db: st.db, journal: []byte(spacePrefixJournal + ns), meta: []byte(spacePrefixMeta + ns), loaded: st.loaded}
 }
 
 const spacePrefixJournal, spacePrefixMeta = "journal/", "meta/"
@@ -132,6 +135,16 @@ type LoadResult struct {
 // cannot be decoded is reported in Skipped and passed over: the reconcile
 // that follows repairs what it described.
 func (st *Store) Load() (LoadResult, error) {
+	if st.loaded != nil {
+		ns := events.CRINamespace
+		if n := string(st.meta); strings.HasPrefix(n, spacePrefixMeta) {
+			ns = strings.TrimPrefix(n, spacePrefixMeta)
+		}
+		if res, ok := (*st.loaded)[ns]; ok {
+			delete(*st.loaded, ns) // once: later loads read the file
+			return res, nil
+		}
+	}
 	res := LoadResult{State: New()}
 	err := st.db.View(func(tx *bolt.Tx) error {
 		meta, journal := tx.Bucket(st.meta), tx.Bucket(st.journal)
@@ -263,9 +276,7 @@ func (s *State) fill() {
 	if s.Pods == nil {
 		s.Pods = map[string]*Pod{}
 	}
-	if s.Users == nil {
-		s.Users = map[string]map[string]struct{}{}
-	}
+
 	for _, img := range s.Images {
 		if img.Names == nil {
 			img.Names = map[string]map[string]string{}
@@ -277,10 +288,20 @@ func (s *State) fill() {
 		}
 	}
 	s.reindex()
-	// States written before RootKey existed: the key their Users hold.
-	for _, c := range s.Containers {
+	// States written before RootKey existed: the key their Users held.
+	// Then the use index, derived from the containers.
+	s.Users = map[string]map[string]struct{}{}
+	for id, c := range s.Containers {
 		if c.RootKey == "" {
 			c.RootKey = s.rootKey(c)
+		}
+		for _, k := range c.UseKeys() {
+			users := s.Users[k]
+			if users == nil {
+				users = map[string]struct{}{}
+				s.Users[k] = users
+			}
+			users[id] = struct{}{}
 		}
 	}
 }
