@@ -2,8 +2,8 @@ package projection
 
 import (
 	"fmt"
-	"reflect"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
