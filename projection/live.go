@@ -1,7 +1,6 @@
 package projection
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,9 +32,9 @@ type LiveOptions struct {
 	metrics *liveMetrics
 }
 
-// Live owns the State: it applies events, journals them, takes snapshots,
-// and hands out copies. Its methods are safe for concurrent use; only Run
-// mutates.
+// Live owns one namespace's State: it applies events, journals them, takes
+// snapshots, and hands out copies. Its methods are safe for concurrent
+// use; only Apply mutates, called by one goroutine (Spaces.Run's).
 type Live struct {
 	opts  LiveOptions
 	mu    sync.RWMutex
@@ -44,7 +43,7 @@ type Live struct {
 	since int // journal entries since the last snapshot
 	m     *liveMetrics
 	fault atomic.Pointer[JournalFault] // nil while persisting works
-	tried time.Time                    // last snapshot attempt; Run's goroutine only
+	tried time.Time                    // last snapshot attempt; the applying goroutine only
 }
 
 // snapshotRetry spaces snapshot attempts while writes fail: each encodes the
@@ -63,7 +62,7 @@ type JournalFault struct {
 // last write to the store succeeded. Safe for concurrent use.
 func (l *Live) JournalFault() *JournalFault { return l.fault.Load() }
 
-// failed records a failed write; only Run's goroutine writes.
+// failed records a failed write; only the applying goroutine writes.
 func (l *Live) failed(err error) {
 	l.m.journalErrors.Inc()
 	f := JournalFault{Err: err.Error(), Since: l.opts.Now(), Failures: 1}
@@ -142,47 +141,9 @@ func NewLive(opts LiveOptions) (*Live, error) {
 // Namespace is the containerd namespace projected.
 func (l *Live) Namespace() string { return l.opts.Namespace }
 
-// Run applies events from in until ctx ends, then writes a final snapshot.
-// Events that arrive together are applied and journaled as one batch.
-// After a failed write it retries a snapshot every second until one
-// succeeds.
-func (l *Live) Run(ctx context.Context, in <-chan events.Event) error {
-	// While writes fail, a snapshot is retried every snapshotRetry even when
-	// no event comes, so persistence resumes soon after space returns.
-	var retry <-chan time.Time
-	for {
-		if retry == nil && l.fault.Load() != nil {
-			retry = time.After(snapshotRetry)
-		}
-		select {
-		case <-ctx.Done():
-			l.snapshot()
-			return nil
-		case <-retry:
-			retry = nil
-			if l.fault.Load() != nil {
-				l.snapshot()
-			}
-		case ev := <-in:
-			batch := []events.Event{ev}
-		drain:
-			for len(batch) < 512 {
-				select {
-				case ev := <-in:
-					batch = append(batch, ev)
-				default:
-					break drain
-				}
-			}
-			l.Apply(batch...)
-		}
-	}
-}
-
 // Apply folds events (a Listing through Reconcile) into the state, journals
 // what was applied (before readers can see it) and notifies subscribers.
-// Run calls it; tests and tools may call it directly when nothing else runs
-// Run.
+// Spaces.Run calls it; tests and tools may call it when nothing else does.
 func (l *Live) Apply(batch ...events.Event) {
 	var applied []events.Event
 	l.mu.Lock()
@@ -307,7 +268,7 @@ func (l *Live) Synced() bool {
 
 // Subscribe returns a channel that receives a signal after each applied
 // batch; signals coalesce, so a slow reader never blocks the projection.
-// Call before Run starts.
+// Call before events are applied.
 func (l *Live) Subscribe() <-chan struct{} {
 	ch := make(chan struct{}, 1)
 	l.subs = append(l.subs, ch)
