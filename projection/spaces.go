@@ -301,6 +301,3 @@ func (n Namespace) View(fn func(*State)) {
 	empty.Namespace = n.ns
 	fn(empty)
 }
-
-// Synced reports whether every namespace is synced and this one exists.
-func (n Namespace) Synced() bool { return n.s.Synced() && n.s.Live(n.ns) != nil }
