@@ -48,36 +48,40 @@ func BenchmarkApply(b *testing.B) {
 // pods, half plain, all running.
 func BenchmarkStateMemory(b *testing.B) {
 	const n = 10000
-	build := func() *State {
-		s := New()
-		for i := range n {
-			digest, config := fmt.Sprintf("sha256:%064x", i), fmt.Sprintf("sha256:%064x", n+i)
-			for _, name := range []string{fmt.Sprintf("registry.test/team-%d/app-%d:1.%d", i%50, i, i%7), config} {
-				s.Apply(events.ImageUpserted{At: t0, Name: name, Digest: digest, Size: 50 << 20, ConfigDigest: config,
-					ChainID: fmt.Sprintf("sha256:%064x", 2*n+i), Labels: map[string]string{LabelCRIManaged: "managed"}})
-			}
-			id := fmt.Sprintf("%064x", 3*n+i)
-			ev := events.ContainerUpserted{At: t0, ID: id, Image: fmt.Sprintf("registry.test/team-%d/app-%d:1.%d", i%50, i, i%7),
-				ImageDigest: digest, ImageID: config, RootChain: fmt.Sprintf("sha256:%064x", 2*n+i)}
-			if i%2 == 0 {
-				uid := fmt.Sprintf("%08x-0000-0000-0000-%012x", i/4, i/4)
-				ev.CRIKind, ev.PodUID, ev.PodName, ev.PodNamespace, ev.ContainerName, ev.SandboxID =
-					KindContainer, uid, fmt.Sprintf("app-%d", i/4), "default", fmt.Sprintf("c%d", i%4), fmt.Sprintf("%064x", 4*n+i/4)
-			}
-			s.Apply(ev)
-			s.Apply(events.TaskStarted{At: t0, ContainerID: id, Pid: uint32(i + 1)})
-		}
-		return s
-	}
 	var keep *State
 	for b.Loop() {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		keep = build()
+		keep = busyNode(n)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB")
 	}
 	runtime.KeepAlive(keep)
+}
+
+// busyNode is the projection of a busy node: n images (each with a tag and
+// CRI's id name, labelled as CRI labels them) and n running containers,
+// half CRI containers in pods, half plain.
+func busyNode(n int) *State {
+	s := New()
+	for i := range n {
+		digest, config := fmt.Sprintf("sha256:%064x", i), fmt.Sprintf("sha256:%064x", n+i)
+		for _, name := range []string{fmt.Sprintf("registry.test/team-%d/app-%d:1.%d", i%50, i, i%7), config} {
+			s.Apply(events.ImageUpserted{At: t0, Name: name, Digest: digest, Size: 50 << 20, ConfigDigest: config,
+				ChainID: fmt.Sprintf("sha256:%064x", 2*n+i), Labels: map[string]string{LabelCRIManaged: "managed"}})
+		}
+		id := fmt.Sprintf("%064x", 3*n+i)
+		ev := events.ContainerUpserted{At: t0, ID: id, Image: fmt.Sprintf("registry.test/team-%d/app-%d:1.%d", i%50, i, i%7),
+			ImageDigest: digest, ImageID: config, RootChain: fmt.Sprintf("sha256:%064x", 2*n+i)}
+		if i%2 == 0 {
+			uid := fmt.Sprintf("%08x-0000-0000-0000-%012x", i/4, i/4)
+			ev.CRIKind, ev.PodUID, ev.PodName, ev.PodNamespace, ev.ContainerName, ev.SandboxID =
+				KindContainer, uid, fmt.Sprintf("app-%d", i/4), "default", fmt.Sprintf("c%d", i%4), fmt.Sprintf("%064x", 4*n+i/4)
+		}
+		s.Apply(ev)
+		s.Apply(events.TaskStarted{At: t0, ContainerID: id, Pid: uint32(i + 1)})
+	}
+	return s
 }

@@ -176,8 +176,8 @@ func TestLargeBatchWrittenAsSnapshot(t *testing.T) {
 	}
 }
 
-// TestUsersRebuiltOnLoad: the use index is not persisted; a restored state
-// has the same one, rebuilt from its containers.
+// TestUsersRebuiltOnLoad: the use and name indexes are not persisted; a
+// restored state has the same ones, rebuilt from its containers and images.
 func TestUsersRebuiltOnLoad(t *testing.T) {
 	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
@@ -207,5 +207,8 @@ func TestUsersRebuiltOnLoad(t *testing.T) {
 	}
 	if !reflect.DeepEqual(res.State.Users, s.Users) {
 		t.Fatalf("restored users %v, want %v", res.State.Users, s.Users)
+	}
+	if !reflect.DeepEqual(res.State.Names, s.Names) {
+		t.Fatalf("restored names %v, want %v", res.State.Names, s.Names)
 	}
 }

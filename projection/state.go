@@ -71,7 +71,7 @@ const (
 // read-only use by planners; mutate only through Apply.
 type State struct {
 	Images     map[string]*Image     `json:"images"`     // by target digest
-	Names      map[string]string     `json:"names"`      // image name -> target digest
+	Names      map[string]string     `json:"-"`          // image name -> target digest; derived from Images (fill)
 	Containers map[string]*Container `json:"containers"` // by id
 	Pods       map[string]*Pod       `json:"pods"`       // by pod uid
 	// Users indexes containers by the use keys they hold (see
@@ -98,7 +98,7 @@ type Image struct {
 	// Names maps each name to its labels.
 	Names     map[string]map[string]string `json:"names"`
 	Size      int64                        `json:"size"`
-	Created   time.Time                    `json:"created"`
+	Created   time.Time                    `json:"created,omitzero"`
 	FirstSeen time.Time                    `json:"firstSeen"`
 	// LastUsed is when a container last started or stopped referencing the
 	// image; while any does, the image counts as used now (see State.LastUsed).
@@ -121,12 +121,12 @@ type Container struct {
 	PodNamespace  string         `json:"podNamespace,omitempty"`
 	ContainerName string         `json:"containerName,omitempty"`
 	SandboxID     string         `json:"sandboxID,omitempty"`
-	Created       time.Time      `json:"created"`
+	Created       time.Time      `json:"created,omitzero"`
 	FirstSeen     time.Time      `json:"firstSeen"`
 	State         ContainerState `json:"state"`
 	Pid           uint32         `json:"pid,omitempty"` // of the current or last run
-	StartedAt     time.Time      `json:"startedAt"`
-	ExitedAt      time.Time      `json:"exitedAt"`
+	StartedAt     time.Time      `json:"startedAt,omitzero"`
+	ExitedAt      time.Time      `json:"exitedAt,omitzero"`
 	ExitStatus    uint32         `json:"exitStatus"`
 	// What the container runs, by content (see events.ContainerUpserted).
 	ImageID        string   `json:"imageID,omitempty"`

@@ -267,9 +267,9 @@ func (s *State) fill() {
 	if s.Images == nil {
 		s.Images = map[string]*Image{}
 	}
-	if s.Names == nil {
-		s.Names = map[string]string{}
-	}
+	// The name index is derived from the images, not persisted (older
+	// snapshots carry it; it is rebuilt all the same).
+	s.Names = map[string]string{}
 	if s.Containers == nil {
 		s.Containers = map[string]*Container{}
 	}
@@ -277,9 +277,12 @@ func (s *State) fill() {
 		s.Pods = map[string]*Pod{}
 	}
 
-	for _, img := range s.Images {
+	for d, img := range s.Images {
 		if img.Names == nil {
 			img.Names = map[string]map[string]string{}
+		}
+		for name := range img.Names {
+			s.Names[name] = d
 		}
 	}
 	for _, p := range s.Pods {
