@@ -41,11 +41,15 @@ type imgStatus struct {
 	ImageGC *gc.ImageGCStatus `json:"imageGC"`
 }
 
-// imgLogLine is one line of the agent's JSON log.
+// imgLogLine is one line of the agent's JSON log, with the fields the
+// tests read.
 type imgLogLine struct {
 	Component string   `json:"component"`
 	Message   string   `json:"message"`
+	Namespace string   `json:"namespace"`
 	Digest    string   `json:"digest"`
+	Image     string   `json:"image"`
+	Container string   `json:"container"`
 	Names     []string `json:"names"`
 	Reason    string   `json:"reason"`
 	Freed     int64    `json:"freed"`

@@ -1,11 +1,7 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -25,33 +21,6 @@ func TestNamespaces(t *testing.T) {
 	for _, v := range testenv.Versions() {
 		t.Run(string(v), func(t *testing.T) { testNamespaces(t, v) })
 	}
-}
-
-// nsLine is a line of the agent's log with the fields this test reads.
-type nsLine struct {
-	Component string `json:"component"`
-	Message   string `json:"message"`
-	Namespace string `json:"namespace"`
-	Container string `json:"container"`
-	Image     string `json:"image"`
-}
-
-func nsLog(t *testing.T, a *testenv.Agent) []nsLine {
-	t.Helper()
-	b, err := os.ReadFile(a.LogFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []nsLine
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var l nsLine
-		if json.Unmarshal(sc.Bytes(), &l) == nil {
-			out = append(out, l)
-		}
-	}
-	return out
 }
 
 func testNamespaces(t *testing.T, v testenv.Version) {
@@ -129,8 +98,8 @@ func testNamespaces(t *testing.T, v testenv.Version) {
 		ctr := in(u.ns).RunNative(t, u.id, u.image, "true")
 		in(u.ns).WaitExit(t, ctr)
 		testenv.Eventually(t, 30*time.Second, func() string {
-			for _, l := range nsLog(t, a) {
-				if l.Component == "containergc" && l.Message == "removed" && l.Container == u.id {
+			for _, l := range imgAgentLog(t, a, "containergc") {
+				if l.Message == "removed" && l.Container == u.id {
 					if l.Namespace != u.ns {
 						t.Fatalf("container %s removed in namespace %q, want %q", u.id, l.Namespace, u.ns)
 					}
@@ -165,8 +134,8 @@ func testNamespaces(t *testing.T, v testenv.Version) {
 	var removed []string
 	testenv.Eventually(t, 60*time.Second, func() string {
 		removed = removed[:0]
-		for _, l := range nsLog(t, a) {
-			if l.Component == "imagegc" && l.Message == "image removed" {
+		for _, l := range imgAgentLog(t, a, "imagegc") {
+			if l.Message == "image removed" {
 				removed = append(removed, l.Namespace+"/"+l.Image)
 			}
 		}
