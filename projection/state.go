@@ -39,21 +39,34 @@ func intern(s string) string {
 
 // labelSets holds one map per distinct set of image labels gcagent reads;
 // images share them (nothing modifies a stored label map).
-var labelSets sync.Map // string -> map[string]string
+var labelSets sync.Map // labelKey -> map[string]string
 
 // imageLabels returns the labels of l that gcagent reads, as a shared map,
-// nil when there are none.
+// nil when there are none. It allocates only for a set not seen before.
 func imageLabels(l map[string]string) map[string]string {
-	l = events.ImageLabels(l)
-	if len(l) == 0 {
+	pinned, hasPinned := l[LabelPinned]
+	managed, hasManaged := l[LabelCRIManaged]
+	if !hasPinned && !hasManaged {
 		return nil
 	}
-	key := l[LabelPinned] + "\x00" + l[LabelCRIManaged]
+	key := labelKey{pinned, managed, hasPinned, hasManaged}
 	if m, ok := labelSets.Load(key); ok {
 		return m.(map[string]string)
 	}
-	m, _ := labelSets.LoadOrStore(key, l)
+	m, _ := labelSets.LoadOrStore(key, events.ImageLabels(l))
 	return m.(map[string]string)
+}
+
+type labelKey struct {
+	pinned, managed       string
+	hasPinned, hasManaged bool
+}
+
+// setInterned sets *dst to v, interned; an unchanged value costs a compare.
+func setInterned(dst *string, v string) {
+	if *dst != v {
+		*dst = intern(v)
+	}
 }
 
 // ContainerState is what the agent knows of a container's init process.
@@ -376,24 +389,26 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 		digest = s.Names[e.Image]
 	}
 	oldKeys := c.UseKeys()
-	c.ImageDigest = intern(digest)
+	setInterned(&c.ImageDigest, digest)
 	// Content facts are sticky: a failed lookup does not forget them.
-	c.ImageID = intern(cmp.Or(e.ImageID, c.ImageID))
-	c.RootChain = intern(cmp.Or(e.RootChain, c.RootChain))
+	setInterned(&c.ImageID, cmp.Or(e.ImageID, c.ImageID))
+	setInterned(&c.RootChain, cmp.Or(e.RootChain, c.RootChain))
 	if e.VolumeImageIDs != nil || c.CRIKind != e.CRIKind {
 		c.VolumeImageIDs = e.VolumeImageIDs
 	}
 	if e.VolumeChains != nil {
 		c.VolumeChains = e.VolumeChains
 	}
-	c.RootKey = intern(s.rootKey(c))
+	setInterned(&c.RootKey, s.rootKey(c))
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
 	c.RestartManaged = e.RestartManaged
 	c.op(e.At)
 	wasSandbox := c.CRIKind == KindSandbox
 	oldUID := c.PodUID
-	c.Image, c.CRIKind = intern(e.Image), intern(e.CRIKind)
-	c.PodUID, c.PodName, c.PodNamespace = e.PodUID, e.PodName, intern(e.PodNamespace)
+	setInterned(&c.Image, e.Image)
+	setInterned(&c.CRIKind, e.CRIKind)
+	setInterned(&c.PodNamespace, e.PodNamespace)
+	c.PodUID, c.PodName = e.PodUID, e.PodName
 	c.ContainerName, c.SandboxID, c.Created = e.ContainerName, e.SandboxID, e.Created
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
 		s.leavePod(oldUID, c.ID, e.At)
