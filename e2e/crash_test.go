@@ -3,7 +3,6 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -19,9 +18,7 @@ import (
 	"time"
 
 	apievents "github.com/containerd/containerd/api/events"
-	"github.com/containerd/containerd/v2/client"
 	cdevents "github.com/containerd/containerd/v2/core/events"
-	"github.com/containerd/containerd/v2/core/images"
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/projection"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -224,7 +221,7 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 					imgs = append(imgs, testenv.Image{Name: name, Layers: []testenv.Layer{{Seed: fmt.Sprintf("crash-%s-junk-%d-%d", v, i, k), Size: 1 << 20}}})
 				}
 				maps.Copy(ids, imageIDs(t, imgs...))
-				for _, r := range importLeased(t, c, imgs...) {
+				for _, r := range c.ImportLeased(t, imgs...) {
 					junk[r.Name] = r.Target.Digest.String()
 					addAlias(r.Name, junk[r.Name])
 				}
@@ -365,14 +362,10 @@ func testCrashConsistency(t *testing.T, v testenv.Version, rng *rand.Rand, itera
 				return p + " not removed"
 			}
 		}
-		m, err := metricsText(a)
-		if err != nil {
-			return err.Error()
+		var why string
+		if evs, why = deliveredStream(t, a, nc); why != "" {
+			return why
 		}
-		if d := metricSum(m, "gcagent_natsbus_outbox_depth"); d != 0 {
-			return fmt.Sprintf("outbox depth %v", d)
-		}
-		evs = readStream(t, nc)
 		removed := func(kindAction string) map[string]int { return subjectsOf(evs, kindAction) }
 		for _, d := range junk {
 			if removed("image.removed")[d] == 0 {
@@ -554,35 +547,4 @@ func imageIDs(t *testing.T, imgs ...testenv.Image) map[string]string {
 		}
 		return out
 	}
-}
-
-// importLeased imports and unpacks imgs under one lease, as `ctr images
-// import` and a pull do: the agent under pressure with no minimum age may
-// delete an unused image the moment the lease ends, but not between the
-// import and the unpack (testenv.Import unpacks outside a lease).
-func importLeased(t *testing.T, c *testenv.Containerd, imgs ...testenv.Image) []images.Image {
-	t.Helper()
-	var buf bytes.Buffer
-	if err := testenv.Archive(&buf, imgs...); err != nil {
-		t.Fatalf("build archive: %v", err)
-	}
-	ctx, done, err := c.Client.WithLease(c.Ctx())
-	if err != nil {
-		t.Fatalf("lease: %v", err)
-	}
-	defer func() {
-		if err := done(context.WithoutCancel(ctx)); err != nil {
-			t.Errorf("end lease: %v", err)
-		}
-	}()
-	recs, err := c.Client.Import(ctx, &buf)
-	if err != nil {
-		t.Fatalf("import %d images: %v", len(imgs), err)
-	}
-	for _, r := range recs {
-		if err := client.NewImage(c.Client, r).Unpack(ctx, ""); err != nil {
-			t.Fatalf("unpack %s: %v", r.Name, err)
-		}
-	}
-	return recs
 }

@@ -35,14 +35,10 @@ func waitEvents(t *testing.T, a *testenv.Agent, nc *nats.Conn, kindAction, subje
 	t.Helper()
 	var evs []storedEvent
 	testenv.Eventually(t, 60*time.Second, func() string {
-		m, err := metricsText(a)
-		if err != nil {
-			return err.Error()
+		var why string
+		if evs, why = deliveredStream(t, a, nc); why != "" {
+			return why
 		}
-		if d := metricSum(m, "gcagent_natsbus_outbox_depth"); d != 0 {
-			return fmt.Sprintf("outbox depth %v", d)
-		}
-		evs = readStream(t, nc)
 		if n := subjectsOf(evs, kindAction)[subject]; n < want {
 			return fmt.Sprintf("%d %s events for %s, want %d", n, kindAction, subject, want)
 		}

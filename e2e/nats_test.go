@@ -174,6 +174,19 @@ func danglingLog(t *testing.T, c *testenv.Containerd, name, id string) string {
 	return link
 }
 
+// deliveredStream reads the stream once the agent's outbox is empty; why
+// says what is not there yet (the outbox, or the agent's answer).
+func deliveredStream(t testing.TB, a *testenv.Agent, nc *nats.Conn) (evs []storedEvent, why string) {
+	m, err := metricsText(a)
+	if err != nil {
+		return nil, err.Error()
+	}
+	if d := metricSum(m, "gcagent_natsbus_outbox_depth"); d != 0 {
+		return nil, fmt.Sprintf("outbox depth %v", d)
+	}
+	return readStream(t, nc), ""
+}
+
 // metricsText fetches the agent's /metrics; an agent that is still
 // starting is an error, not a failure.
 func metricsText(a *testenv.Agent) (string, error) {
@@ -481,14 +494,10 @@ func waitDelivered(t *testing.T, a *testenv.Agent, nc *nats.Conn, ids []string, 
 	t.Helper()
 	var evs []storedEvent
 	testenv.Eventually(t, 60*time.Second, func() string {
-		m, err := metricsText(a)
-		if err != nil {
-			return err.Error()
+		var why string
+		if evs, why = deliveredStream(t, a, nc); why != "" {
+			return why
 		}
-		if d := metricSum(m, "gcagent_natsbus_outbox_depth"); d != 0 {
-			return fmt.Sprintf("outbox depth %v", d)
-		}
-		evs = readStream(t, nc)
 		removed := subjectsOf(evs, "container.removed")
 		for _, id := range ids {
 			if removed[id] == 0 {

@@ -3,6 +3,7 @@ package testenv
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -191,12 +192,34 @@ func Archive(w io.Writer, imgs ...Image) error {
 // default snapshotter, as a pull would. It returns the created image records.
 func (c *Containerd) Import(t testing.TB, imgs ...Image) []images.Image {
 	t.Helper()
+	return c.importIn(t, c.Ctx(), imgs)
+}
+
+// ImportLeased is Import under one lease, as `ctr images import` and a pull
+// do: an agent under pressure with no minimum age may delete an unused
+// image the moment the lease ends, but not between the import and the
+// unpack (Import unpacks outside a lease).
+func (c *Containerd) ImportLeased(t testing.TB, imgs ...Image) []images.Image {
+	t.Helper()
+	ctx, done, err := c.Client.WithLease(c.Ctx())
+	if err != nil {
+		t.Fatalf("lease: %v", err)
+	}
+	defer func() {
+		if err := done(context.WithoutCancel(ctx)); err != nil {
+			t.Errorf("end lease: %v", err)
+		}
+	}()
+	return c.importIn(t, ctx, imgs)
+}
+
+func (c *Containerd) importIn(t testing.TB, ctx context.Context, imgs []Image) []images.Image {
+	t.Helper()
 	Require(t, HasBusybox(), "busybox-static")
 	var buf bytes.Buffer
 	if err := Archive(&buf, imgs...); err != nil {
 		t.Fatalf("build archive: %v", err)
 	}
-	ctx := c.Ctx()
 	recs, err := c.Client.Import(ctx, &buf)
 	if err != nil {
 		t.Fatalf("import %d images: %v", len(imgs), err)
