@@ -292,7 +292,7 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	var plan ImagePlan
 	synced = g.o.Projection.Synced()
 	g.o.Projection.ViewAll(func(states []*projection.State) {
-		seq = seqOf(states)
+		seq = projection.SeqOf(states)
 		if g.o.Policy.MaxAge > 0 && synced && seq != g.trig.planSeq {
 			// The next age-out moves with the state; planning is pure and
 			// cheap, so it is re-read on each change.
@@ -322,7 +322,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	g.o.Projection.ViewAll(func(states []*projection.State) {
 		g.observeSandboxes(states)
 		plan = PlanImages(states, disk, g.policy(), start)
-		seq = seqOf(states)
+		seq = projection.SeqOf(states)
 	})
 	if derr != nil {
 		g.o.Log.Warn().Err(derr).Msg("image filesystem not measured: only max-age GC runs")
@@ -515,15 +515,6 @@ func (g *ImageGC) publish(a Action, log zerolog.Logger) {
 	if err := g.o.Publisher.Publish(a); err != nil {
 		log.Warn().Err(err).Str("kind", a.Kind).Str("action", a.Action).Msg("publish failed")
 	}
-}
-
-// seqOf is a change counter of the states together: it moves whenever one
-// of them applies an event.
-func seqOf(states []*projection.State) (seq uint64) {
-	for _, s := range states {
-		seq += s.Seq
-	}
-	return seq
 }
 
 func firstName(names []string) string {

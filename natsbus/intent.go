@@ -120,13 +120,9 @@ func (p *Publisher) Complete(in Intent, d any) error {
 	}
 	a := in.action(d)
 	now := p.opts.Now()
-	ev, err := NewEvent(p.opts.Cluster, p.opts.Node, a, now)
+	ev, payload, err := p.encode(a, now)
 	if err != nil {
 		return err
-	}
-	payload, err := json.Marshal(ev)
-	if err != nil {
-		return fmt.Errorf("natsbus: marshal event %s: %w", ev.ID, err)
 	}
 	errNotPending := errors.New("not pending")
 	dr, err := p.ob.appendWith(entry{

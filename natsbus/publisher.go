@@ -255,6 +255,19 @@ func NewPublisher(nc *nats.Conn, opts PublisherOptions) (*Publisher, error) {
 	return p, nil
 }
 
+// encode makes a's CloudEvent as of now and its JSON.
+func (p *Publisher) encode(a Action, now time.Time) (CloudEvent, []byte, error) {
+	ev, err := NewEvent(p.opts.Cluster, p.opts.Node, a, now)
+	if err != nil {
+		return ev, nil, err
+	}
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		return ev, nil, fmt.Errorf("natsbus: marshal event %s: %w", ev.ID, err)
+	}
+	return ev, payload, nil
+}
+
 // Publish stores the action's event in the outbox (fsync'd) and returns
 // without waiting for NATS; it fails only when the action is invalid, its
 // event is larger than the outbox or NATS allow, the outbox cannot be written,
@@ -270,13 +283,9 @@ func (p *Publisher) Publish(a Action) error {
 		a.Key = randomKey()
 	}
 	now := p.opts.Now()
-	ev, err := NewEvent(p.opts.Cluster, p.opts.Node, a, now)
+	ev, payload, err := p.encode(a, now)
 	if err != nil {
 		return err
-	}
-	payload, err := json.Marshal(ev)
-	if err != nil {
-		return fmt.Errorf("natsbus: marshal event %s: %w", ev.ID, err)
 	}
 	// Not nc.MaxPayload(): it takes the connection's lock, which a reconnect attempt holds while it dials.
 	if mp := p.maxPayload.Load(); mp > 0 && int64(len(payload)) > mp {

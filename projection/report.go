@@ -64,10 +64,10 @@ func NewReport(now time.Time, states ...*State) Report {
 		Images: []ImageReport{}, Containers: []ContainerReport{}, Pods: []PodReport{}}
 	for _, s := range states {
 		r.Synced = r.Synced && s.Synced
-		r.Seq += s.Seq
 		r.Namespaces = append(r.Namespaces, s.Namespace)
 		r.add(s, now)
 	}
+	r.Seq = SeqOf(states)
 	return r
 }
 

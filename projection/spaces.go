@@ -233,6 +233,15 @@ func (s *Spaces) ViewAll(fn func([]*State)) {
 	fn(states)
 }
 
+// SeqOf is a change counter of states together (those of ViewAll): it
+// moves whenever one of them applies an event.
+func SeqOf(states []*State) (seq uint64) {
+	for _, s := range states {
+		seq += s.Seq
+	}
+	return seq
+}
+
 // Synced reports whether every managed namespace was listed since the
 // agent started: nothing may be deleted before.
 func (s *Spaces) Synced() bool {

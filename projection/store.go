@@ -27,7 +27,8 @@ var (
 // buckets (Space). A Store is safe for use by one owner goroutine at a time.
 type Store struct {
 	db            *bolt.DB
-	journal, meta []byte // bucket names
+	ns            string // the namespace whose projection this is
+	journal, meta []byte // its bucket names
 	// loaded, shared by a file's spaces, holds what a check at open
 	// decoded, by namespace, until each space's first Load takes it.
 	loaded *map[string]LoadResult
@@ -38,10 +39,11 @@ type Store struct {
 // hold the projection agents wrote before they managed namespaces, which
 // was CRI's by default. Buckets are created by the first write.
 func (st *Store) Space(ns string) *Store {
-	if ns == events.CRINamespace {
-		return &Store{db: st.db, journal: bucketJournal, meta: bucketMeta, loaded: st.loaded}
+	sp := &Store{db: st.db, ns: ns, journal: bucketJournal, meta: bucketMeta, loaded: st.loaded}
+	if ns != events.CRINamespace {
+		sp.journal, sp.meta = []byte(spacePrefixJournal+ns), []byte(spacePrefixMeta+ns)
 	}
-	return &Store{db: st.db, journal: []byte(spacePrefixJournal + ns), meta: []byte(spacePrefixMeta + ns), loaded: st.loaded}
+	return sp
 }
 
 const spacePrefixJournal, spacePrefixMeta = "journal/", "meta/"
@@ -107,7 +109,7 @@ func OpenStore(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init state %s: %w", path, err)
 	}
-	return &Store{db: db, journal: bucketJournal, meta: bucketMeta}, nil
+	return &Store{db: db, ns: events.CRINamespace, journal: bucketJournal, meta: bucketMeta}, nil
 }
 
 // OpenStoreReadOnly opens an existing store for reading only, for tools
@@ -118,7 +120,7 @@ func OpenStoreReadOnly(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state %s read-only: %w", path, err)
 	}
-	return &Store{db: db, journal: bucketJournal, meta: bucketMeta}, nil
+	return &Store{db: db, ns: events.CRINamespace, journal: bucketJournal, meta: bucketMeta}, nil
 }
 
 // Close closes the file.
@@ -136,12 +138,8 @@ type LoadResult struct {
 // that follows repairs what it described.
 func (st *Store) Load() (LoadResult, error) {
 	if st.loaded != nil {
-		ns := events.CRINamespace
-		if n := string(st.meta); strings.HasPrefix(n, spacePrefixMeta) {
-			ns = strings.TrimPrefix(n, spacePrefixMeta)
-		}
-		if res, ok := (*st.loaded)[ns]; ok {
-			delete(*st.loaded, ns) // once: later loads read the file
+		if res, ok := (*st.loaded)[st.ns]; ok {
+			delete(*st.loaded, st.ns) // once: later loads read the file
 			return res, nil
 		}
 	}

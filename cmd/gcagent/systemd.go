@@ -137,13 +137,7 @@ type loopHealth struct {
 func (h *loopHealth) check() error {
 	if h.inflight == nil {
 		ch := make(chan uint64, 1)
-		go h.view(func(states []*projection.State) {
-			var seq uint64
-			for _, s := range states {
-				seq += s.Seq
-			}
-			ch <- seq
-		})
+		go h.view(func(states []*projection.State) { ch <- projection.SeqOf(states) })
 		h.inflight = ch
 	}
 	var seq uint64
