@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
@@ -50,6 +51,25 @@ func imageReport(t testing.TB, a *testenv.Agent, name string) (projection.ImageR
 	return projection.ImageReport{}, false
 }
 
+// stateFaultNode is the node both state-fault tests start from: a small
+// image filesystem under pressure holding the sandbox image, an image a
+// running container uses, and job, an unused one; and a NATS server.
+func stateFaultNode(t *testing.T, v testenv.Version, job string) (*testenv.Containerd, *server.Server) {
+	t.Helper()
+	c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
+	ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
+	c.Import(t,
+		testenv.Pause(c.SandboxImage),
+		testenv.Runnable("example.test/keep:1", testenv.Layer{Seed: "keep", Size: 2 << 20}),
+		testenv.Runnable(job, testenv.Layer{Seed: "job", Size: 2 << 20}),
+	)
+	c.RunNative(t, "run-1", "example.test/keep:1", "sleep", "600")
+	if u := usagePercent(t, c.Root); u < 2 {
+		t.Fatalf("image filesystem usage %d%%: no pressure to test", u)
+	}
+	return c, ns
+}
+
 // TestCorruptStateDB: an agent builds history in its state.db and stops;
 // the file is damaged (garbage bytes on one daemon version, truncated to
 // half on the other) while a container dies and an unused image arrives.
@@ -60,18 +80,8 @@ func imageReport(t testing.TB, a *testenv.Agent, name string) (projection.ImageR
 // third start on the rebuilt file finds nothing to reset.
 func TestCorruptStateDB(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
-		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
-		ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
+		c, ns := stateFaultNode(t, v, "example.test/job:1")
 		nc := natsConn(t, ns.ClientURL())
-		c.Import(t,
-			testenv.Pause(c.SandboxImage),
-			testenv.Runnable("example.test/keep:1", testenv.Layer{Seed: "keep", Size: 2 << 20}),
-			testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 2 << 20}),
-		)
-		c.RunNative(t, "run-1", "example.test/keep:1", "sleep", "600")
-		if u := usagePercent(t, c.Root); u < 2 {
-			t.Fatalf("image filesystem usage %d%%: no pressure to test", u)
-		}
 		state := filepath.Join(t.TempDir(), "state")
 		flags := []string{"--nats-url", ns.ClientURL(), "--image-gc-high-threshold", "1", "--image-gc-low-threshold", "0",
 			"--minimum-image-ttl-duration", "0s", "--maximum-dead-containers-per-container", "0"}
@@ -230,17 +240,7 @@ func fillDir(t *testing.T, dir string) string {
 // first-seen time of an image that arrived while the disk was full.
 func TestStateDiskFull(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
-		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
-		ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
-		c.Import(t,
-			testenv.Pause(c.SandboxImage),
-			testenv.Runnable("example.test/keep:1", testenv.Layer{Seed: "keep", Size: 2 << 20}),
-			testenv.Runnable("keep.test/job:1", testenv.Layer{Seed: "job", Size: 2 << 20}),
-		)
-		c.RunNative(t, "run-1", "example.test/keep:1", "sleep", "600")
-		if u := usagePercent(t, c.Root); u < 2 {
-			t.Fatalf("image filesystem usage %d%%: no pressure to test", u)
-		}
+		c, ns := stateFaultNode(t, v, "keep.test/job:1")
 		state := filepath.Join(t.TempDir(), "state")
 		if err := os.MkdirAll(state, 0o700); err != nil {
 			t.Fatal(err)
