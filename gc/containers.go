@@ -152,24 +152,25 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 // look at each container, not an item, a map entry and a sort. Remove and
 // NextEligible are the same either way.
 func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool, all bool) ContainerPlan {
-	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
-	// Items live in one slice, reached by id: no allocation per container.
+	plan := ContainerPlan{Now: now}
+	// Items live in one slice beside their containers and are reached by
+	// index: no map and no allocation per container.
 	size := len(s.Containers)
 	if !all {
 		size = 0 // most are settled: grow with the rest
 	}
 	list := make([]ContainerItem, 0, size)
-	at := make(map[string]int, size)
-	items := itemIndex{list: &list, at: at}
-	units := map[string][]*projection.Container{}
-	var sandboxes []*projection.Container
+	ctrs := make([]*projection.Container, 0, size) // ctrs[i] is list[i]'s
+	ages := make([]ageKey, 0, size)                // ctrs[i]'s
+	units := map[string][]int{}
+	var sandboxes []int
 	for _, c := range s.Containers {
 		if !all && p.settled(c) {
 			continue
 		}
-		at[c.ID] = len(list)
-		list = append(list, p.screen(c, now))
-		it := &list[len(list)-1]
+		i := len(list)
+		list, ctrs, ages = append(list, p.screen(c, now)), append(ctrs, c), append(ages, ageOf(c))
+		it := &list[i]
 		it.Namespace = s.Namespace
 		switch {
 		case waiting(it.Reason):
@@ -177,125 +178,170 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 		case it.Reason != "":
 			// kept whatever the caps, or (plain) removed whatever the caps
 		case c.CRIKind == projection.KindSandbox:
-			sandboxes = append(sandboxes, c)
+			sandboxes = append(sandboxes, i)
 		default:
-			units[it.EvictUnit] = append(units[it.EvictUnit], c)
+			units[it.EvictUnit] = append(units[it.EvictUnit], i)
 		}
 	}
-
+	oldestFirst := func(a, b int) int { return ages[a].compare(ages[b]) }
+	newestFirst := func(a, b int) int { return oldestFirst(b, a) }
 	for _, u := range units {
-		slices.SortFunc(u, func(a, b *projection.Container) int { return byAge(b, a) })
+		slices.SortFunc(u, newestFirst)
 	}
 	if p.MaxPerEvictUnit >= 0 {
-		capUnits(units, p.MaxPerEvictUnit, ReasonPerUnitCap, items)
+		capUnits(units, p.MaxPerEvictUnit, ReasonPerUnitCap, list)
 	}
 	if p.MaxContainers >= 0 && count(units) > p.MaxContainers {
-		capUnits(units, max(p.MaxContainers/len(units), 1), ReasonGlobalCap, items)
+		capUnits(units, max(p.MaxContainers/len(units), 1), ReasonGlobalCap, list)
 		if count(units) > p.MaxContainers {
 			all := slices.Concat(slices.Collect(maps.Values(units))...)
-			slices.SortFunc(all, func(a, b *projection.Container) int { return byAge(b, a) })
-			for _, c := range all[p.MaxContainers:] {
-				items.get(c.ID).Reason = ReasonGlobalCap
+			slices.SortFunc(all, newestFirst)
+			for _, i := range all[p.MaxContainers:] {
+				list[i].Reason = ReasonGlobalCap
 			}
 		}
 	}
 	for _, u := range units {
-		for _, c := range u {
-			if it := items.get(c.ID); it.Reason == "" {
-				it.Reason = ReasonWithinCap
+		for _, i := range u {
+			if list[i].Reason == "" {
+				list[i].Reason = ReasonWithinCap
 			}
 		}
 	}
+	if len(sandboxes) > 0 {
+		var settled []*projection.Container // kept, without an item
+		for _, c := range s.Containers {
+			if !all && p.settled(c) {
+				settled = append(settled, c)
+			}
+		}
+		planSandboxes(&plan, list, ctrs, settled, sandboxes, podKept)
+	}
 
-	// One index of the pods' containers (by sandbox id and by pod uid) and
-	// newest sandboxes, so a pass is linear in the containers, not
-	// sandboxes times containers.
+	var remove, removeSandboxes, keep []int
+	for i := range list {
+		switch {
+		case !removes(list[i].Reason):
+			keep = append(keep, i)
+		case ctrs[i].CRIKind == projection.KindSandbox:
+			removeSandboxes = append(removeSandboxes, i) // after the containers
+		default:
+			remove = append(remove, i)
+		}
+	}
+	slices.SortFunc(keep, func(a, b int) int { return strings.Compare(list[a].ID, list[b].ID) })
+	slices.SortFunc(remove, oldestFirst)
+	slices.SortFunc(removeSandboxes, oldestFirst)
+	remove = append(remove, removeSandboxes...)
+	permute(list, slices.Concat(remove, keep))
+	plan.Remove, plan.Keep = list[:len(remove):len(remove)], list[len(remove):]
+	return plan
+}
+
+// permute reorders list in place so that it holds, at i, what was at
+// order[i] (a permutation of its indices, which it consumes): a plan's
+// items are large and a full plan has tens of thousands, so they are not
+// copied into a second slice.
+func permute(list []ContainerItem, order []int) {
+	for i := range order {
+		if order[i] < 0 {
+			continue // placed by an earlier cycle
+		}
+		tmp, j := list[i], i
+		for {
+			k := order[j]
+			order[j] = -1
+			if k == i {
+				list[j] = tmp
+				break
+			}
+			list[j], j = list[k], k
+		}
+	}
+}
+
+// planSandboxes decides the exited sandboxes (indices into list and ctrs)
+// from one index of the pods' containers, by sandbox id and by pod uid, and
+// of their newest sandboxes, so a pass is linear in the containers, not
+// sandboxes times containers. settled containers have no item and are kept.
+func planSandboxes(plan *ContainerPlan, list []ContainerItem, ctrs, settled []*projection.Container, sandboxes []int,
+	podKept func(uid, namespace, name string) bool) {
+	// Each pod's containers form two lists threaded through next (by
+	// sandbox id, by pod uid), so the index costs no allocation per pod.
+	all := slices.Concat(ctrs, settled)
+	kept := func(i int) bool { return i >= len(list) || !removes(list[i].Reason) }
+	nextBySandbox, nextByUID := make([]int, len(all)), make([]int, len(all)) // index+1 of the next, 0 ends
 	type pod struct {
-		containers, kept []string
+		bySandbox, byUID int // heads, as index+1
 		newest           *projection.Container
 	}
-	bySandbox, byUID := map[string]*pod{}, map[string]*pod{}
-	podOf := func(m map[string]*pod, key string) *pod {
-		pd := m[key]
+	pods := make(map[string]*pod, 2*len(sandboxes)) // by sandbox id and by pod uid (each its own fields)
+	podOf := func(key string) *pod {
+		pd := pods[key]
 		if pd == nil {
 			pd = &pod{}
-			m[key] = pd
+			pods[key] = pd
 		}
 		return pd
 	}
-	// No sandbox to decide (the usual case outside --prune-containers=all):
-	// the pods need no index.
-	for _, c := range s.Containers {
-		if len(sandboxes) == 0 {
-			break
-		}
+	for i, c := range all {
 		switch c.CRIKind {
 		case projection.KindContainer:
-			kept := true
-			if it := items.lookup(c.ID); it != nil {
-				kept = !removes(it.Reason)
+			if c.SandboxID != "" {
+				pd := podOf(c.SandboxID)
+				nextBySandbox[i], pd.bySandbox = pd.bySandbox, i+1
 			}
-			add := func(m map[string]*pod, key string) {
-				if key == "" {
-					return
-				}
-				pd := podOf(m, key)
-				pd.containers = append(pd.containers, c.ID)
-				if kept {
-					pd.kept = append(pd.kept, c.ID)
-				}
+			if c.PodUID != "" {
+				pd := podOf(c.PodUID)
+				nextByUID[i], pd.byUID = pd.byUID, i+1
 			}
-			add(bySandbox, c.SandboxID)
-			add(byUID, c.PodUID)
 		case projection.KindSandbox:
 			if c.PodUID != "" {
-				pd := podOf(byUID, c.PodUID)
+				pd := podOf(c.PodUID)
 				if pd.newest == nil || byCreation(c, pd.newest) > 0 {
 					pd.newest = c
 				}
 			}
 		}
 	}
-	for _, sb := range sandboxes {
-		it := items.get(sb.ID)
+	for _, i := range sandboxes {
+		sb, it := ctrs[i], &list[i]
 		it.Reason = ReasonSandboxOrphaned
-		var kept, all []string
+		// The containers that keep it: those kept, else (its pod's newest
+		// sandbox) all.
+		var ids []string
+		collect := func(onlyKept bool) {
+			if pd := pods[sb.ID]; pd != nil {
+				for j := pd.bySandbox; j > 0; j = nextBySandbox[j-1] {
+					if !onlyKept || kept(j-1) {
+						ids = append(ids, all[j-1].ID)
+					}
+				}
+			}
+			if pd := pods[sb.PodUID]; pd != nil && sb.PodUID != "" {
+				for j := pd.byUID; j > 0; j = nextByUID[j-1] {
+					if !onlyKept || kept(j-1) {
+						ids = append(ids, all[j-1].ID)
+					}
+				}
+			}
+		}
 		var newest *projection.Container
-		if pd := bySandbox[sb.ID]; pd != nil {
-			kept, all = append(kept, pd.kept...), append(all, pd.containers...)
+		if pd := pods[sb.PodUID]; pd != nil && sb.PodUID != "" {
+			newest = pd.newest
 		}
-		if pd := byUID[sb.PodUID]; pd != nil && sb.PodUID != "" {
-			kept, all, newest = append(kept, pd.kept...), append(all, pd.containers...), pd.newest
-		}
-		if len(kept) > 0 {
-			it.Reason, it.Containers = ReasonPodHasContainers, kept
-		} else if newest == sb && len(all) > 0 {
-			it.Reason, it.Containers = ReasonNewestSandbox, all
+		if collect(true); len(ids) > 0 {
+			it.Reason, it.Containers = ReasonPodHasContainers, ids
+		} else if collect(false); newest == sb && len(ids) > 0 {
+			it.Reason, it.Containers = ReasonNewestSandbox, ids
 		} else if newest == sb && podKept != nil && podKept(sb.PodUID, sb.PodNamespace, sb.PodName) {
 			// The pod's log dir goes without a projection change: look again.
 			it.Reason = ReasonNewestSandbox
-			earliest(&plan.NextEligible, now.Add(PodRecheck))
+			earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
 		}
 		slices.Sort(it.Containers)
 		it.Containers = slices.Compact(it.Containers)
 	}
-
-	var remove []*projection.Container
-	for i := range list {
-		if removes(list[i].Reason) {
-			remove = append(remove, s.Containers[list[i].ID])
-		} else {
-			plan.Keep = append(plan.Keep, list[i])
-		}
-	}
-	slices.SortFunc(plan.Keep, func(a, b ContainerItem) int { return strings.Compare(a.ID, b.ID) })
-	slices.SortFunc(remove, func(a, b *projection.Container) int {
-		return cmp.Or(cmp.Compare(sandboxLast(a), sandboxLast(b)), byAge(a, b))
-	})
-	for _, c := range remove {
-		plan.Remove = append(plan.Remove, *items.get(c.ID))
-	}
-	return plan
 }
 
 // PlanContainersAcross plans each namespace's state on its own, with the
@@ -323,22 +369,6 @@ func (plan *ContainerPlan) merge(q ContainerPlan) {
 // key identifies the item's container on the node: ids are unique only
 // within a namespace.
 func (it ContainerItem) key() string { return scopedKey(it.Namespace, it.ID) }
-
-// itemIndex reaches a plan's items by container id.
-type itemIndex struct {
-	list *[]ContainerItem
-	at   map[string]int
-}
-
-func (x itemIndex) get(id string) *ContainerItem { return &(*x.list)[x.at[id]] }
-
-// lookup is get for an id that may have no item (a settled container).
-func (x itemIndex) lookup(id string) *ContainerItem {
-	if i, ok := x.at[id]; ok {
-		return &(*x.list)[i]
-	}
-	return nil
-}
 
 // settled reports whether c is kept whatever else holds: not dead, or
 // excluded by the prune mode (screen's first reasons).
@@ -413,18 +443,18 @@ func waiting(r Reason) bool {
 
 // capUnits keeps the newest n of each unit (sorted newest first) and marks
 // the rest with r.
-func capUnits(units map[string][]*projection.Container, n int, r Reason, items itemIndex) {
+func capUnits(units map[string][]int, n int, r Reason, list []ContainerItem) {
 	for key, u := range units {
 		if len(u) > n {
-			for _, c := range u[n:] {
-				items.get(c.ID).Reason = r
+			for _, i := range u[n:] {
+				list[i].Reason = r
 			}
 			units[key] = u[:n]
 		}
 	}
 }
 
-func count(units map[string][]*projection.Container) int {
+func count(units map[string][]int) int {
 	n := 0
 	for _, u := range units {
 		n += len(u)
@@ -439,23 +469,35 @@ func removes(r Reason) bool {
 
 // byCreation orders containers by creation, then id.
 func byCreation(a, b *projection.Container) int {
-	return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
+	if o := a.Created.Compare(b.Created); o != 0 {
+		return o
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
+// ageKey orders dead containers oldest first: by exit, then creation, then
+// id. Plans sort tens of thousands of them, so it is a compact copy of what
+// a comparison reads.
+type ageKey struct {
+	dead, created     int64 // Unix seconds
+	deadNs, createdNs int32
+	id                string
+}
+
+func ageOf(c *projection.Container) ageKey {
+	d := deadSince(c)
+	return ageKey{d.Unix(), c.Created.Unix(), int32(d.Nanosecond()), int32(c.Created.Nanosecond()), c.ID}
+}
+
+func (a ageKey) compare(b ageKey) int {
+	if o := cmp.Or(cmp.Compare(a.dead, b.dead), cmp.Compare(a.deadNs, b.deadNs),
+		cmp.Compare(a.created, b.created), cmp.Compare(a.createdNs, b.createdNs)); o != 0 {
+		return o
+	}
+	return strings.Compare(a.id, b.id)
 }
 
 // deadSince is when the container's task exited. Creation bounds it from
 // below, so MinAge never expires earlier than under the kubelet's rule, also
 // when the exit time is unknown.
 func deadSince(c *projection.Container) time.Time { return later(c.ExitedAt, c.Created) }
-
-// byAge orders dead containers oldest first, by exit, then creation, then id.
-func byAge(a, b *projection.Container) int {
-	return cmp.Or(deadSince(a).Compare(deadSince(b)), a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
-}
-
-// sandboxLast sorts sandboxes after containers.
-func sandboxLast(c *projection.Container) int {
-	if c.CRIKind == projection.KindSandbox {
-		return 1
-	}
-	return 0
-}

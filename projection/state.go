@@ -157,6 +157,10 @@ type Container struct {
 	// LastOpAt is the time of the last client operation seen on it
 	// (create, update, task start, task delete).
 	LastOpAt time.Time `json:"lastOpAt,omitzero"`
+
+	// evictUnit is EvictUnit, kept (interned: every restart of a pod's
+	// container shares it) because each container GC plan reads it.
+	evictUnit string
 }
 
 // Use key prefixes: a container holds an image by its config digest or by
@@ -249,6 +253,23 @@ func (img *Image) Pinned() bool {
 // EvictUnit groups dead containers the way the kubelet does: pod uid and
 // container name for CRI containers, the container itself otherwise.
 func (c *Container) EvictUnit() string {
+	if c.evictUnit != "" {
+		return c.evictUnit
+	}
+	return c.unit()
+}
+
+// keepUnit sets evictUnit: a plain container's is its id, a CRI
+// container's is interned.
+func (c *Container) keepUnit() {
+	if u := c.unit(); u == c.ID {
+		c.evictUnit = c.ID
+	} else {
+		setInterned(&c.evictUnit, u)
+	}
+}
+
+func (c *Container) unit() string {
 	if c.CRIKind == KindContainer && c.PodUID != "" && c.ContainerName != "" {
 		return c.PodUID + "/" + c.ContainerName
 	}
@@ -410,6 +431,7 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	setInterned(&c.PodNamespace, e.PodNamespace)
 	c.PodUID, c.PodName = e.PodUID, e.PodName
 	c.ContainerName, c.SandboxID, c.Created = e.ContainerName, e.SandboxID, e.Created
+	c.keepUnit()
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
 		s.leavePod(oldUID, c.ID, e.At)
 	}

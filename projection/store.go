@@ -293,6 +293,7 @@ func (s *State) fill() {
 	// Then the use index, derived from the containers.
 	s.Users = map[string]map[string]struct{}{}
 	for id, c := range s.Containers {
+		c.keepUnit()
 		if c.RootKey == "" {
 			c.RootKey = s.rootKey(c)
 		}
