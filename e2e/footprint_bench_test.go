@@ -336,6 +336,9 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	a = testenv.StartAgent(b, c, state, flags...)
 	stopPerf = startPerf(b, a, fmt.Sprintf("restart-n%d", n))
 	readyRestart := waitReady(b, a, start)
+	if os.Getenv("FOOTPRINT_LOG") != "" {
+		_ = os.WriteFile(os.Getenv("FOOTPRINT_LOG"), []byte(a.LogTail(60)), 0o644)
+	}
 	stopPerf()
 	memRestart := mustMemory(b, a)
 	cpuRestart := mustCPU(b, a)
@@ -361,8 +364,9 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	b.Logf("ready: first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s); after the first ready the agent was busy %s more (cpu %s), then idle at %.1f ms/s",
 		readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
 		settle.Round(time.Millisecond), settleCPU, idleRate)
-	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, idle after ready %.1f MiB, at its end rss %.1f MiB, heap in use %.1f; restart rss %.1f peak %.1f MiB",
-		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), mib(memIdle.RSS), mib(memEnd.RSS), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Peak))
+	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, idle after ready %.1f MiB (anon %.1f, file %.1f), at its end rss %.1f MiB (anon %.1f), heap in use %.1f; restart rss %.1f (anon %.1f) peak %.1f MiB",
+		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
+		mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Anon), mib(memRestart.Peak))
 	for _, r := range []struct {
 		name string
 		churnResult

@@ -71,15 +71,11 @@ func TestOpenStoreOrReset(t *testing.T) {
 			writeFile(t, path, b)
 		}, ""},
 		{"snapshot is not JSON", func(t *testing.T, path string, good []byte) {
-			st, err := OpenStore(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = st.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySnapshot, []byte("{not json")) })
-			st.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
+			putSnapshot(t, path, []byte("{not json"))
+		}, "decode snapshot"},
+		{"binary snapshot truncated", func(t *testing.T, path string, good []byte) {
+			b := encodeSnapshot(fullState(t))
+			putSnapshot(t, path, b[:len(b)-3])
 		}, "decode snapshot"},
 	}
 	for _, tc := range cases {
@@ -175,5 +171,18 @@ func TestReadStore(t *testing.T) {
 	writeFile(t, path, b)
 	if _, err := ReadStore(path); err == nil {
 		t.Fatal("damaged file read without an error")
+	}
+}
+
+// putSnapshot overwrites the k8s.io snapshot of the store file at path.
+func putSnapshot(t *testing.T, path string, b []byte) {
+	st, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = st.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySnapshot, b) })
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

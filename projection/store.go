@@ -2,7 +2,6 @@ package projection
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -16,7 +15,7 @@ import (
 
 var (
 	bucketJournal = []byte("journal")  // big-endian seq -> events.Marshal
-	bucketMeta    = []byte("meta")     // "snapshot" -> JSON State
+	bucketMeta    = []byte("meta")     // "snapshot" -> encodeSnapshot(State)
 	keySnapshot   = []byte("snapshot") //
 )
 
@@ -150,8 +149,8 @@ func (st *Store) Load() (LoadResult, error) {
 			return nil // a file never written by an agent: nothing to restore
 		}
 		if b := meta.Get(keySnapshot); b != nil {
-			s := New()
-			if err := json.Unmarshal(b, s); err != nil {
+			s, err := decodeSnapshot(b)
+			if err != nil {
 				return fmt.Errorf("decode snapshot: %w", err)
 			}
 			s.fill()
@@ -207,10 +206,7 @@ func (st *Store) Append(last uint64, evs []events.Event) error {
 
 // Snapshot saves s and drops the journal entries it covers.
 func (st *Store) Snapshot(s *State) error {
-	b, err := json.Marshal(s)
-	if err != nil {
-		return fmt.Errorf("encode snapshot: %w", err)
-	}
+	b := encodeSnapshot(s)
 	return st.db.Update(func(tx *bolt.Tx) error {
 		j, meta, err := st.buckets(tx)
 		if err != nil {

@@ -23,9 +23,12 @@ func (c *Containerd) Pid() int {
 type ProcMemory struct {
 	RSS  int64 // VmRSS, bytes
 	Peak int64 // VmHWM (peak RSS since start), bytes
+	// Anon and File split RSS: the process's own memory, and pages of
+	// mapped files (the state database's mmap) the kernel may drop.
+	Anon, File int64
 }
 
-// ReadProcMemory reads VmRSS and VmHWM of pid.
+// ReadProcMemory reads VmRSS, VmHWM, RssAnon and RssFile of pid.
 func ReadProcMemory(pid int) (ProcMemory, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -34,7 +37,9 @@ func ReadProcMemory(pid int) (ProcMemory, error) {
 	var m ProcMemory
 	for _, l := range strings.Split(string(b), "\n") {
 		key, val, ok := strings.Cut(l, ":")
-		if !ok || (key != "VmRSS" && key != "VmHWM") {
+		fields := map[string]*int64{"VmRSS": &m.RSS, "VmHWM": &m.Peak, "RssAnon": &m.Anon, "RssFile": &m.File}
+		dst := fields[key]
+		if !ok || dst == nil {
 			continue
 		}
 		f := strings.Fields(val) // "12345 kB"
@@ -45,11 +50,7 @@ func ReadProcMemory(pid int) (ProcMemory, error) {
 		if err != nil {
 			return m, fmt.Errorf("/proc/%d/status: %q", pid, l)
 		}
-		if key == "VmRSS" {
-			m.RSS = kb << 10
-		} else {
-			m.Peak = kb << 10
-		}
+		*dst = kb << 10
 	}
 	return m, nil
 }

@@ -1,0 +1,164 @@
+package projection
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// fullState has every persisted field of every record set to a value of
+// its own, so a codec that drops or swaps a field fails the round trip.
+func fullState(t *testing.T) *State {
+	s := New()
+	s.Synced, s.Seq, s.Namespace = true, 42, "buildkit"
+	s.Images["sha256:i1"] = &Image{Digest: "sha256:i1",
+		Names: map[string]map[string]string{"a:1": {LabelPinned: LabelPinnedValue, LabelCRIManaged: "managed"}, "a:2": nil},
+		Size:  -7, Created: at(1).Add(3), FirstSeen: at(2), LastUsed: at(3), ConfigDigest: "sha256:cfg", ChainID: "sha256:chain"}
+	s.Containers["c1"] = &Container{ID: "c1", Image: "a:1", ImageDigest: "sha256:i1", CRIKind: KindContainer, PodUID: "uid",
+		PodName: "pod", PodNamespace: "ns", ContainerName: "app", SandboxID: "sb", Created: at(4), FirstSeen: at(5),
+		State: StateExited, Pid: 99, StartedAt: at(6), ExitedAt: at(7).Add(time.Nanosecond), ExitStatus: 137,
+		ImageID: "sha256:cfg", RootChain: "sha256:chain", VolumeImageIDs: []string{"sha256:v1", "sha256:v2"},
+		VolumeChains: []string{}, RootKey: "config:sha256:cfg", RestartManaged: true, CollectedAt: at(8), LastOpAt: at(9)}
+	s.Containers["c2"] = &Container{ID: "c2", State: StateCreated, FirstSeen: time.Unix(-5, 0).UTC()} // nil lists, zero times
+	s.Pods["uid"] = &Pod{UID: "uid", Name: "pod", Namespace: "ns", Sandboxes: map[string]struct{}{"sb": {}, "sb2": {}},
+		FirstSeen: at(10), GoneAt: at(11)}
+	for _, v := range []any{*s.Images["sha256:i1"], *s.Containers["c1"], *s.Pods["uid"]} {
+		rv := reflect.ValueOf(v)
+		for i := range rv.NumField() {
+			if f := rv.Type().Field(i); f.IsExported() && f.Tag.Get("json") != "-" && rv.Field(i).IsZero() {
+				t.Fatalf("%s.%s is zero: give it a value (and the snapshot codec the field)", rv.Type().Name(), f.Name)
+			}
+		}
+	}
+	s.fill()
+	return s
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	want := fullState(t)
+	got, err := decodeSnapshot(encodeSnapshot(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.fill()
+	if !reflect.DeepEqual(want, got) {
+		t.Fatalf("round trip differs\nwant %+v\ngot  %+v", want, got)
+	}
+	empty, err := decodeSnapshot(encodeSnapshot(New()))
+	if err != nil || len(empty.Images)+len(empty.Containers)+len(empty.Pods) != 0 || empty.Seq != 0 {
+		t.Fatalf("empty state: %+v %v", empty, err)
+	}
+}
+
+// TestSnapshotReadsJSON: a state file written by an agent before the
+// binary snapshot (JSON) is restored whole.
+func TestSnapshotReadsJSON(t *testing.T) {
+	want := fullState(t)
+	want.Containers["c1"].VolumeChains = nil // JSON (omitempty) never told empty from nil
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, err := OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	old, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySnapshot, old) }); err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Synced = false // a restored state waits for a reconcile
+	if !reflect.DeepEqual(want, res.State) {
+		t.Fatalf("JSON snapshot restored differently\nwant %+v\ngot  %+v", want, res.State)
+	}
+	// The next snapshot is binary, and restores the same.
+	if err := st.Snapshot(res.State); err != nil {
+		t.Fatal(err)
+	}
+	st.loaded = nil
+	again, err := st.Load()
+	if err != nil || !reflect.DeepEqual(want, again.State) {
+		t.Fatalf("binary snapshot restored differently: %v", err)
+	}
+}
+
+// TestSnapshotCorrupt: every truncation and a flipped byte fail with an
+// error (the store then resets), never a panic or a huge allocation.
+func TestSnapshotCorrupt(t *testing.T) {
+	b := encodeSnapshot(fullState(t))
+	for n := len(snapshotMagic); n < len(b); n++ {
+		if _, err := decodeSnapshot(b[:n]); err == nil {
+			t.Fatalf("truncated to %d of %d bytes: no error", n, len(b))
+		}
+	}
+	for i := len(snapshotMagic); i < len(b); i++ {
+		bad := append([]byte(nil), b...)
+		bad[i] ^= 0xff
+		_, _ = decodeSnapshot(bad) // may decode to other values; must not panic
+	}
+	if _, err := decodeSnapshot(append(append([]byte(nil), snapshotMagic...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 1)); err == nil {
+		t.Fatal("a string table larger than the file: no error")
+	}
+}
+
+// BenchmarkSnapshot encodes and decodes the projection of a busy node
+// (busyNode) as a binary snapshot and as the JSON older agents wrote, side
+// by side, and reports each one's size.
+func BenchmarkSnapshot(b *testing.B) {
+	s := busyNode(10000)
+	js, err := json.Marshal(s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bin := encodeSnapshot(s)
+	for _, c := range []struct {
+		name string
+		enc  func() []byte
+		data []byte
+	}{
+		{"binary", func() []byte { return encodeSnapshot(s) }, bin},
+		{"json", func() []byte { b, _ := json.Marshal(s); return b }, js},
+	} {
+		b.Run(c.name+"/encode", func(b *testing.B) {
+			for b.Loop() {
+				c.enc()
+			}
+			b.ReportMetric(float64(len(c.data))/(1<<20), "MiB")
+		})
+		b.Run(c.name+"/decode", func(b *testing.B) {
+			for b.Loop() {
+				got, err := decodeSnapshot(c.data)
+				if err != nil || len(got.Containers) != len(s.Containers) {
+					b.Fatalf("%v, %d containers", err, len(got.Containers))
+				}
+				got.fill()
+			}
+		})
+	}
+}
+
+// FuzzSnapshot: arbitrary bytes after the magic decode or fail, never
+// panic; what decodes encodes and decodes again.
+func FuzzSnapshot(f *testing.F) {
+	f.Add(encodeSnapshot(New())[len(snapshotMagic):])
+	f.Add(encodeSnapshot(busyNode(3))[len(snapshotMagic):])
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := decodeSnapshot(append(append([]byte(nil), snapshotMagic...), data...))
+		if err != nil {
+			return
+		}
+		s.fill()
+		if _, err := decodeSnapshot(encodeSnapshot(s)); err != nil {
+			t.Fatalf("re-encoded snapshot does not decode: %v", err)
+		}
+	})
+}
