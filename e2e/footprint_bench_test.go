@@ -336,9 +336,6 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	a = testenv.StartAgent(b, c, state, flags...)
 	stopPerf = startPerf(b, a, fmt.Sprintf("restart-n%d", n))
 	readyRestart := waitReady(b, a, start)
-	if os.Getenv("FOOTPRINT_LOG") != "" {
-		_ = os.WriteFile(os.Getenv("FOOTPRINT_LOG"), []byte(a.LogTail(60)), 0o644)
-	}
 	stopPerf()
 	memRestart := mustMemory(b, a)
 	cpuRestart := mustCPU(b, a)
