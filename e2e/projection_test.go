@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/opencontainers/image-spec/identity"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -210,6 +211,32 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 		for _, img := range rep.Images {
 			if slices.Contains(img.Names, "example.test/late:1") && img.Size <= 32<<10 {
 				t.Errorf("late image size %d, want more than its 32 KiB layer", img.Size)
+			}
+			// The ids the agent took from the unpacker's labels where it
+			// could are those of the image's config, read here.
+			ci, err := c.Client.GetImage(c.Ctx(), img.Names[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := ci.Config(c.Ctx())
+			if err != nil {
+				t.Fatal(err)
+			}
+			diffIDs, err := ci.RootFS(c.Ctx())
+			if err != nil {
+				t.Fatal(err)
+			}
+			chain := identity.ChainID(diffIDs).String()
+			if img.ID != cfg.Digest.String() || img.ChainID != chain {
+				t.Errorf("image %v: id %s chain %s, want %s and %s", img.Names, img.ID, img.ChainID, cfg.Digest, chain)
+			}
+			// What the agent relies on: unpacking labels the config so.
+			info, err := c.Client.ContentStore().Info(c.Ctx(), cfg.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := info.Labels["containerd.io/gc.ref.snapshot.overlayfs"]; got != chain {
+				t.Errorf("image %v: config labelled with chain %q, want %s", img.Names, got, chain)
 			}
 		}
 		if code, _ := a.Get("/readyz", nil); code != 200 {

@@ -66,16 +66,15 @@ type ImageFacts struct {
 
 // facts returns img's facts, read from the content store once per target
 // digest. A fact that cannot be read is left empty (and not cached, so the
-// next lookup tries again).
-func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
+// next lookup tries again). chains (nil: none) maps config digests to the
+// chain id containerd's unpacker labelled them with (unpackedChains):
+// those configs need no read.
+func (s *Source) facts(ctx context.Context, img images.Image, chains map[string]string) ImageFacts {
 	d := img.Target.Digest.String()
-	s.sizesMu.Lock()
-	f, ok := s.sizes[d]
-	s.sizesMu.Unlock()
+	f, ok := s.knownFacts(d)
 	if ok {
 		return f
 	}
-	f = s.o.KnownFacts(d)
 	// The size walk, the config lookup and the rootfs read all start from
 	// the same index and manifest: each blob is read once.
 	blobs := &blobCache{cs: s.o.Client.ContentStore(), blobs: map[digest.Digest][]byte{}}
@@ -93,7 +92,9 @@ func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
 	if f.Config == "" || f.Chain == "" {
 		if cfg, err := img.Config(ctx, blobs, platform); err == nil {
 			f.Config = cfg.Digest.String()
-			if diffIDs, err := images.RootFS(ctx, blobs, cfg); err == nil && len(diffIDs) > 0 {
+			if chain, ok := chains[f.Config]; ok {
+				f.Chain = chain
+			} else if diffIDs, err := images.RootFS(ctx, blobs, cfg); err == nil && len(diffIDs) > 0 {
 				f.Chain = identity.ChainID(diffIDs).String()
 			}
 		}
@@ -104,6 +105,51 @@ func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
 		s.sizesMu.Unlock()
 	}
 	return f
+}
+
+// knownFacts returns the facts of target digest d that need no read, from
+// the cache or the projection; ok when they are complete.
+func (s *Source) knownFacts(d string) (f ImageFacts, ok bool) {
+	s.sizesMu.Lock()
+	f, ok = s.sizes[d]
+	s.sizesMu.Unlock()
+	if ok {
+		return f, true
+	}
+	f = s.o.KnownFacts(d)
+	return f, f.Size > 0 && f.Config != "" && f.Chain != ""
+}
+
+// labelSnapshotRef prefixes the label containerd's unpacker puts on an
+// image's config blob once the image is unpacked for a snapshotter: its
+// value is the chain id of the top layer's snapshot, what facts would
+// otherwise compute from the config's diff ids.
+const labelSnapshotRef = "containerd.io/gc.ref.snapshot."
+
+// unpackedChains returns the chain id of every config blob that is
+// labelled as unpacked for one of the snapshotters, by config digest: one
+// listing of the content store instead of one read of every image's
+// config. An error yields none (facts then read the configs).
+func (s *Source) unpackedChains(ctx context.Context, snapshotters []string) map[string]string {
+	filters := make([]string, len(snapshotters))
+	for i, sn := range snapshotters {
+		filters[i] = fmt.Sprintf("labels.%q", labelSnapshotRef+sn) // present
+	}
+	chains := map[string]string{}
+	err := s.o.Client.ContentStore().Walk(ctx, func(info content.Info) error {
+		for _, sn := range snapshotters {
+			if chain := info.Labels[labelSnapshotRef+sn]; configDigestRe.MatchString(chain) {
+				chains[info.Digest.String()] = chain
+				break
+			}
+		}
+		return nil
+	}, filters...)
+	if err != nil {
+		s.o.Log.Debug().Err(err).Msg("unpacked images not listed: configs are read")
+		return nil
+	}
+	return chains
 }
 
 // blobCache serves the blobs of one image's facts, each read from

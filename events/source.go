@@ -405,7 +405,7 @@ func (s *Source) lookupImage(ctx context.Context, at time.Time, name string) (Ev
 	if err != nil {
 		return nil, fmt.Errorf("get image %q: %w", name, err)
 	}
-	return imageEvent(at, img, s.facts(ctx, img)), nil
+	return imageEvent(at, img, s.facts(ctx, img, nil)), nil
 }
 
 func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (Event, error) {
@@ -456,7 +456,7 @@ func (s *Source) configOf(ctx context.Context, listed map[string]images.Image) f
 				ok = err == nil
 			}
 			if ok {
-				if cfg := s.facts(ctx, img).Config; cfg != "" {
+				if cfg := s.facts(ctx, img, nil).Config; cfg != "" {
 					return cfg
 				}
 			}
@@ -539,21 +539,6 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 	if err != nil {
 		return Listing{}, fmt.Errorf("list images: %w", err)
 	}
-	l := Listing{At: at, Images: make([]ImageUpserted, len(imgs))}
-	digests := make(map[string]string, len(imgs))
-	byName := make(map[string]images.Image, len(imgs))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
-	for i, img := range imgs {
-		digests[img.Name] = img.Target.Digest.String()
-		byName[img.Name] = img
-		g.Go(func() error {
-			l.Images[i] = imageEvent(at, img, s.facts(gctx, img))
-			return nil
-		})
-	}
-	_ = g.Wait()
-
 	ctrs, err := s.o.Client.ContainerService().List(ctx)
 	if err != nil {
 		return Listing{}, fmt.Errorf("list containers: %w", err)
@@ -563,7 +548,38 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 		snapshotters = append(snapshotters, snapshotterOf(c))
 	}
 	slices.Sort(snapshotters)
-	ix, err := s.walkSnapshots(ctx, slices.Compact(snapshotters))
+	snapshotters = slices.Compact(snapshotters)
+
+	l := Listing{At: at, Images: make([]ImageUpserted, len(imgs))}
+	digests := make(map[string]string, len(imgs))
+	byName := make(map[string]images.Image, len(imgs))
+	// Facts known (a restart) cost nothing; the others are read, 8 images
+	// at a time, each config only when the content store has no unpacked
+	// chain for it.
+	var unknown []int
+	for i, img := range imgs {
+		digests[img.Name] = img.Target.Digest.String()
+		byName[img.Name] = img
+		if f, ok := s.knownFacts(digests[img.Name]); ok {
+			l.Images[i] = imageEvent(at, img, f)
+		} else {
+			unknown = append(unknown, i)
+		}
+	}
+	if len(unknown) > 0 {
+		chains := s.unpackedChains(ctx, snapshotters)
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(8)
+		for _, i := range unknown {
+			g.Go(func() error {
+				l.Images[i] = imageEvent(at, imgs[i], s.facts(gctx, imgs[i], chains))
+				return nil
+			})
+		}
+		_ = g.Wait()
+	}
+
+	ix, err := s.walkSnapshots(ctx, snapshotters)
 	if err != nil {
 		return Listing{}, err
 	}

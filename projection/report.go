@@ -31,6 +31,10 @@ type ImageReport struct {
 	LastUsed  time.Time `json:"lastUsed"`
 	Users     []string  `json:"users"`
 	Pinned    bool      `json:"pinned"`
+	// ID is the config digest (CRI's image id), ChainID that of the top
+	// layer's snapshot: what containers are matched to the image by.
+	ID      string `json:"id,omitempty"`
+	ChainID string `json:"chainID,omitempty"`
 }
 
 // ContainerReport is one container in a Report.
@@ -77,7 +81,7 @@ func (r *Report) add(s *State, now time.Time) {
 		r.Images = append(r.Images, ImageReport{
 			Namespace: s.Namespace, Digest: d, Names: slices.Sorted(maps.Keys(img.Names)), Size: img.Size,
 			FirstSeen: img.FirstSeen, LastUsed: s.LastUsed(img, now),
-			Users: append([]string{}, s.ImageUsers(img)...), Pinned: img.Pinned(),
+			Users: append([]string{}, s.ImageUsers(img)...), Pinned: img.Pinned(), ID: img.ConfigDigest, ChainID: img.ChainID,
 		})
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.Containers)) {

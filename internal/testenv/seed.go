@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/typeurl/v2"
 	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
 	ispecs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -23,7 +24,9 @@ import (
 // and no pulls, so a daemon looks like a busy node's in seconds.
 type Seed struct {
 	// Images distinct images, each with its own config and manifest and one
-	// shared 1 KiB layer, named ImageName(i).
+	// shared 1 KiB layer, named ImageName(i). Each config carries the label
+	// containerd's unpacker puts on it once an image is unpacked for
+	// overlayfs (as every image CRI pulls is): the chain id of its top layer.
 	Images int
 	// Containers containers, named ContainerID(i), container i running image
 	// i%Images. Even ones are labelled like CRI containers of a pod (kind
@@ -114,7 +117,9 @@ func (c *Containerd) SeedRecords(t testing.TB, s Seed) {
 			Config:   ocispec.ImageConfig{Labels: map[string]string{"seed": s.ImageName(i)}},
 			RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layer.Digest}},
 		})
-		cd, err := put(ctx, ocispec.MediaTypeImageConfig, cfg, nil)
+		cd, err := put(ctx, ocispec.MediaTypeImageConfig, cfg, map[string]string{
+			"containerd.io/gc.ref.snapshot.overlayfs": identity.ChainID([]digest.Digest{layer.Digest}).String(),
+		})
 		if err != nil {
 			return err
 		}
