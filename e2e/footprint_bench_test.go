@@ -220,7 +220,9 @@ func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.S
 		b.Fatalf("churn: %v", err)
 	}
 	r := churnResult{events: 2 * count}
-	testenv.Eventually(b, 3*time.Minute, func() string {
+	// Each look is a /metrics scrape the agent pays for: four a second
+	// (Prometheus scrapes every 15 s or more).
+	testenv.EventuallyEvery(b, 3*time.Minute, 250*time.Millisecond, func() string {
 		text, err := metricsText(a)
 		if err != nil {
 			return err.Error()

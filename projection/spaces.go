@@ -23,7 +23,16 @@ type SpacesOptions struct {
 	// all. A namespace no longer managed keeps its buckets, unused.
 	Managed    func(ns string) bool
 	Registerer prometheus.Registerer
+	// GatherWindow is how long Run's batch waits, after its first event,
+	// for more: a batch is journaled in one transaction with one fsync
+	// (group commit), so a busy node's churn pays one per window, not one
+	// per event. It is also the most an event waits before the projection
+	// shows it. Default DefaultGatherWindow.
+	GatherWindow time.Duration
 }
+
+// DefaultGatherWindow is SpacesOptions.GatherWindow's default.
+const DefaultGatherWindow = 5 * time.Millisecond
 
 // Spaces is the projection of every managed containerd namespace: one Live
 // per namespace, persisted in one file, fed by the one event stream of the
@@ -45,6 +54,9 @@ type Spaces struct {
 func NewSpaces(o SpacesOptions) (*Spaces, error) {
 	if o.Managed == nil {
 		o.Managed = func(string) bool { return true }
+	}
+	if o.GatherWindow <= 0 {
+		o.GatherWindow = DefaultGatherWindow
 	}
 	s := &Spaces{o: o, m: newLiveMetrics(), lives: map[string]*Live{}}
 	s.m.register(o.Registerer, s.all)
@@ -113,10 +125,13 @@ func (s *Spaces) Live(ns string) *Live {
 }
 
 // Run applies events from in until ctx ends, then writes a final snapshot
-// of every namespace. Events that arrive together are applied as one
-// batch. While writes fail, snapshots are retried every second.
+// of every namespace. Events that arrive within GatherWindow of a batch's
+// first (at most maxBatch) are applied and journaled as one batch. While
+// writes fail, snapshots are retried every second.
 func (s *Spaces) Run(ctx context.Context, in <-chan events.Scoped) error {
 	var retry <-chan time.Time
+	gather := time.NewTimer(s.o.GatherWindow)
+	gather.Stop()
 	for {
 		if retry == nil && s.JournalFault() != nil {
 			retry = time.After(snapshotRetry)
@@ -136,19 +151,27 @@ func (s *Spaces) Run(ctx context.Context, in <-chan events.Scoped) error {
 			}
 		case ev := <-in:
 			batch := []events.Scoped{ev}
+			gather.Reset(s.o.GatherWindow)
 		drain:
-			for len(batch) < 512 {
+			for len(batch) < maxBatch {
 				select {
 				case ev := <-in:
 					batch = append(batch, ev)
-				default:
+				case <-gather.C:
+					break drain
+				case <-ctx.Done():
 					break drain
 				}
 			}
+			gather.Stop()
 			s.Apply(batch...)
 		}
 	}
 }
+
+// maxBatch bounds a batch (and the memory it holds) when events come
+// faster than one window.
+const maxBatch = 512
 
 // Apply folds a batch into the namespaces' projections, each namespace's
 // events in order and journaled together, and notifies subscribers once.

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -210,5 +211,39 @@ func TestUsersRebuiltOnLoad(t *testing.T) {
 	}
 	if !reflect.DeepEqual(res.State.Names, s.Names) {
 		t.Fatalf("restored names %v, want %v", res.State.Names, s.Names)
+	}
+}
+
+// TestRunGathersABatch: events that arrive within the gather window wait
+// for it and are applied (and journaled) as one batch, however far apart
+// within it.
+func TestRunGathersABatch(t *testing.T) {
+	t0 := time.Unix(1000, 0).UTC()
+	sp, err := NewSpaces(SpacesOptions{GatherWindow: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := sp.Subscribe()
+	in := make(chan events.Scoped)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sp.Run(ctx, in) }()
+	for i := range 3 {
+		in <- events.Scoped{Namespace: "k8s.io", Event: img(t0, fmt.Sprintf("a:%d", i), fmt.Sprintf("sha256:%d", i))}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case <-changes:
+		t.Fatal("a batch was applied before its window closed")
+	default:
+	}
+	cancel() // ends the window: the batch is applied, then Run returns
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var seq uint64
+	sp.ViewAll(func(states []*State) { seq = SeqOf(states) })
+	if seq != 3 {
+		t.Fatalf("seq %d after the batch, want 3", seq)
 	}
 }

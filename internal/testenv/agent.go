@@ -197,6 +197,13 @@ func (a *Agent) Get(path string, v any) (int, error) {
 // passes, then fails with cond's last explanation.
 func Eventually(t testing.TB, within time.Duration, cond func() string) {
 	t.Helper()
+	EventuallyEvery(t, within, 50*time.Millisecond, cond)
+}
+
+// EventuallyEvery is Eventually looking every interval: a benchmark that
+// measures the agent polls it no more often than it must.
+func EventuallyEvery(t testing.TB, within, every time.Duration, cond func() string) {
+	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
 		why := cond()
@@ -206,6 +213,6 @@ func Eventually(t testing.TB, within time.Duration, cond func() string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("not after %s: %s", within, why)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(every)
 	}
 }
