@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/projection"
 )
 
 // footprintChurn is how many containers BenchmarkFootprint creates and
@@ -57,7 +59,11 @@ func footprintSizes(b *testing.B) []int {
 //     containers are created and deleted through the container service, 8
 //     at a time, until all their deletes are applied, per containerd event
 //     (idle included: it is logged, a few ms/s); serial-cpu-ms/event: the
-//     same for a quarter as many, one at a time (a batch per event).
+//     same for a quarter as many, one at a time;
+//   - image-plan-ms, container-plan-ms: one image GC plan (kubelet
+//     thresholds, a full disk) and one full container GC plan
+//     (--prune-containers=all) on the projection the agent persisted,
+//     loaded while it is stopped before the restart.
 //
 // FOOTPRINT_SIZES overrides n (default 1000,10000); FOOTPRINT_PERF=dir
 // records perf profiles of the first start, the settling and the churns
@@ -332,8 +338,10 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	text = mustMetricsText(b, a)
 	heapEnd := footprintMetric(text, "go_memstats_heap_inuse_bytes")
 
-	// 3. Restart on the same state dir.
+	// 3. Restart on the same state dir; in between, the GC planners run on
+	// the projection the agent persisted.
 	a.Stop()
+	imagePlan, containerPlan := planTimes(b, state)
 	start = time.Now()
 	a = testenv.StartAgent(b, c, state, flags...)
 	stopPerf = startPerf(b, a, fmt.Sprintf("restart-n%d", n))
@@ -356,6 +364,8 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
 	b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
 	b.ReportMetric(ms(settle), "settle-ms")
+	b.ReportMetric(ms(imagePlan), "image-plan-ms")
+	b.ReportMetric(ms(containerPlan), "container-plan-ms")
 	b.Logf("| containerd %s | n=%d | ready first %s, restart %s | rss %.1f MiB, peak %.1f MiB, restart rss %.1f MiB | %.3f ms/event (serial %.3f) |",
 		v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS),
 		burst.cpuPerEventMs, serial.cpuPerEventMs)
@@ -366,6 +376,8 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, idle after ready %.1f MiB (anon %.1f, file %.1f), at its end rss %.1f MiB (anon %.1f), heap in use %.1f; restart rss %.1f (anon %.1f) peak %.1f MiB",
 		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
 		mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Anon), mib(memRestart.Peak))
+	b.Logf("plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (all modes' rules, --prune-containers=all) %s",
+		imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
 	for _, r := range []struct {
 		name string
 		churnResult
@@ -394,4 +406,44 @@ func saveHeap(b *testing.B, a *testenv.Agent, name string) {
 	if err := os.WriteFile(filepath.Join(dir, name), body, 0o644); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// planTimes loads the projection the agent persisted in stateDir (the
+// agent stopped) and times one image GC plan (kubelet thresholds on a full
+// disk: every image is ranked) and one full container GC plan
+// (--prune-containers=all), each the fastest of three.
+func planTimes(b *testing.B, stateDir string) (image, container time.Duration) {
+	b.Helper()
+	st, err := projection.OpenStoreReadOnly(filepath.Join(stateDir, "state.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	loaded, err := st.LoadSpaces()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var states []*projection.State
+	for _, res := range loaded {
+		res.State.Synced = true
+		states = append(states, res.State)
+	}
+	now := time.Now()
+	fastest := func(fn func()) time.Duration {
+		best := time.Duration(1<<63 - 1)
+		for range 3 {
+			t0 := time.Now()
+			fn()
+			best = min(best, time.Since(t0))
+		}
+		return best
+	}
+	image = fastest(func() {
+		gc.PlanImages(states, gc.DiskStats{CapacityBytes: 100 << 30, AvailableBytes: 0},
+			gc.ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80, MinAge: 2 * time.Minute}, now)
+	})
+	container = fastest(func() {
+		gc.PlanContainersAcross(states, gc.ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: gc.PruneAll}, now, nil)
+	})
+	return image, container
 }
