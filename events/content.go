@@ -64,11 +64,12 @@ type ImageFacts struct {
 	Chain  string
 }
 
-// facts returns img's facts, read from the content store once per target
-// digest. A fact that cannot be read is left empty (and not cached, so the
-// next lookup tries again). chains (nil: none) maps config digests to the
-// chain id containerd's unpacker labelled them with (unpackedChains):
-// those configs need no read.
+// facts returns img's facts: those the projection holds (KnownFacts),
+// else read from the content store. A fact that cannot be read is left
+// empty (the next lookup tries again). chains (nil: none) maps config
+// digests to the chain id containerd's unpacker labelled them with
+// (unpackedChains): those configs need no read. The projection is the one
+// cache: what it forgets (an image deleted) is forgotten here too.
 func (s *Source) facts(ctx context.Context, img images.Image, chains map[string]string) ImageFacts {
 	d := img.Target.Digest.String()
 	f, ok := s.knownFacts(d)
@@ -99,26 +100,17 @@ func (s *Source) facts(ctx context.Context, img images.Image, chains map[string]
 			}
 		}
 	}
-	if f.Size > 0 && f.Config != "" && f.Chain != "" {
-		s.sizesMu.Lock()
-		s.sizes[d] = f
-		s.sizesMu.Unlock()
-	}
 	return f
 }
 
-// knownFacts returns the facts of target digest d that need no read, from
-// the cache or the projection; ok when they are complete.
+// knownFacts returns what the projection holds of target digest d's
+// facts; ok when they are complete.
 func (s *Source) knownFacts(d string) (f ImageFacts, ok bool) {
-	s.sizesMu.Lock()
-	f, ok = s.sizes[d]
-	s.sizesMu.Unlock()
-	if ok {
-		return f, true
-	}
 	f = s.o.KnownFacts(d)
-	return f, f.Size > 0 && f.Config != "" && f.Chain != ""
+	return f, f.complete()
 }
+
+func (f ImageFacts) complete() bool { return f.Size > 0 && f.Config != "" && f.Chain != "" }
 
 // labelSnapshotRef prefixes the label containerd's unpacker puts on an
 // image's config blob once the image is unpacked for a snapshotter: its

@@ -72,10 +72,8 @@ type Source struct {
 	connected atomic.Bool
 	// listed are the namespaces the current session has listed; the
 	// session's goroutine only.
-	listed  map[string]bool
-	sizesMu sync.Mutex
-	sizes   map[string]ImageFacts // by target digest; immutable per digest
-	m       sourceMetrics
+	listed map[string]bool
+	m      sourceMetrics
 }
 
 type sourceMetrics struct {
@@ -107,7 +105,7 @@ func NewSource(o Options) *Source {
 	if o.KnownFacts == nil {
 		o.KnownFacts = func(string) ImageFacts { return ImageFacts{} }
 	}
-	s := &Source{o: o, sizes: map[string]ImageFacts{}}
+	s := &Source{o: o}
 	s.m = sourceMetrics{
 		received:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_received_total", Help: "containerd envelopes received, by topic."}, []string{"topic"}),
 		ignored:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_ignored_total", Help: "Envelopes received but not needed, by topic."}, []string{"topic"}),
@@ -439,14 +437,15 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 	// A sandbox's image volumes appear after the sandbox; the listings and
 	// the app containers' own volume mounts cover them.
 	noVolumes := func(string) []string { return nil }
-	contentFacts(&ev, c, parentOf, noVolumes, s.configOf(ctx, nil))
+	contentFacts(&ev, c, parentOf, noVolumes, s.configOf(ctx, nil, nil))
 	return ev, nil
 }
 
 // configOf returns a resolver of image refs (names, normalized or not, or
 // CRI image ids) to config digests; listed maps names to images when a
-// listing has them, else the image service is asked.
-func (s *Source) configOf(ctx context.Context, listed map[string]images.Image) func(string) string {
+// listing has them, else the image service is asked; facts are the
+// listing's, by target digest (nil: none).
+func (s *Source) configOf(ctx context.Context, listed map[string]images.Image, facts map[string]ImageFacts) func(string) string {
 	return func(ref string) string {
 		for _, name := range normalizedRefs(ref) {
 			img, ok := listed[name]
@@ -456,8 +455,12 @@ func (s *Source) configOf(ctx context.Context, listed map[string]images.Image) f
 				ok = err == nil
 			}
 			if ok {
-				if cfg := s.facts(ctx, img, nil).Config; cfg != "" {
-					return cfg
+				f, known := facts[img.Target.Digest.String()]
+				if !known {
+					f = s.facts(ctx, img, nil)
+				}
+				if f.Config != "" {
+					return f.Config
 				}
 			}
 		}
@@ -553,30 +556,41 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 	l := Listing{At: at, Images: make([]ImageUpserted, len(imgs))}
 	digests := make(map[string]string, len(imgs))
 	byName := make(map[string]images.Image, len(imgs))
-	// Facts known (a restart) cost nothing; the others are read, 8 images
-	// at a time, each config only when the content store has no unpacked
-	// chain for it.
-	var unknown []int
-	for i, img := range imgs {
-		digests[img.Name] = img.Target.Digest.String()
-		byName[img.Name] = img
-		if f, ok := s.knownFacts(digests[img.Name]); ok {
-			l.Images[i] = imageEvent(at, img, f)
-		} else {
-			unknown = append(unknown, i)
+	// Facts the projection holds (a restart) cost nothing; the others are
+	// read once per target digest (names share them), 8 at a time, each
+	// config only when the content store has no unpacked chain for it.
+	facts := make(map[string]ImageFacts, len(imgs)) // by target digest
+	var unknown []images.Image
+	for _, img := range imgs {
+		d := img.Target.Digest.String()
+		digests[img.Name], byName[img.Name] = d, img
+		if _, seen := facts[d]; seen {
+			continue
+		}
+		f, ok := s.knownFacts(d)
+		facts[d] = f
+		if !ok {
+			unknown = append(unknown, img)
 		}
 	}
 	if len(unknown) > 0 {
 		chains := s.unpackedChains(ctx, snapshotters)
+		read := make([]ImageFacts, len(unknown))
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(8)
-		for _, i := range unknown {
+		for i, img := range unknown {
 			g.Go(func() error {
-				l.Images[i] = imageEvent(at, imgs[i], s.facts(gctx, imgs[i], chains))
+				read[i] = s.facts(gctx, img, chains)
 				return nil
 			})
 		}
 		_ = g.Wait()
+		for i, img := range unknown {
+			facts[img.Target.Digest.String()] = read[i]
+		}
+	}
+	for i, img := range imgs {
+		l.Images[i] = imageEvent(at, img, facts[digests[img.Name]])
 	}
 
 	ix, err := s.walkSnapshots(ctx, snapshotters)
@@ -585,7 +599,7 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 	}
 	parentOf := func(c containers.Container) string { return ix.parents[snapshotterOf(c)+"/"+c.SnapshotKey] }
 	volumesOf := func(sb string) []string { return ix.volumes[sb] }
-	configOf := s.configOf(ctx, byName)
+	configOf := s.configOf(ctx, byName, facts)
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
 	for _, c := range ctrs {
 		ev := containerEventIn(ns, at, c, func(n string) string { return digests[n] })
