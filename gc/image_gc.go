@@ -182,7 +182,7 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 					if img := s.Images[digest]; img != nil {
 						ids = s.ImageUsers(img)
 					} else {
-						ids = slices.Sorted(maps.Keys(s.Users[digest]))
+						ids = slices.Clone(s.Users[digest])
 					}
 				}
 			})

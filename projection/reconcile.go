@@ -117,7 +117,7 @@ func (s *State) Clone() *State {
 		Names:      maps.Clone(s.Names),
 		Containers: make(map[string]*Container, len(s.Containers)),
 		Pods:       make(map[string]*Pod, len(s.Pods)),
-		Users:      make(map[string]map[string]struct{}, len(s.Users)),
+		Users:      make(map[string][]string, len(s.Users)),
 		Synced:     s.Synced,
 		Seq:        s.Seq,
 		Namespace:  s.Namespace,
@@ -142,7 +142,7 @@ func (s *State) Clone() *State {
 		c.Pods[k] = &cp
 	}
 	for k, u := range s.Users {
-		c.Users[k] = maps.Clone(u)
+		c.Users[k] = slices.Clone(u)
 	}
 	if c.Names == nil {
 		c.Names = map[string]string{}

@@ -91,18 +91,21 @@ type State struct {
 	// Container.UseKeys): a target digest, "config:<image id>" or
 	// "chain:<chain id>", also for keys no image has (any more, or yet).
 	// Derived from Containers (fill rebuilds it), so never persisted: a
-	// snapshot decodes faster without it.
-	Users  map[string]map[string]struct{} `json:"-"`
-	Synced bool                           `json:"synced"`
-	Seq    uint64                         `json:"seq"` // events applied so far
+	// snapshot decodes faster without it. Each list is sorted (see
+	// addSorted): nearly every key has one or two users, and a map per key
+	// would cost several times the memory.
+	Users  map[string][]string `json:"-"`
+	Synced bool                `json:"synced"`
+	Seq    uint64              `json:"seq"` // events applied so far
 	// Namespace is the containerd namespace this projection is of; set by
 	// its Live (a state restored from a file written before namespaces
 	// were managed has none stored).
 	Namespace string `json:"namespace,omitempty"`
 
 	// byKey maps config and chain use keys to the digests of the images
-	// they name. It is derived from Images (reindex), never persisted.
-	byKey map[string]map[string]struct{}
+	// they name, sorted. It is derived from Images (reindex), never
+	// persisted.
+	byKey map[string][]string
 }
 
 // Image is one target digest with all the names that point at it.
@@ -235,8 +238,8 @@ func New() *State {
 		Names:      map[string]string{},
 		Containers: map[string]*Container{},
 		Pods:       map[string]*Pod{},
-		Users:      map[string]map[string]struct{}{},
-		byKey:      map[string]map[string]struct{}{},
+		Users:      map[string][]string{},
+		byKey:      map[string][]string{},
 	}
 }
 
@@ -304,9 +307,7 @@ func (s *State) imageInUse(img *Image) bool {
 func (s *State) ImageUsers(img *Image) []string {
 	var ids []string
 	for _, k := range img.keys() {
-		for id := range s.Users[k] {
-			ids = append(ids, id)
-		}
+		ids = append(ids, s.Users[k]...)
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids)
@@ -499,11 +500,10 @@ func (s *State) rekey(id string, old, now []string, at time.Time) {
 		if slices.Contains(now, k) {
 			continue
 		}
-		if users, ok := s.Users[k]; ok {
-			delete(users, id)
-			if len(users) == 0 {
-				delete(s.Users, k)
-			}
+		if users := removeSorted(s.Users[k], id); len(users) > 0 {
+			s.Users[k] = users
+		} else {
+			delete(s.Users, k)
 		}
 		s.touch(k, at)
 	}
@@ -511,14 +511,27 @@ func (s *State) rekey(id string, old, now []string, at time.Time) {
 		if slices.Contains(old, k) {
 			continue
 		}
-		users := s.Users[k]
-		if users == nil {
-			users = map[string]struct{}{}
-			s.Users[k] = users
-		}
-		users[id] = struct{}{}
+		s.Users[k] = addSorted(s.Users[k], id)
 		s.touch(k, at)
 	}
+}
+
+// addSorted returns set (sorted, no duplicates) with v in it.
+func addSorted(set []string, v string) []string {
+	i, found := slices.BinarySearch(set, v)
+	if found {
+		return set
+	}
+	return slices.Insert(set, i, v)
+}
+
+// removeSorted returns set (sorted) without v.
+func removeSorted(set []string, v string) []string {
+	i, found := slices.BinarySearch(set, v)
+	if !found {
+		return set
+	}
+	return slices.Delete(set, i, i+1)
 }
 
 // touch moves LastUsed of the images named by key forward only, so late
@@ -530,7 +543,7 @@ func (s *State) touch(key string, at time.Time) {
 		}
 	}
 	bump(s.Images[key])
-	for d := range s.byKey[key] {
+	for _, d := range s.byKey[key] {
 		bump(s.Images[d])
 	}
 }
@@ -538,29 +551,23 @@ func (s *State) touch(key string, at time.Time) {
 // index and unindex keep byKey in step with an image's content keys.
 func (s *State) index(img *Image) {
 	for _, k := range img.keys()[1:] {
-		set := s.byKey[k]
-		if set == nil {
-			set = map[string]struct{}{}
-			s.byKey[k] = set
-		}
-		set[img.Digest] = struct{}{}
+		s.byKey[k] = addSorted(s.byKey[k], img.Digest)
 	}
 }
 
 func (s *State) unindex(img *Image) {
 	for _, k := range img.keys()[1:] {
-		if set := s.byKey[k]; set != nil {
-			delete(set, img.Digest)
-			if len(set) == 0 {
-				delete(s.byKey, k)
-			}
+		if set := removeSorted(s.byKey[k], img.Digest); len(set) > 0 {
+			s.byKey[k] = set
+		} else {
+			delete(s.byKey, k)
 		}
 	}
 }
 
 // reindex rebuilds byKey from Images, after decoding or copying a state.
 func (s *State) reindex() {
-	s.byKey = map[string]map[string]struct{}{}
+	s.byKey = map[string][]string{}
 	for _, img := range s.Images {
 		s.index(img)
 	}

@@ -287,19 +287,18 @@ func (s *State) fill() {
 	s.reindex()
 	// States written before RootKey existed: the key their Users held.
 	// Then the use index, derived from the containers.
-	s.Users = map[string]map[string]struct{}{}
+	s.Users = map[string][]string{}
 	for id, c := range s.Containers {
 		c.keepUnit()
 		if c.RootKey == "" {
 			c.RootKey = s.rootKey(c)
 		}
 		for _, k := range c.UseKeys() {
-			users := s.Users[k]
-			if users == nil {
-				users = map[string]struct{}{}
-				s.Users[k] = users
-			}
-			users[id] = struct{}{}
+			s.Users[k] = append(s.Users[k], id)
 		}
+	}
+	for k, users := range s.Users {
+		slices.Sort(users)
+		s.Users[k] = slices.Compact(users) // a key a container holds twice
 	}
 }
