@@ -538,20 +538,46 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 	defer func() { s.m.listSeconds.Observe(time.Since(began).Seconds()) }()
 	at := s.o.Now().UTC()
 
-	imgs, err := s.o.Client.ImageService().List(ctx)
-	if err != nil {
-		return Listing{}, fmt.Errorf("list images: %w", err)
+	// The images, the containers with their snapshots, and the tasks are
+	// listed at once: containerd serves one while the agent decodes
+	// another. The events that follow the listing repair what changed
+	// meanwhile, whatever the order.
+	var (
+		imgs         []images.Image
+		ctrs         []containers.Container
+		snapshotters []string
+		ix           snapshotIndex
+		tasks        *tasksapi.ListTasksResponse
+	)
+	lists, lctx := errgroup.WithContext(ctx)
+	lists.Go(func() (err error) {
+		if imgs, err = s.o.Client.ImageService().List(lctx); err != nil {
+			return fmt.Errorf("list images: %w", err)
+		}
+		return nil
+	})
+	lists.Go(func() (err error) {
+		if ctrs, err = s.o.Client.ContainerService().List(lctx); err != nil {
+			return fmt.Errorf("list containers: %w", err)
+		}
+		snapshotters = []string{defaultSnapshotter}
+		for _, c := range ctrs {
+			snapshotters = append(snapshotters, snapshotterOf(c))
+		}
+		slices.Sort(snapshotters)
+		snapshotters = slices.Compact(snapshotters)
+		ix, err = s.walkSnapshots(lctx, snapshotters)
+		return err
+	})
+	lists.Go(func() (err error) {
+		if tasks, err = s.o.Client.TaskService().List(lctx, &tasksapi.ListTasksRequest{}); err != nil {
+			return fmt.Errorf("list tasks: %w", err)
+		}
+		return nil
+	})
+	if err := lists.Wait(); err != nil {
+		return Listing{}, err
 	}
-	ctrs, err := s.o.Client.ContainerService().List(ctx)
-	if err != nil {
-		return Listing{}, fmt.Errorf("list containers: %w", err)
-	}
-	snapshotters := []string{defaultSnapshotter}
-	for _, c := range ctrs {
-		snapshotters = append(snapshotters, snapshotterOf(c))
-	}
-	slices.Sort(snapshotters)
-	snapshotters = slices.Compact(snapshotters)
 
 	l := Listing{At: at, Images: make([]ImageUpserted, len(imgs))}
 	digests := make(map[string]string, len(imgs))
@@ -593,10 +619,6 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 		l.Images[i] = imageEvent(at, img, facts[digests[img.Name]])
 	}
 
-	ix, err := s.walkSnapshots(ctx, snapshotters)
-	if err != nil {
-		return Listing{}, err
-	}
 	parentOf := func(c containers.Container) string { return ix.parents[snapshotterOf(c)+"/"+c.SnapshotKey] }
 	volumesOf := func(sb string) []string { return ix.volumes[sb] }
 	configOf := s.configOf(ctx, byName, facts)
@@ -608,11 +630,7 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 		l.Containers = append(l.Containers, ev)
 	}
 
-	resp, err := s.o.Client.TaskService().List(ctx, &tasksapi.ListTasksRequest{})
-	if err != nil {
-		return Listing{}, fmt.Errorf("list tasks: %w", err)
-	}
-	for _, p := range resp.Tasks {
+	for _, p := range tasks.Tasks {
 		id := p.ContainerID
 		if id == "" {
 			id = p.ID
