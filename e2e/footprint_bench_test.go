@@ -66,8 +66,11 @@ func footprintSizes(b *testing.B) []int {
 //     loaded while it is stopped before the restart.
 //
 // FOOTPRINT_SIZES overrides n (default 1000,10000); FOOTPRINT_PERF=dir
-// records perf profiles of the first start, the settling and the churns
-// (the agent serves no pprof). One run is the workload: -benchtime=1x.
+// records perf profiles of the first start, the settling, the churns and
+// the restart; FOOTPRINT_HEAP=dir saves heap profiles (--profiling);
+// FOOTPRINT_BASELINE=path measures that agent binary first, on the same
+// daemon, to compare side by side on a noisy machine. One run is the
+// workload: -benchtime=1x.
 func BenchmarkFootprint(b *testing.B) {
 	vs := testenv.Versions()
 	v := vs[len(vs)-1]
@@ -280,13 +283,28 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	// The agent starts once containerd has digested the seeding (CRI
 	// follows its events).
 	ctrdBusy, _ := waitQuiet(b, c.Pid(), "containerd")
+	b.Logf("seeded in %s, containerd then busy %s more", seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
+	// FOOTPRINT_BASELINE, another agent binary, is measured first on the
+	// same daemon, so that the two are compared side by side.
+	agents := []struct{ label, bin string }{{"this", testenv.AgentBinary(b)}} // built before the clock starts
+	if base := os.Getenv("FOOTPRINT_BASELINE"); base != "" {
+		agents = append([]struct{ label, bin string }{{"baseline", base}}, agents...)
+	}
+	b.ResetTimer()
+	for _, ag := range agents {
+		measureFootprint(b, c, seed, n, v, ag.label, ag.bin)
+	}
+}
+
+// measureFootprint starts the agent binary bin on c (seeded with seed, n
+// of each), measures it (BenchmarkFootprint) and logs the figures under
+// label; only "this" reports metrics.
+func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n int, v testenv.Version, label, bin string) {
 	state := filepath.Join(b.TempDir(), "state")
 	flags := []string{"--log-level=info"}
 	if os.Getenv("FOOTPRINT_HEAP") != "" {
 		flags = append(flags, "--profiling")
 	}
-	testenv.AgentBinary(b) // built before the clock starts
-	b.ResetTimer()
 
 	// 1. First start, empty state dir.
 	ctrdCPU0, err := testenv.ReadProcCPU(c.Pid())
@@ -294,11 +312,11 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 		b.Fatal(err)
 	}
 	start := time.Now()
-	a := testenv.StartAgent(b, c, state, flags...)
-	stopPerf := startPerf(b, a, fmt.Sprintf("first-n%d", n))
+	a := testenv.StartAgentBin(b, bin, c, state, nil, flags...)
+	stopPerf := startPerf(b, a, fmt.Sprintf("%s-first-n%d", label, n))
 	readyFirst := waitReady(b, a, start)
 	memFirst := mustMemory(b, a)
-	saveHeap(b, a, fmt.Sprintf("heap-first-n%d.pb.gz", n))
+	saveHeap(b, a, fmt.Sprintf("%s-heap-first-n%d.pb.gz", label, n))
 	cpuFirst := mustCPU(b, a)
 	ctrdCPU, err := testenv.ReadProcCPU(c.Pid())
 	if err != nil {
@@ -319,7 +337,7 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 
 	// The work a start leaves after ready (the first snapshot of the whole
 	// projection, GC passes over it) ends before the churn is measured.
-	stopPerf = startPerf(b, a, fmt.Sprintf("settle-n%d", n))
+	stopPerf = startPerf(b, a, fmt.Sprintf("%s-settle-n%d", label, n))
 	settle, settleCPU := waitQuiet(b, a.Pid(), "agent")
 	stopPerf()
 	idle0, idleStart := mustCPU(b, a), time.Now()
@@ -329,22 +347,25 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 
 	// 2. Churn: a burst on 8 goroutines (events arrive faster than one at a
 	// time, and are applied and journaled in batches), then one at a time.
-	stopPerf = startPerf(b, a, fmt.Sprintf("churn-n%d", n))
+	stopPerf = startPerf(b, a, fmt.Sprintf("%s-churn-n%d", label, n))
 	burst := churn(b, c, a, seed, n, 0, footprintChurn, 8)
 	serial := churn(b, c, a, seed, n, footprintChurn, footprintChurn/4, 1)
 	stopPerf()
 	memEnd := mustMemory(b, a)
-	saveHeap(b, a, fmt.Sprintf("heap-end-n%d.pb.gz", n))
+	saveHeap(b, a, fmt.Sprintf("%s-heap-end-n%d.pb.gz", label, n))
 	text = mustMetricsText(b, a)
 	heapEnd := footprintMetric(text, "go_memstats_heap_inuse_bytes")
 
 	// 3. Restart on the same state dir; in between, the GC planners run on
 	// the projection the agent persisted.
 	a.Stop()
-	imagePlan, containerPlan := planTimes(b, state)
+	var imagePlan, containerPlan time.Duration
+	if label == "this" { // this test's planners: the same code for any binary
+		imagePlan, containerPlan = planTimes(b, state)
+	}
 	start = time.Now()
-	a = testenv.StartAgent(b, c, state, flags...)
-	stopPerf = startPerf(b, a, fmt.Sprintf("restart-n%d", n))
+	a = testenv.StartAgentBin(b, bin, c, state, nil, flags...)
+	stopPerf = startPerf(b, a, fmt.Sprintf("%s-restart-n%d", label, n))
 	readyRestart := waitReady(b, a, start)
 	stopPerf()
 	memRestart := mustMemory(b, a)
@@ -356,35 +377,36 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	}
 	a.Stop()
 
-	b.ReportMetric(ms(readyFirst), "ready-first-ms")
-	b.ReportMetric(ms(readyRestart), "ready-restart-ms")
-	b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
-	b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
-	b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
-	b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
-	b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
-	b.ReportMetric(ms(settle), "settle-ms")
-	b.ReportMetric(ms(imagePlan), "image-plan-ms")
-	b.ReportMetric(ms(containerPlan), "container-plan-ms")
-	b.Logf("| containerd %s | n=%d | ready first %s, restart %s | rss %.1f MiB, peak %.1f MiB, restart rss %.1f MiB | %.3f ms/event (serial %.3f) |",
-		v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS),
-		burst.cpuPerEventMs, serial.cpuPerEventMs)
-	b.Logf("seeded in %s, containerd then busy %s more", seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
-	b.Logf("ready: first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s); after the first ready the agent was busy %s more (cpu %s), then idle at %.1f ms/s",
-		readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
-		settle.Round(time.Millisecond), settleCPU, idleRate)
-	b.Logf("memory: rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), peak over the first run %.1f MiB, idle after ready %.1f MiB (anon %.1f, file %.1f), at its end rss %.1f MiB (anon %.1f), heap in use %.1f; restart rss %.1f (anon %.1f) peak %.1f MiB",
-		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memEnd.Peak), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
-		mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memRestart.RSS), mib(memRestart.Anon), mib(memRestart.Peak))
-	b.Logf("plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (all modes' rules, --prune-containers=all) %s",
-		imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
-	for _, r := range []struct {
-		name string
-		churnResult
-	}{{"burst (8 at a time)", burst}, {"serial", serial}} {
-		b.Logf("churn %s: %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event",
-			r.name, r.events, r.received, r.dropped, r.took.Round(time.Millisecond), r.cpu, r.cpuPerEventMs)
+	if label == "this" {
+		b.ReportMetric(ms(readyFirst), "ready-first-ms")
+		b.ReportMetric(ms(readyRestart), "ready-restart-ms")
+		b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
+		b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
+		b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
+		b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
+		b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
+		b.ReportMetric(ms(settle), "settle-ms")
+		b.ReportMetric(ms(imagePlan), "image-plan-ms")
+		b.ReportMetric(ms(containerPlan), "container-plan-ms")
 	}
+	// Three lines per agent: a benchmark's log is cut after ten.
+	b.Logf("%s: | containerd %s | n=%d | ready first %s, restart %s | rss %.1f MiB, peak %.1f MiB, restart rss %.1f MiB | %.3f ms/event (serial %.3f) |",
+		label, v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS),
+		burst.cpuPerEventMs, serial.cpuPerEventMs)
+	b.Logf("%s: ready first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s), then busy %s more (cpu %s), idle at %.1f ms/s; "+
+		"rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), idle after ready %.1f MiB (anon %.1f, file %.1f), at the end %.1f MiB (anon %.1f, heap in use %.1f), peak %.1f MiB; restart rss %.1f (anon %.1f) peak %.1f MiB",
+		label, readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
+		settle.Round(time.Millisecond), settleCPU, idleRate,
+		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
+		mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Anon), mib(memRestart.Peak))
+	plans := ""
+	if label == "this" {
+		plans = fmt.Sprintf("; plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (--prune-containers=all) %s",
+			imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
+	}
+	b.Logf("%s: churn burst (8 at a time) %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event; serial %d events in %s, agent cpu %s = %.3f ms/event%s",
+		label, burst.events, burst.received, burst.dropped, burst.took.Round(time.Millisecond), burst.cpu, burst.cpuPerEventMs,
+		serial.events, serial.took.Round(time.Millisecond), serial.cpu, serial.cpuPerEventMs, plans)
 }
 
 // saveHeap writes the agent's heap profile into FOOTPRINT_HEAP (a dir),

@@ -75,6 +75,13 @@ func StartAgent(t testing.TB, c *Containerd, stateDir string, extra ...string) *
 // StartAgentEnv is StartAgent with env (KEY=value) added to the agent's environment.
 func StartAgentEnv(t testing.TB, c *Containerd, stateDir string, env []string, extra ...string) *Agent {
 	t.Helper()
+	return StartAgentBin(t, AgentBinary(t), c, stateDir, env, extra...)
+}
+
+// StartAgentBin is StartAgentEnv with another agent binary (a baseline to
+// compare with).
+func StartAgentBin(t testing.TB, bin string, c *Containerd, stateDir string, env []string, extra ...string) *Agent {
+	t.Helper()
 	a := &Agent{Addr: FreeAddr(t), StateDir: stateDir, t: t}
 	a.LogFile = filepath.Join(stateDir, fmt.Sprintf("agent-%d.log", time.Now().UnixNano()))
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
@@ -95,7 +102,7 @@ func StartAgentEnv(t testing.TB, c *Containerd, stateDir string, env []string, e
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.cmd = exec.Command(AgentBinary(t), args...)
+	a.cmd = exec.Command(bin, args...)
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
 	if len(env) > 0 {
 		a.cmd.Env = append(os.Environ(), env...)
