@@ -238,24 +238,15 @@ func (r *snapReader) table() {
 	}
 }
 
-func (r *snapReader) uint() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	v, k := binary.Uvarint(r.b)
-	if k <= 0 {
-		r.err = errSnapshotShort
-		return 0
-	}
-	r.b = r.b[k:]
-	return v
-}
+func (r *snapReader) uint() uint64 { return readVarint(r, binary.Uvarint) }
+func (r *snapReader) int() int64   { return readVarint(r, binary.Varint) }
 
-func (r *snapReader) int() int64 {
+// readVarint reads one number with read (binary.Uvarint or Varint).
+func readVarint[T uint64 | int64](r *snapReader, read func([]byte) (T, int)) T {
 	if r.err != nil {
 		return 0
 	}
-	v, k := binary.Varint(r.b)
+	v, k := read(r.b)
 	if k <= 0 {
 		r.err = errSnapshotShort
 		return 0
