@@ -101,7 +101,13 @@ func (c *Containerd) SeedRecords(t testing.TB, s Seed) {
 	if s.Workers <= 0 {
 		s.Workers = 16
 	}
-	ctx := c.Ctx()
+	// Under a lease, as a pull writes: containerd's garbage collector runs
+	// every so many writes and would take blobs no image references yet.
+	ctx, done, err := c.Client.WithLease(c.Ctx())
+	if err != nil {
+		t.Fatalf("seed lease: %v", err)
+	}
+	defer func() { _ = done(c.Ctx()) }()
 	cs := c.Client.ContentStore()
 	put := func(ctx context.Context, mediaType string, data []byte, labels map[string]string) (ocispec.Descriptor, error) {
 		d := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(data), Size: int64(len(data))}
