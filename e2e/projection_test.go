@@ -5,6 +5,8 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/containerd/containerd/v2/core/images/usage"
+	"github.com/containerd/platforms"
 	"github.com/opencontainers/image-spec/identity"
 	"io"
 	"net/http"
@@ -208,6 +210,7 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 		}
 		w.partB()
 		rep = converge(t, c, a)
+		labelled := 0 // images whose manifest names its layers (facts from labels)
 		for _, img := range rep.Images {
 			if slices.Contains(img.Names, "example.test/late:1") && img.Size <= 32<<10 {
 				t.Errorf("late image size %d, want more than its 32 KiB layer", img.Size)
@@ -230,6 +233,16 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 			if img.ID != cfg.Digest.String() || img.ChainID != chain {
 				t.Errorf("image %v: id %s chain %s, want %s and %s", img.Names, img.ID, img.ChainID, cfg.Digest, chain)
 			}
+			// The size the agent took from labels where it could is the
+			// kubelet's: containerd's own walk over the image's blobs.
+			size, err := usage.CalculateImageUsage(c.Ctx(), ci.Metadata(), c.Client.ContentStore(),
+				usage.WithManifestLimit(platforms.Default(), 1), usage.WithManifestUsage())
+			if err != nil || img.Size != size {
+				t.Errorf("image %v: size %d, want %d (%v)", img.Names, img.Size, size, err)
+			}
+			if mi, err := c.Client.ContentStore().Info(c.Ctx(), ci.Target().Digest); err == nil && mi.Labels["containerd.io/gc.ref.content.l.0"] != "" {
+				labelled++
+			}
 			// What the agent relies on: unpacking labels the config so.
 			info, err := c.Client.ContentStore().Info(c.Ctx(), cfg.Digest)
 			if err != nil {
@@ -239,8 +252,31 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 				t.Errorf("image %v: config labelled with chain %q, want %s", img.Names, got, chain)
 			}
 		}
+		t.Logf("%d of %d images have manifests that name their layers", labelled, len(rep.Images))
 		if code, _ := a.Get("/readyz", nil); code != 200 {
 			t.Errorf("/readyz = %d after sync", code)
+		}
+		// Those facts came with each image's event, read from its blobs. An
+		// agent that starts on them (empty state) takes them from one
+		// listing of the content store's labels: the same facts.
+		if labelled == 0 {
+			t.Fatal("no image for the first listing to take from labels")
+		}
+		a.Stop()
+		fresh := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "fresh"), observeOnly...)
+		listed := converge(t, c, fresh)
+		type facts struct {
+			size      int64
+			id, chain string
+		}
+		byDigest := map[string]facts{}
+		for _, img := range rep.Images {
+			byDigest[img.Digest] = facts{img.Size, img.ID, img.ChainID}
+		}
+		for _, img := range listed.Images {
+			if got, want := (facts{img.Size, img.ID, img.ChainID}), byDigest[img.Digest]; got != want {
+				t.Errorf("image %v listed with %+v, from its event %+v", img.Names, got, want)
+			}
 		}
 	})
 }

@@ -65,16 +65,18 @@ type ImageFacts struct {
 }
 
 // facts returns img's facts: those the projection holds (KnownFacts),
-// else read from the content store. A fact that cannot be read is left
-// empty (the next lookup tries again). chains (nil: none) maps config
-// digests to the chain id containerd's unpacker labelled them with
-// (unpackedChains): those configs need no read. The projection is the one
-// cache: what it forgets (an image deleted) is forgotten here too.
-func (s *Source) facts(ctx context.Context, img images.Image, chains map[string]string) ImageFacts {
+// else those the content store's labels tell (ix, nil: none), else read
+// from the content store. A fact that cannot be read is left empty (the
+// next lookup tries again). The projection is the one cache: what it
+// forgets (an image deleted) is forgotten here too.
+func (s *Source) facts(ctx context.Context, img images.Image, ix *contentIndex) ImageFacts {
 	d := img.Target.Digest.String()
 	f, ok := s.knownFacts(d)
 	if ok {
 		return f
+	}
+	if lf, ok := ix.facts(img); ok {
+		return lf
 	}
 	// The size walk, the config lookup and the rootfs read all start from
 	// the same index and manifest: each blob is read once.
@@ -93,7 +95,7 @@ func (s *Source) facts(ctx context.Context, img images.Image, chains map[string]
 	if f.Config == "" || f.Chain == "" {
 		if cfg, err := img.Config(ctx, blobs, platform); err == nil {
 			f.Config = cfg.Digest.String()
-			if chain, ok := chains[f.Config]; ok {
+			if chain := ix.chain(f.Config); chain != "" {
 				f.Chain = chain
 			} else if diffIDs, err := images.RootFS(ctx, blobs, cfg); err == nil && len(diffIDs) > 0 {
 				f.Chain = identity.ChainID(diffIDs).String()
@@ -112,36 +114,106 @@ func (s *Source) knownFacts(d string) (f ImageFacts, ok bool) {
 
 func (f ImageFacts) complete() bool { return f.Size > 0 && f.Config != "" && f.Chain != "" }
 
-// labelSnapshotRef prefixes the label containerd's unpacker puts on an
-// image's config blob once the image is unpacked for a snapshotter: its
-// value is the chain id of the top layer's snapshot, what facts would
-// otherwise compute from the config's diff ids.
-const labelSnapshotRef = "containerd.io/gc.ref.snapshot."
+// Labels containerd puts on content (its garbage collector follows them):
+// when it pulls an image, on a manifest the digests of its config and of
+// its layers (l.0, l.1, ...); when it unpacks it for a snapshotter, on the
+// config the chain id of the top layer's snapshot.
+const (
+	labelContentRef  = "containerd.io/gc.ref.content."
+	labelConfigRef   = labelContentRef + "config"
+	labelLayerRef    = labelContentRef + "l."
+	labelSnapshotRef = "containerd.io/gc.ref.snapshot."
+)
 
-// unpackedChains returns the chain id of every config blob that is
-// labelled as unpacked for one of the snapshotters, by config digest: one
-// listing of the content store instead of one read of every image's
-// config. An error yields none (facts then read the configs).
-func (s *Source) unpackedChains(ctx context.Context, snapshotters []string) map[string]string {
-	filters := make([]string, len(snapshotters))
-	for i, sn := range snapshotters {
-		filters[i] = fmt.Sprintf("labels.%q", labelSnapshotRef+sn) // present
-	}
-	chains := map[string]string{}
+// contentIndex is one listing of the content store: each blob's size and
+// labels, by digest, and the snapshotters in use. It lets a first listing
+// take most images' facts without reading a blob.
+type contentIndex struct {
+	blobs        map[string]blobInfo
+	snapshotters []string
+}
+
+type blobInfo struct {
+	size   int64
+	labels map[string]string
+}
+
+// listContent lists the content store once; an error yields nil (facts
+// then read the blobs).
+func (s *Source) listContent(ctx context.Context, snapshotters []string) *contentIndex {
+	ix := &contentIndex{blobs: map[string]blobInfo{}, snapshotters: snapshotters}
 	err := s.o.Client.ContentStore().Walk(ctx, func(info content.Info) error {
-		for _, sn := range snapshotters {
-			if chain := info.Labels[labelSnapshotRef+sn]; configDigestRe.MatchString(chain) {
-				chains[info.Digest.String()] = chain
-				break
-			}
-		}
+		ix.blobs[info.Digest.String()] = blobInfo{info.Size, info.Labels}
 		return nil
-	}, filters...)
+	})
 	if err != nil {
-		s.o.Log.Debug().Err(err).Msg("unpacked images not listed: configs are read")
+		s.o.Log.Debug().Err(err).Msg("content not listed: image facts are read")
 		return nil
 	}
-	return chains
+	return ix
+}
+
+// chain returns the chain id the unpacker labelled config blob cfg with,
+// for one of the snapshotters in use; "" if none.
+func (ix *contentIndex) chain(cfg string) string {
+	if ix == nil {
+		return ""
+	}
+	for _, sn := range ix.snapshotters {
+		if c := ix.blobs[cfg].labels[labelSnapshotRef+sn]; configDigestRe.MatchString(c) {
+			return c
+		}
+	}
+	return ""
+}
+
+// facts returns img's facts from labels alone when img is one manifest
+// whose labels name its config and layers and nothing else, all of them in
+// the store, and whose config is unpacked: the size is then exactly what
+// the kubelet's size walk adds up (the manifest's, the config's and each
+// layer's). Anything else (an index, layers discarded after unpacking, a
+// child of another kind, a blob missing) is read instead.
+func (ix *contentIndex) facts(img images.Image) (ImageFacts, bool) {
+	if ix == nil || !images.IsManifestType(img.Target.MediaType) || img.Target.Size <= 0 {
+		return ImageFacts{}, false
+	}
+	m, ok := ix.blobs[img.Target.Digest.String()]
+	if !ok {
+		return ImageFacts{}, false
+	}
+	f := ImageFacts{Size: img.Target.Size, Config: m.labels[labelConfigRef]}
+	layers := 0
+	for k := range m.labels {
+		switch {
+		case !strings.HasPrefix(k, labelContentRef), k == labelConfigRef:
+		case strings.HasPrefix(k, labelLayerRef):
+			layers++
+		default:
+			return ImageFacts{}, false // a child the size walk would count too
+		}
+	}
+	if layers == 0 {
+		return ImageFacts{}, false // layers discarded after unpacking: unlabelled
+	}
+	children := []string{f.Config}
+	for i := range layers {
+		l, ok := m.labels[fmt.Sprintf("%s%d", labelLayerRef, i)]
+		if !ok {
+			return ImageFacts{}, false // not l.0 ... l.n-1
+		}
+		children = append(children, l)
+	}
+	for _, d := range children {
+		b, ok := ix.blobs[d]
+		if !ok {
+			return ImageFacts{}, false
+		}
+		f.Size += b.size
+	}
+	if f.Chain = ix.chain(f.Config); f.Chain == "" || !configDigestRe.MatchString(f.Config) {
+		return ImageFacts{}, false
+	}
+	return f, true
 }
 
 // blobCache serves the blobs of one image's facts, each read from

@@ -582,9 +582,9 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 	l := Listing{At: at, Images: make([]ImageUpserted, len(imgs))}
 	digests := make(map[string]string, len(imgs))
 	byName := make(map[string]images.Image, len(imgs))
-	// Facts the projection holds (a restart) cost nothing; the others are
-	// read once per target digest (names share them), 8 at a time, each
-	// config only when the content store has no unpacked chain for it.
+	// Facts the projection holds (a restart) cost nothing; the others come
+	// from one listing of the content store's labels, or are read once per
+	// target digest (names share them), 8 at a time.
 	facts := make(map[string]ImageFacts, len(imgs)) // by target digest
 	var unknown []images.Image
 	for _, img := range imgs {
@@ -600,13 +600,13 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 		}
 	}
 	if len(unknown) > 0 {
-		chains := s.unpackedChains(ctx, snapshotters)
+		cix := s.listContent(ctx, snapshotters)
 		read := make([]ImageFacts, len(unknown))
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(8)
 		for i, img := range unknown {
 			g.Go(func() error {
-				read[i] = s.facts(gctx, img, chains)
+				read[i] = s.facts(gctx, img, cix)
 				return nil
 			})
 		}

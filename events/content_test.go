@@ -1,0 +1,57 @@
+package events
+
+import (
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// TestFactsFromLabels: an image's facts come from labels only when they
+// name exactly what the kubelet's size walk adds up; anything else is read.
+func TestFactsFromLabels(t *testing.T) {
+	d := func(s string) string { return digest.FromString(s).String() }
+	manifest, cfg, l0, l1, chain := d("m"), d("c"), d("l0"), d("l1"), d("chain")
+	img := images.Image{Name: "a:1", Target: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.Digest(manifest), Size: 100}}
+	index := func(mutate func(ix *contentIndex)) *contentIndex {
+		ix := &contentIndex{snapshotters: []string{"overlayfs"}, blobs: map[string]blobInfo{
+			manifest: {100, map[string]string{labelConfigRef: cfg, labelLayerRef + "0": l0, labelLayerRef + "1": l1, "other": "x"}},
+			cfg:      {10, map[string]string{labelSnapshotRef + "overlayfs": chain}},
+			l0:       {1000, nil},
+			l1:       {2000, nil},
+		}}
+		if mutate != nil {
+			mutate(ix)
+		}
+		return ix
+	}
+	f, ok := index(nil).facts(img)
+	if want := (ImageFacts{Size: 3110, Config: cfg, Chain: chain}); !ok || f != want {
+		t.Fatalf("facts %+v %v, want %+v", f, ok, want)
+	}
+	for name, mutate := range map[string]func(ix *contentIndex){
+		"a layer missing":           func(ix *contentIndex) { delete(ix.blobs, l1) },
+		"layers not from l.0":       func(ix *contentIndex) { delete(ix.blobs[manifest].labels, labelLayerRef+"0") },
+		"layers discarded":          func(ix *contentIndex) { ix.blobs[manifest] = blobInfo{100, map[string]string{labelConfigRef: cfg}} },
+		"another child":             func(ix *contentIndex) { ix.blobs[manifest].labels[labelContentRef+"0"] = d("x") },
+		"not unpacked":              func(ix *contentIndex) { ix.blobs[cfg] = blobInfo{10, nil} },
+		"unpacked for another":      func(ix *contentIndex) { ix.snapshotters = []string{"native"} },
+		"config missing":            func(ix *contentIndex) { delete(ix.blobs, cfg) },
+		"manifest not listed":       func(ix *contentIndex) { delete(ix.blobs, manifest) },
+		"chain label not a digest":  func(ix *contentIndex) { ix.blobs[cfg].labels[labelSnapshotRef+"overlayfs"] = "x" },
+		"config label not a digest": func(ix *contentIndex) { ix.blobs[manifest].labels[labelConfigRef] = "x" },
+	} {
+		if f, ok := index(mutate).facts(img); ok {
+			t.Errorf("%s: facts %+v from labels, want a read", name, f)
+		}
+	}
+	idx := img
+	idx.Target.MediaType = ocispec.MediaTypeImageIndex
+	if _, ok := index(nil).facts(idx); ok {
+		t.Error("an index: facts from labels, want a read (the platform's manifest is chosen by reading it)")
+	}
+	if _, ok := (*contentIndex)(nil).facts(img); ok {
+		t.Error("no content listing: facts from labels")
+	}
+}
