@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/json"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/containers"
@@ -32,18 +33,37 @@ const (
 )
 
 // ImageLabels returns the labels of l that gcagent reads (nil if none): an
-// image record can carry any number, and a busy node has thousands.
+// image record can carry any number, and a busy node has thousands. The
+// map is shared by every image with the same set: never modify it.
 func ImageLabels(l map[string]string) map[string]string {
-	var out map[string]string
-	for _, k := range []string{LabelPinned, LabelCRIManaged} {
-		if v, ok := l[k]; ok {
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[k] = v
-		}
+	pinned, hasPinned := l[LabelPinned]
+	managed, hasManaged := l[LabelCRIManaged]
+	if !hasPinned && !hasManaged {
+		return nil
 	}
-	return out
+	key := labelKey{pinned, managed, hasPinned, hasManaged}
+	if m, ok := labelSets.Load(key); ok {
+		return m.(map[string]string)
+	}
+	m := map[string]string{}
+	if hasPinned {
+		m[LabelPinned] = pinned
+	}
+	if hasManaged {
+		m[LabelCRIManaged] = managed
+	}
+	shared, _ := labelSets.LoadOrStore(key, m)
+	return shared.(map[string]string)
+}
+
+// labelSets holds one map per distinct set of the labels ImageLabels
+// keeps: images (a busy node's tens of thousands, in every listing and in
+// the projection) share a handful of them.
+var labelSets sync.Map // labelKey -> map[string]string
+
+type labelKey struct {
+	pinned, managed       string
+	hasPinned, hasManaged bool
 }
 
 // imageEvent converts an image record; its content facts are supplied by

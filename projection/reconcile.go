@@ -14,10 +14,11 @@ import (
 func Reconcile(s *State, l events.Listing) []events.Event {
 	var out []events.Event
 
+	// The listing is walked in sorted order through indexes: a busy node's
+	// listing is megabytes, and a sorted copy of it is garbage at once.
 	listedNames := make(map[string]struct{}, len(l.Images))
-	images := slices.Clone(l.Images)
-	slices.SortFunc(images, func(a, b events.ImageUpserted) int { return cmpString(a.Name, b.Name) })
-	for _, li := range images {
+	for _, i := range sortedBy(len(l.Images), func(i int) string { return l.Images[i].Name }) {
+		li := l.Images[i]
 		listedNames[li.Name] = struct{}{}
 		if imageCurrent(s, li) {
 			continue
@@ -36,9 +37,8 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		tasks[t.ContainerID] = t
 	}
 	listed := make(map[string]struct{}, len(l.Containers))
-	containers := slices.Clone(l.Containers)
-	slices.SortFunc(containers, func(a, b events.ContainerUpserted) int { return cmpString(a.ID, b.ID) })
-	for _, lc := range containers {
+	for _, i := range sortedBy(len(l.Containers), func(i int) string { return l.Containers[i].ID }) {
+		lc := l.Containers[i]
 		listed[lc.ID] = struct{}{}
 		have := s.Containers[lc.ID]
 		if !containerCurrent(have, lc) {
@@ -98,6 +98,16 @@ func containerCurrent(c *Container, l events.ContainerUpserted) bool {
 		(l.ImageID == "" || c.ImageID == l.ImageID) && (l.RootChain == "" || c.RootChain == l.RootChain) &&
 		slices.Equal(c.VolumeImageIDs, l.VolumeImageIDs) && (l.VolumeChains == nil || slices.Equal(c.VolumeChains, l.VolumeChains)) &&
 		c.RestartManaged == l.RestartManaged
+}
+
+// sortedBy returns the indexes 0..n-1 in the order of key(index).
+func sortedBy(n int, key func(i int) string) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmpString(key(a), key(b)) })
+	return order
 }
 
 func cmpString(a, b string) int {

@@ -11,7 +11,6 @@ package projection
 import (
 	"cmp"
 	"slices"
-	"sync"
 	"time"
 	"unique"
 
@@ -35,31 +34,6 @@ func intern(s string) string {
 		return s
 	}
 	return unique.Make(s).Value()
-}
-
-// labelSets holds one map per distinct set of image labels gcagent reads;
-// images share them (nothing modifies a stored label map).
-var labelSets sync.Map // labelKey -> map[string]string
-
-// imageLabels returns the labels of l that gcagent reads, as a shared map,
-// nil when there are none. It allocates only for a set not seen before.
-func imageLabels(l map[string]string) map[string]string {
-	pinned, hasPinned := l[LabelPinned]
-	managed, hasManaged := l[LabelCRIManaged]
-	if !hasPinned && !hasManaged {
-		return nil
-	}
-	key := labelKey{pinned, managed, hasPinned, hasManaged}
-	if m, ok := labelSets.Load(key); ok {
-		return m.(map[string]string)
-	}
-	m, _ := labelSets.LoadOrStore(key, events.ImageLabels(l))
-	return m.(map[string]string)
-}
-
-type labelKey struct {
-	pinned, managed       string
-	hasPinned, hasManaged bool
 }
 
 // setInterned sets *dst to v, interned; an unchanged value costs a compare.
@@ -372,7 +346,7 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 		img.LastUsed = e.At // held by a container from the moment it appears
 	}
 	name := intern(e.Name)
-	img.Names[name] = imageLabels(e.Labels)
+	img.Names[name] = events.ImageLabels(e.Labels)
 	if e.Size > 0 {
 		img.Size = e.Size
 	}

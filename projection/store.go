@@ -275,8 +275,9 @@ func (s *State) fill() {
 		if img.Names == nil {
 			img.Names = map[string]map[string]string{}
 		}
-		for name := range img.Names {
+		for name, labels := range img.Names {
 			s.Names[name] = d
+			img.Names[name] = events.ImageLabels(labels) // shared, as Apply keeps them
 		}
 	}
 	for _, p := range s.Pods {
