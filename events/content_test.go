@@ -2,10 +2,15 @@ package events
 
 import (
 	"testing"
+	"time"
 
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/typeurl/v2"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // TestFactsFromLabels: an image's facts come from labels only when they
@@ -53,5 +58,34 @@ func TestFactsFromLabels(t *testing.T) {
 	}
 	if _, ok := (*contentIndex)(nil).facts(img); ok {
 		t.Error("no content listing: facts from labels")
+	}
+}
+
+// TestContainerEventSpec: a CRI record's pod identity comes from the
+// kubelet's labels, else from CRI's spec annotations; a sandbox whose labels
+// say it all needs nothing from its spec (which is then not decoded).
+func TestContainerEventSpec(t *testing.T) {
+	labels := map[string]string{labelCRIKind: "sandbox", labelPodUID: "uid", labelPodName: "pod", labelPodNamespace: "ns"}
+	spec, err := typeurl.MarshalAny(&specs.Spec{Annotations: map[string]string{
+		annSandboxUID: "uid2", annSandboxName: "pod2", annSandboxNamespace: "ns2", annSandboxID: "sb2", annContainerName: "app"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDigest := func(string) string { return "" }
+	broken := &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: []byte("{not json")}
+
+	sb := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: labels, Spec: broken}, noDigest)
+	if sb.PodUID != "uid" || sb.PodName != "pod" || sb.PodNamespace != "ns" || sb.SandboxID != "sb1" {
+		t.Errorf("labelled sandbox: %+v", sb)
+	}
+	bare := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: map[string]string{labelCRIKind: "sandbox"},
+		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest)
+	if bare.PodUID != "uid2" || bare.PodName != "pod2" || bare.PodNamespace != "ns2" || bare.SandboxID != "sb1" {
+		t.Errorf("sandbox without the kubelet's labels: %+v", bare)
+	}
+	ctr := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: map[string]string{labelCRIKind: "container", labelPodUID: "uid"},
+		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest)
+	if ctr.PodUID != "uid" || ctr.PodName != "pod2" || ctr.SandboxID != "sb2" || ctr.ContainerName != "app" {
+		t.Errorf("container: %+v", ctr)
 	}
 }

@@ -112,6 +112,12 @@ func containerEvent(at time.Time, c containers.Container, digestOf func(string) 
 	if ev.CRIKind == "" {
 		return ev
 	}
+	if ev.CRIKind == "sandbox" && ev.PodUID != "" && ev.PodName != "" && ev.PodNamespace != "" {
+		// The kubelet's labels say all a sandbox's annotations would: its
+		// spec (kilobytes of JSON) is not decoded.
+		ev.SandboxID = c.ID
+		return ev
+	}
 	ann := specAnnotations(c)
 	fill := func(dst *string, key string) {
 		if *dst == "" {
