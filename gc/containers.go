@@ -3,7 +3,6 @@ package gc
 import (
 	"cmp"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -162,14 +161,16 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 	list := make([]ContainerItem, 0, size)
 	ctrs := make([]*projection.Container, 0, size) // ctrs[i] is list[i]'s
 	ages := make([]ageKey, 0, size)                // ctrs[i]'s
-	units := map[string][]int{}
+	var units [][]int                              // indexes into list, by evict unit
+	unitOf := map[string]int{}                     // evict unit -> its index in units
 	var sandboxes []int
 	for _, c := range s.Containers {
 		if !all && p.settled(c) {
 			continue
 		}
 		i := len(list)
-		list, ctrs, ages = append(list, p.screen(c, now)), append(ctrs, c), append(ages, ageOf(c))
+		list, ctrs, ages = append(list, ContainerItem{}), append(ctrs, c), append(ages, ageOf(c))
+		p.screen(&list[i], c, now)
 		it := &list[i]
 		it.Namespace = s.Namespace
 		switch {
@@ -180,7 +181,13 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 		case c.CRIKind == projection.KindSandbox:
 			sandboxes = append(sandboxes, i)
 		default:
-			units[it.EvictUnit] = append(units[it.EvictUnit], i)
+			u, ok := unitOf[it.EvictUnit]
+			if !ok {
+				u = len(units)
+				unitOf[it.EvictUnit] = u
+				units = append(units, nil)
+			}
+			units[u] = append(units[u], i)
 		}
 	}
 	oldestFirst := func(a, b int) int { return ages[a].compare(ages[b]) }
@@ -194,7 +201,7 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 	if p.MaxContainers >= 0 && count(units) > p.MaxContainers {
 		capUnits(units, max(p.MaxContainers/len(units), 1), ReasonGlobalCap, list)
 		if count(units) > p.MaxContainers {
-			all := slices.Concat(slices.Collect(maps.Values(units))...)
+			all := slices.Concat(units...)
 			slices.SortFunc(all, newestFirst)
 			for _, i := range all[p.MaxContainers:] {
 				list[i].Reason = ReasonGlobalCap
@@ -376,11 +383,12 @@ func (p ContainerPolicy) settled(c *projection.Container) bool {
 	return !c.Dead() || p.Prune == PruneOff || p.Prune == PruneNative && c.CRIKind != ""
 }
 
-// screen describes c and gives the reason it is kept whatever the caps:
-// running, never started, excluded by the prune mode, or too young; the
-// reason is empty for a candidate.
-func (p ContainerPolicy) screen(c *projection.Container, now time.Time) ContainerItem {
-	it := ContainerItem{
+// screen describes c in *it (in place: a full plan fills tens of thousands)
+// with the reason it is kept whatever the caps: running, never started,
+// excluded by the prune mode, or too young; the reason is empty for a
+// candidate.
+func (p ContainerPolicy) screen(it *ContainerItem, c *projection.Container, now time.Time) {
+	*it = ContainerItem{
 		ID:            c.ID,
 		CRIKind:       c.CRIKind,
 		EvictUnit:     c.EvictUnit(),
@@ -400,13 +408,12 @@ func (p ContainerPolicy) screen(c *projection.Container, now time.Time) Containe
 	case p.Prune == PruneOff, p.Prune == PruneNative && c.CRIKind != "":
 		it.Reason = ReasonPruneMode
 	case c.CRIKind == "":
-		p.screenPlain(c, now, &it)
+		p.screenPlain(c, now, it)
 	default:
 		if eligible := deadSince(c).Add(p.MinAge); now.Before(eligible) {
 			it.Reason, it.EligibleAt = ReasonTooYoung, eligible
 		}
 	}
-	return it
 }
 
 // screenPlain decides a dead plain container: kept while a restart policy
@@ -443,7 +450,7 @@ func waiting(r Reason) bool {
 
 // capUnits keeps the newest n of each unit (sorted newest first) and marks
 // the rest with r.
-func capUnits(units map[string][]int, n int, r Reason, list []ContainerItem) {
+func capUnits(units [][]int, n int, r Reason, list []ContainerItem) {
 	for key, u := range units {
 		if len(u) > n {
 			for _, i := range u[n:] {
@@ -454,7 +461,7 @@ func capUnits(units map[string][]int, n int, r Reason, list []ContainerItem) {
 	}
 }
 
-func count(units map[string][]int) int {
+func count(units [][]int) int {
 	n := 0
 	for _, u := range units {
 		n += len(u)
