@@ -208,7 +208,8 @@ type snapReader struct {
 var errSnapshotShort = errors.New("truncated")
 
 // table reads the string table into one string that every entry slices:
-// one allocation for all of them.
+// one allocation for all of them, kept while any restored record is (at
+// most the size of the table, megabytes for a busy node).
 func (r *snapReader) table() {
 	n, size := r.uint(), r.uint()
 	if r.err != nil {

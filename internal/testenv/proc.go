@@ -24,7 +24,7 @@ type ProcMemory struct {
 	RSS  int64 // VmRSS, bytes
 	Peak int64 // VmHWM (peak RSS since start), bytes
 	// Anon and File split RSS: the process's own memory, and pages of
-	// mapped files (the state database's mmap) the kernel may drop.
+	// mapped files (the binary, the state database) the kernel may drop.
 	Anon, File int64
 }
 
@@ -35,9 +35,9 @@ func ReadProcMemory(pid int) (ProcMemory, error) {
 		return ProcMemory{}, err
 	}
 	var m ProcMemory
+	fields := map[string]*int64{"VmRSS": &m.RSS, "VmHWM": &m.Peak, "RssAnon": &m.Anon, "RssFile": &m.File}
 	for _, l := range strings.Split(string(b), "\n") {
 		key, val, ok := strings.Cut(l, ":")
-		fields := map[string]*int64{"VmRSS": &m.RSS, "VmHWM": &m.Peak, "RssAnon": &m.Anon, "RssFile": &m.File}
 		dst := fields[key]
 		if !ok || dst == nil {
 			continue
