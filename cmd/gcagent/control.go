@@ -113,14 +113,14 @@ func (h controlHandler) Explain(_ context.Context, query string) (any, error) {
 	}
 	// The first namespace (sorted) that knows the image answers.
 	var ns, digest string
-	err = fmt.Errorf("image %q is not known to this node", query)
+	err = fmt.Errorf("image %q is %w", query, errImageUnknown)
 	h.a.live.View(func(s *projection.State) {
 		if digest != "" {
 			return
 		}
 		if d, ferr := findImage(s, query); ferr == nil {
 			ns, digest, err = s.Namespace, d, nil
-		} else if !strings.Contains(ferr.Error(), "not known") {
+		} else if !errors.Is(ferr, errImageUnknown) {
 			err = ferr
 		}
 	})
@@ -150,6 +150,9 @@ func (h controlHandler) Explain(_ context.Context, query string) (any, error) {
 	return ex, nil
 }
 
+// errImageUnknown: no image of a namespace matches the query.
+var errImageUnknown = errors.New("not known to this node")
+
 // findImage returns the digest of the one image matching query.
 func findImage(s *projection.State, query string) (string, error) {
 	q := strings.TrimSpace(query)
@@ -169,7 +172,7 @@ func findImage(s *projection.State, query string) (string, error) {
 	}
 	switch len(hits) {
 	case 0:
-		return "", fmt.Errorf("image %q is not known to this node", query)
+		return "", fmt.Errorf("image %q is %w", query, errImageUnknown)
 	case 1:
 		return hits[0], nil
 	}
