@@ -39,7 +39,7 @@ type Live struct {
 	opts  LiveOptions
 	mu    sync.RWMutex
 	state *State
-	subs  []chan struct{}
+	subs  subscribers
 	since int // journal entries since the last snapshot
 	m     *liveMetrics
 	fault atomic.Pointer[JournalFault] // nil while persisting works
@@ -267,16 +267,24 @@ func (l *Live) Synced() bool {
 }
 
 // Subscribe returns a channel that receives a signal after each applied
-// batch; signals coalesce, so a slow reader never blocks the projection.
-// Call before events are applied.
-func (l *Live) Subscribe() <-chan struct{} {
+// batch (see subscribers). Call before events are applied.
+func (l *Live) Subscribe() <-chan struct{} { return l.subs.add() }
+
+func (l *Live) notify() { l.subs.notify() }
+
+// subscribers are the channels of a projection's readers: each receives a
+// signal after an applied batch; signals coalesce, so a slow reader never
+// blocks the projection.
+type subscribers []chan struct{}
+
+func (s *subscribers) add() <-chan struct{} {
 	ch := make(chan struct{}, 1)
-	l.subs = append(l.subs, ch)
+	*s = append(*s, ch)
 	return ch
 }
 
-func (l *Live) notify() {
-	for _, ch := range l.subs {
+func (s subscribers) notify() {
+	for _, ch := range s {
 		select {
 		case ch <- struct{}{}:
 		default:

@@ -46,7 +46,7 @@ type Spaces struct {
 	mu    sync.RWMutex
 	lives map[string]*Live
 	round bool // a Round was applied: every managed namespace was listed
-	subs  []chan struct{}
+	subs  subscribers
 }
 
 // NewSpaces restores every managed namespace's projection from the store,
@@ -294,21 +294,10 @@ func (s *Spaces) JournalFault() *JournalFault {
 }
 
 // Subscribe returns a channel that receives a signal after each applied
-// batch; signals coalesce. Call before Run starts.
-func (s *Spaces) Subscribe() <-chan struct{} {
-	ch := make(chan struct{}, 1)
-	s.subs = append(s.subs, ch)
-	return ch
-}
+// batch (see subscribers). Call before Run starts.
+func (s *Spaces) Subscribe() <-chan struct{} { return s.subs.add() }
 
-func (s *Spaces) notify() {
-	for _, ch := range s.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
+func (s *Spaces) notify() { s.subs.notify() }
 
 // In returns namespace ns's projection as one-namespace readers (the log
 // cleaner, CRI's namespace) see it, whether or not it exists yet.
