@@ -65,16 +65,21 @@ type ImageFacts struct {
 }
 
 // facts returns img's facts: those the projection holds (KnownFacts),
-// else those the content store's labels tell (ix, nil: none), else read
-// from the content store. A fact that cannot be read is left empty (the
-// next lookup tries again). The projection is the one cache: what it
-// forgets (an image deleted) is forgotten here too.
-func (s *Source) facts(ctx context.Context, img images.Image, ix *contentIndex) ImageFacts {
-	d := img.Target.Digest.String()
-	f, ok := s.knownFacts(d)
+// else read from the content store. A fact that cannot be read is left
+// empty (the next lookup tries again). The projection is the one cache:
+// what it forgets (an image deleted) is forgotten here too.
+func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
+	f, ok := s.knownFacts(img.Target.Digest.String())
 	if ok {
 		return f
 	}
+	return s.readFacts(ctx, img, f, nil)
+}
+
+// readFacts completes f, what the projection holds of img's facts, from
+// the content store's labels (ix, a listing's; nil: none) or by reading
+// its blobs.
+func (s *Source) readFacts(ctx context.Context, img images.Image, f ImageFacts, ix *contentIndex) ImageFacts {
 	if lf, ok := ix.facts(img); ok {
 		return lf
 	}

@@ -403,7 +403,7 @@ func (s *Source) lookupImage(ctx context.Context, at time.Time, name string) (Ev
 	if err != nil {
 		return nil, fmt.Errorf("get image %q: %w", name, err)
 	}
-	return imageEvent(at, img, s.facts(ctx, img, nil)), nil
+	return imageEvent(at, img, s.facts(ctx, img)), nil
 }
 
 func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (Event, error) {
@@ -457,7 +457,7 @@ func (s *Source) configOf(ctx context.Context, listed map[string]images.Image, f
 			if ok {
 				f, known := facts[img.Target.Digest.String()]
 				if !known {
-					f = s.facts(ctx, img, nil)
+					f = s.facts(ctx, img)
 				}
 				if f.Config != "" {
 					return f.Config
@@ -605,8 +605,9 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(8)
 		for i, img := range unknown {
+			known := facts[img.Target.Digest.String()]
 			g.Go(func() error {
-				read[i] = s.facts(gctx, img, cix)
+				read[i] = s.readFacts(gctx, img, known, cix)
 				return nil
 			})
 		}
