@@ -103,11 +103,7 @@ func TestSpaces(t *testing.T) {
 // TestSnapshotDropsCoveredJournal: a snapshot deletes exactly the journal
 // entries it covers, all of them or a prefix.
 func TestSnapshotDropsCoveredJournal(t *testing.T) {
-	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := tempStore(t)
 	t0 := time.Unix(1000, 0).UTC()
 	s := New()
 	var evs []events.Event
@@ -146,11 +142,7 @@ func TestSnapshotDropsCoveredJournal(t *testing.T) {
 // (a first listing of a big node) is persisted as one snapshot, not as a
 // journal entry per event, before anyone can read it.
 func TestLargeBatchWrittenAsSnapshot(t *testing.T) {
-	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := tempStore(t)
 	l, err := NewLive(LiveOptions{Store: st, SnapshotEvery: 10})
 	if err != nil {
 		t.Fatal(err)
@@ -180,11 +172,7 @@ func TestLargeBatchWrittenAsSnapshot(t *testing.T) {
 // TestUsersRebuiltOnLoad: the use and name indexes are not persisted; a
 // restored state has the same ones, rebuilt from its containers and images.
 func TestUsersRebuiltOnLoad(t *testing.T) {
-	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := tempStore(t)
 	t0 := time.Unix(1000, 0).UTC()
 	s := New()
 	for _, ev := range []events.Event{
@@ -246,4 +234,16 @@ func TestRunGathersABatch(t *testing.T) {
 	if seq != 3 {
 		t.Fatalf("seq %d after the batch, want 3", seq)
 	}
+}
+
+// tempStore opens a new store file in the test's temp dir, closed when the
+// test ends.
+func tempStore(t *testing.T) *Store {
+	t.Helper()
+	st, err := OpenStore(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }
