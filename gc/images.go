@@ -155,8 +155,12 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 		}
 	}
 	slices.SortFunc(items, func(a, b ImageItem) int {
-		return cmp.Or(a.LastUsed.Compare(b.LastUsed), a.FirstSeen.Compare(b.FirstSeen), strings.Compare(a.Digest, b.Digest),
-			strings.Compare(a.Namespace, b.Namespace))
+		// cmp.Or evaluates every argument: the strings are compared only
+		// on a tie of times.
+		if o := cmp.Or(a.LastUsed.Compare(b.LastUsed), a.FirstSeen.Compare(b.FirstSeen)); o != 0 {
+			return o
+		}
+		return cmp.Or(strings.Compare(a.Digest, b.Digest), strings.Compare(a.Namespace, b.Namespace))
 	})
 
 	// An empty reason marks a candidate: first the ones past MaxAge go,
