@@ -291,17 +291,18 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	var synced bool
 	var plan ImagePlan
 	synced = g.o.Projection.Synced()
+	var replan bool
 	g.o.Projection.ViewAll(func(states []*projection.State) {
 		seq = projection.SeqOf(states)
-		if g.o.Policy.MaxAge > 0 && synced && seq != g.trig.planSeq {
-			// The next age-out moves with the state: it is re-planned on
-			// each (debounced) change; a plan of 10,000 images takes tens
-			// of milliseconds.
+		// The next age-out moves with the state; a plan of 10,000 images
+		// takes tens of milliseconds, so it is re-planned at most once per
+		// minGap however fast the state changes.
+		if replan = synced && g.trig.replan(now, seq); replan {
 			g.observeSandboxes(states)
 			plan = PlanImages(states, disk, g.policy(), now)
 		}
 	})
-	if g.o.Policy.MaxAge > 0 && synced && seq != g.trig.planSeq {
+	if replan {
 		g.trig.planned(seq, plan)
 		g.setNextAgeOut(plan.NextAgeOut)
 	}
@@ -685,6 +686,8 @@ type imageTrigger struct {
 	nextEligible time.Time     // earliest too-young image passing MinAge, when short
 
 	planSeq    uint64    // seq the next age-out was computed at
+	planAt     time.Time // when it was computed
+	stale      bool      // the state moved since, and the re-plan waits for minGap
 	nextAgeOut time.Time // earliest max-age deadline; zero when none
 }
 
@@ -701,12 +704,30 @@ func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 	tr.above = above
 }
 
+// replan reports whether the next age-out must be re-planned at projection
+// seq: with a maximum age set, when the state moved since the last plan and
+// that plan is at least minGap old. A change sooner than that is noted, and
+// wake returns the end of the gap, so a churn costs one plan per minGap and
+// delays an age-out by at most minGap (deadlines are MaxAge apart from
+// their last use, minutes at least).
+func (tr *imageTrigger) replan(now time.Time, seq uint64) bool {
+	tr.stale = false
+	if tr.policy.MaxAge <= 0 || seq == tr.planSeq {
+		return false
+	}
+	if !tr.planAt.IsZero() && now.Before(tr.planAt.Add(tr.minGap)) {
+		tr.stale = true
+		return false
+	}
+	return true
+}
+
 // planned records the next age-out of a plan made at projection seq. Max-age
 // images in the plan are due now, but no sooner than minGap (retry in a dry
 // run, which deletes nothing) after the last pass, so that a failing delete
 // does not spin.
 func (tr *imageTrigger) planned(seq uint64, plan ImagePlan) {
-	tr.planSeq, tr.nextAgeOut = seq, plan.NextAgeOut
+	tr.planSeq, tr.planAt, tr.nextAgeOut = seq, plan.Now, plan.NextAgeOut
 	for _, it := range plan.Delete {
 		if it.Reason == ReasonMaxAge {
 			gap := tr.minGap
@@ -763,7 +784,7 @@ func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p Imag
 		tr.changeGap = min(2*tr.changeGap, max(changeGapMax, tr.minGap))
 	}
 	tr.passShort = plan.Triggered && !p.LowReached
-	tr.planSeq, tr.nextAgeOut = seq, plan.NextAgeOut
+	tr.planSeq, tr.planAt, tr.nextAgeOut = seq, plan.Now, plan.NextAgeOut
 	tr.nextEligible = time.Time{}
 	if tr.passShort {
 		for _, it := range plan.Keep {
@@ -785,11 +806,15 @@ func (tr *imageTrigger) reacted(t time.Time) bool {
 }
 
 // wake returns the next instant a timer must evaluate at (zero for none):
-// the next age-out, and while above the high threshold after a short pass,
-// the end of min-age protection and the retry.
+// the next age-out, a re-plan that waits for minGap, and while above the
+// high threshold after a short pass, the end of min-age protection and the
+// retry.
 func (tr *imageTrigger) wake() time.Time {
 	var t time.Time
 	earliest(&t, tr.nextAgeOut)
+	if tr.stale {
+		earliest(&t, tr.planAt.Add(tr.minGap))
+	}
 	if tr.above && !tr.passAt.IsZero() {
 		earliest(&t, tr.nextEligible)
 		earliest(&t, tr.passAt.Add(tr.retry))

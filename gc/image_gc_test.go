@@ -344,6 +344,49 @@ func TestImageTriggerWake(t *testing.T) {
 	}
 }
 
+// TestImageTriggerReplanGap: with a maximum age set, a churn re-plans the
+// next age-out at most once per minGap, and the change a gap held back is
+// re-planned when the timer wakes at its end.
+func TestImageTriggerReplanGap(t *testing.T) {
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80, MaxAge: time.Hour}
+	tr := &imageTrigger{policy: p, retry: time.Minute, minGap: time.Second}
+	tr.observe(at(0), disk(10), true)
+	if !tr.replan(at(0), 1) {
+		t.Fatal("first plan not due")
+	}
+	tr.planned(1, ImagePlan{Now: at(0), NextAgeOut: at(40 * m)})
+	if tr.replan(at(time.Minute), 1) {
+		t.Fatal("re-plan without a change")
+	}
+	ms := time.Millisecond
+	tr.planned(1, ImagePlan{Now: at(0), NextAgeOut: at(40 * m)})
+	for i, d := range []time.Duration{20 * ms, 40 * ms, 500 * ms, 999 * ms} {
+		if tr.replan(at(d), uint64(2+i)) {
+			t.Fatalf("re-plan %s after the last, inside minGap", d)
+		}
+		if got := tr.wake(); !got.Equal(at(time.Second)) {
+			t.Fatalf("held-back change: wake = %s, want the end of minGap (+1s)", got)
+		}
+	}
+	if !tr.replan(at(time.Second), 5) {
+		t.Fatal("re-plan not due at the end of minGap")
+	}
+	tr.planned(5, ImagePlan{Now: at(time.Second), NextAgeOut: at(50 * m)})
+	if got := tr.wake(); !got.Equal(at(50 * m)) {
+		t.Fatalf("wake = %s after the re-plan, want the age-out at +50m", got)
+	}
+	// A pass is a plan too: a change right after it waits for minGap.
+	tr.passed(at(2*time.Second), 6, ImagePlan{Now: at(2 * time.Second), NextAgeOut: at(50 * m)}, ImagePass{})
+	if tr.replan(at(2*time.Second+ms), 7) || !tr.wake().Equal(at(3*time.Second)) {
+		t.Fatalf("change right after a pass: re-planned or wake %s", tr.wake())
+	}
+	// Without a maximum age nothing is re-planned.
+	tr.policy.MaxAge = 0
+	if tr.replan(at(time.Hour), 8) || !tr.wake().Equal(at(50*m)) {
+		t.Fatalf("re-plan without a maximum age (wake %s)", tr.wake())
+	}
+}
+
 func TestImageTriggerReaction(t *testing.T) {
 	tr := &imageTrigger{policy: policy8070, retry: time.Minute, minGap: time.Second}
 	tr.observe(at(0), disk(50), true)
@@ -395,6 +438,39 @@ func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
 	}
 	if !strings.Contains(g.trig.String(), "ageout=") {
 		t.Fatal("String")
+	}
+}
+
+// TestImageGCEvaluateReplansOncePerGap: a change inside DiskInterval of the
+// last plan moves the next age-out only when the gap ends.
+func TestImageGCEvaluateReplansOncePerGap(t *testing.T) {
+	n := newNode()
+	n.disk.available = 90 * mib
+	p := policy8070
+	p.MaxAge = 2 * h
+	g, _, clk, _ := newImageGC(t, n, p, nil)
+	clk.Set(at(time.Hour))
+	g.evaluate(context.Background())
+	ageOutA, ageOutB := at(2*h+m+time.Second+time.Nanosecond), at(2*h+2*m+time.Second+time.Nanosecond)
+	if got := g.Status().NextAgeOut; !got.Equal(ageOutA) {
+		t.Fatalf("next age-out %s, want a's at %s", got, ageOutA)
+	}
+	n.state.Apply(native(time.Hour, "uses-a", "example.test/a:1")) // a is in use again
+	clk.Step(20 * time.Millisecond)
+	g.evaluate(context.Background())
+	if got := g.Status().NextAgeOut; !got.Equal(ageOutA) {
+		t.Fatalf("re-planned 20ms after the last plan: next age-out %s", got)
+	}
+	if got, want := g.trig.wake(), at(time.Hour+time.Second); !got.Equal(want) {
+		t.Fatalf("wake = %s, want the end of the gap %s", got, want)
+	}
+	clk.Set(at(time.Hour + time.Second))
+	g.evaluate(context.Background())
+	if got := g.Status().NextAgeOut; !got.Equal(ageOutB) {
+		t.Fatalf("next age-out %s at the end of the gap, want b's at %s", got, ageOutB)
+	}
+	if got := g.trig.wake(); !got.Equal(ageOutB) {
+		t.Fatalf("wake = %s, want b's age-out", got)
 	}
 }
 
