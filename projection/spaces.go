@@ -29,6 +29,10 @@ type SpacesOptions struct {
 	// per event. It is also the most an event waits before the projection
 	// shows it. Default DefaultGatherWindow.
 	GatherWindow time.Duration
+	// AfterRound, if set, is called by Run after it applied a batch with a
+	// Round (every namespace listed); Run waits for it. The listing that
+	// came before is garbage then: the most the agent ever frees at once.
+	AfterRound func()
 }
 
 // DefaultGatherWindow is SpacesOptions.GatherWindow's default.
@@ -164,7 +168,11 @@ func (s *Spaces) Run(ctx context.Context, in <-chan events.Scoped) error {
 				}
 			}
 			gather.Stop()
+			round := slices.ContainsFunc(batch, isRound)
 			s.Apply(batch...)
+			if round && s.o.AfterRound != nil {
+				s.o.AfterRound()
+			}
 		}
 	}
 }
@@ -178,7 +186,7 @@ const maxBatch = 512
 // A Round applies after the events before it.
 func (s *Spaces) Apply(batch ...events.Scoped) {
 	for len(batch) > 0 {
-		i := slices.IndexFunc(batch, func(e events.Scoped) bool { return e.Event.Kind() == events.KindRound })
+		i := slices.IndexFunc(batch, isRound)
 		if i < 0 {
 			i = len(batch)
 		}
@@ -191,6 +199,8 @@ func (s *Spaces) Apply(batch ...events.Scoped) {
 	}
 	s.notify()
 }
+
+func isRound(e events.Scoped) bool { return e.Event.Kind() == events.KindRound }
 
 func (s *Spaces) applyRun(run []events.Scoped) {
 	var order []string

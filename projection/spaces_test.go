@@ -236,6 +236,40 @@ func TestRunGathersABatch(t *testing.T) {
 	}
 }
 
+// TestRunAfterRound: Run calls AfterRound once per applied batch that holds
+// a Round, after applying it, and not for other batches.
+func TestRunAfterRound(t *testing.T) {
+	t0 := time.Unix(1000, 0).UTC()
+	var sp *Spaces
+	calls := make(chan bool, 4) // whether the round was applied when called
+	sp, err := NewSpaces(SpacesOptions{GatherWindow: time.Millisecond, AfterRound: func() { calls <- sp.Synced() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := sp.Subscribe()
+	in := make(chan events.Scoped)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = sp.Run(ctx, in) }()
+	in <- events.Scoped{Namespace: "k8s.io", Event: img(t0, "a:1", "sha256:1")}
+	<-changes
+	select {
+	case <-calls:
+		t.Fatal("AfterRound called for a batch without a Round")
+	case <-time.After(50 * time.Millisecond):
+	}
+	in <- events.Scoped{Namespace: "k8s.io", Event: events.Listing{At: t0}}
+	in <- events.Scoped{Event: events.Round{At: t0, Namespaces: []string{"k8s.io"}}}
+	select {
+	case synced := <-calls:
+		if !synced {
+			t.Fatal("AfterRound called before the Round was applied")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("AfterRound not called after a Round")
+	}
+}
+
 // tempStore opens a new store file in the test's temp dir, closed when the
 // test ends.
 func tempStore(t *testing.T) *Store {

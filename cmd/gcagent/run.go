@@ -106,7 +106,8 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	live, err := projection.NewSpaces(projection.SpacesOptions{
 		Store: store, Managed: nss.Match, Registerer: reg,
-		Live: projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
+		Live:       projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
+		AfterRound: returnListing(log.With().Str("component", "projection").Logger()),
 	})
 	if err != nil {
 		return err
@@ -180,11 +181,9 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	evs := make(chan events.Scoped, 1024)
-	synced := live.Subscribe()                    // before live.Run, as every subscriber
 	if sd := a.newSystemdNotify(evs); sd != nil { // before live.Run: it subscribes
 		g.Go(func() error { return sd.run(gctx) })
 	}
-	g.Go(func() error { return releaseAfterSync(gctx, live, synced, log) })
 	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
@@ -308,23 +307,18 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	return mux
 }
 
-// releaseAfterSync returns the memory of the first listing to the system
-// once the projection is synced: the listing of a big node is the agent's
-// peak, and the Go runtime would otherwise keep those pages for minutes.
-func releaseAfterSync(ctx context.Context, live *projection.Spaces, changes <-chan struct{}, log zerolog.Logger) error {
-	for !live.Synced() {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-changes:
-		}
+// returnListing returns the memory of a full listing to the system once
+// the projection applied it (SpacesOptions.AfterRound): at a busy node's
+// size a listing is the agent's peak, and the Go runtime would keep those
+// pages mapped for minutes. It runs once per listing (ResyncInterval).
+func returnListing(log zerolog.Logger) func() {
+	return func() {
+		debug.FreeOSMemory()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		log.Debug().Uint64("heap_in_use", m.HeapInuse).Uint64("heap_released", m.HeapReleased).
+			Msg("listing applied: its memory returned")
 	}
-	debug.FreeOSMemory()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	log.Info().Str("component", "projection").Uint64("heap_in_use", m.HeapInuse).Uint64("heap_released", m.HeapReleased).
-		Msg("synced: memory of the first listing returned")
-	return nil
 }
 
 // readyProbeTimeout bounds /readyz's call to containerd.
