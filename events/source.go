@@ -50,6 +50,11 @@ type Options struct {
 	// KnownFacts returns what the projection already holds for a target
 	// digest (zero if none), so a listing does not read the content again.
 	KnownFacts func(digest string) ImageFacts
+	// KnownSandbox returns the sandbox the projection places container id
+	// of namespace ns in, if it holds that container with this creation
+	// time ("" if not), so a listing decodes only the specs of containers
+	// it does not know.
+	KnownSandbox func(ns, id string, created time.Time) string
 	// Now is the agent's clock (internal/clock: no wall-clock step moves
 	// it); default time.Now. Event times are bounded by it at receipt
 	// (see stampAt).
@@ -104,6 +109,9 @@ func NewSource(o Options) *Source {
 	}
 	if o.KnownFacts == nil {
 		o.KnownFacts = func(string) ImageFacts { return ImageFacts{} }
+	}
+	if o.KnownSandbox == nil {
+		o.KnownSandbox = func(string, string, time.Time) string { return "" }
 	}
 	s := &Source{o: o}
 	s.m = sourceMetrics{
@@ -425,7 +433,7 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 		return img.Target.Digest.String()
 	}
 	ns, _ := namespaces.Namespace(ctx)
-	ev := containerEventIn(ns, at, c, digestOf)
+	ev := containerEventIn(ns, at, c, digestOf, "")
 	ev.Created = notAfter(s.skewed(ev.Created), at)
 	parentOf := func(c containers.Container) string {
 		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
@@ -625,8 +633,13 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 	configOf := s.configOf(ctx, byName, facts)
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
 	for _, c := range ctrs {
-		ev := containerEventIn(ns, at, c, func(n string) string { return digests[n] })
-		ev.Created = notAfter(s.skewed(ev.Created), at)
+		created := notAfter(s.skewed(c.CreatedAt.UTC()), at)
+		var known string
+		if ns == CRINamespace && c.Labels[labelCRIKind] == "container" {
+			known = s.o.KnownSandbox(ns, c.ID, created)
+		}
+		ev := containerEventIn(ns, at, c, func(n string) string { return digests[n] }, known)
+		ev.Created = created
 		contentFacts(&ev, c, parentOf, volumesOf, configOf)
 		l.Containers = append(l.Containers, ev)
 	}

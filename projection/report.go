@@ -48,6 +48,7 @@ type ContainerReport struct {
 	ExitStatus  uint32         `json:"exitStatus"`
 	Kind        string         `json:"kind"` // sandbox, container, or native
 	PodUID      string         `json:"podUID,omitempty"`
+	SandboxID   string         `json:"sandboxID,omitempty"` // a CRI container's (or sandbox's own)
 	EvictUnit   string         `json:"evictUnit"`
 }
 
@@ -91,7 +92,7 @@ func (r *Report) add(s *State, now time.Time) {
 			kind = "native"
 		}
 		cr := ContainerReport{Namespace: s.Namespace, ID: id, Image: c.Image, ImageDigest: c.ImageDigest, State: c.State,
-			ExitStatus: c.ExitStatus, Kind: kind, PodUID: c.PodUID, EvictUnit: c.EvictUnit()}
+			ExitStatus: c.ExitStatus, Kind: kind, PodUID: c.PodUID, SandboxID: c.SandboxID, EvictUnit: c.EvictUnit()}
 		if c.State == StateExited {
 			t := c.ExitedAt
 			cr.ExitedAt = &t

@@ -136,6 +136,16 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 			})
 			return f
 		},
+		KnownSandbox: func(ns, id string, created time.Time) (sb string) {
+			if l := live.Live(ns); l != nil {
+				l.View(func(s *projection.State) {
+					if c := s.Containers[id]; c != nil && c.Created.Equal(created) {
+						sb = c.SandboxID
+					}
+				})
+			}
+			return sb
+		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
