@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/internal/testenv"
@@ -21,7 +22,8 @@ func seedRecords(b *testing.B, c *testenv.Containerd, n, m int) {
 // BenchmarkStartupReconcile measures what the agent does at start: list
 // images, containers and tasks over the real API and fold the listing into
 // the projection. "cold" is a first start (every image size computed);
-// "restored" is a restart, where the persisted projection knows the sizes.
+// "restored" is a restart, where the persisted projection knows the sizes
+// and the CRI containers' sandboxes.
 func BenchmarkStartupReconcile(b *testing.B) {
 	for _, v := range testenv.Versions() {
 		b.Run("containerd-"+string(v), func(b *testing.B) {
@@ -38,6 +40,12 @@ func BenchmarkStartupReconcile(b *testing.B) {
 									return events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
 								}
 								return events.ImageFacts{}
+							}
+							opts.KnownSandbox = func(_, id string, created time.Time) string {
+								if c := known.Containers[id]; c != nil && c.Created.Equal(created) {
+									return c.SandboxID
+								}
+								return ""
 							}
 						}
 						l, err := events.NewSource(opts).List(context.Background(), testenv.Namespace)

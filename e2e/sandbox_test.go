@@ -16,9 +16,10 @@ import (
 
 // TestSandboxAcrossRestart: a CRI container's pod sandbox, which only its
 // spec names, is the same after a restart, where the agent takes it from
-// its own projection instead of decoding the spec again; and a container
-// deleted and created again under the same id while the agent was down
-// (another creation time) is read afresh from its new spec.
+// its own projection instead of decoding the spec again (a container never
+// changes sandbox); and a container deleted and created again under the
+// same id while the agent was down (another creation time) is read afresh
+// from its new spec.
 func TestSandboxAcrossRestart(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
@@ -32,13 +33,8 @@ func TestSandboxAcrossRestart(t *testing.T) {
 		// its pod, only the spec its sandbox), made by a client, not CRI.
 		record := func(sandbox string) {
 			t.Helper()
-			spec, err := typeurl.MarshalAny(&specs.Spec{Version: specs.Version, Annotations: map[string]string{
-				"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": sandbox}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = c.Client.ContainerService().Create(c.Ctx(), containers.Container{
-				ID: "raw", Image: "example.test/app:1", Spec: spec, Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
+			_, err := c.Client.ContainerService().Create(c.Ctx(), containers.Container{
+				ID: "raw", Image: "example.test/app:1", Spec: spec(t, sandbox), Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"},
 				Labels: map[string]string{
 					"io.cri-containerd.kind": "container", "io.kubernetes.pod.uid": "raw-uid", "io.kubernetes.pod.name": "raw",
 					"io.kubernetes.pod.namespace": "default", "io.kubernetes.container.name": "raw",
@@ -76,7 +72,18 @@ func TestSandboxAcrossRestart(t *testing.T) {
 		sandboxes(a)
 		a.Stop()
 
-		// Restarted on its state: the same sandboxes.
+		// Restarted on its state: the same sandboxes, from the projection.
+		// To tell where they come from, the record's spec names another
+		// sandbox meanwhile (its id and creation time stay): the restarted
+		// agent keeps the one it knew, as it does not decode the spec.
+		raw, err := c.Client.ContainerService().Get(c.Ctx(), "raw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw.Spec = spec(t, "sb-respecified")
+		if _, err := c.Client.ContainerService().Update(c.Ctx(), raw, "spec"); err != nil {
+			t.Fatal(err)
+		}
 		a = testenv.StartAgent(t, c, state, observeOnly...)
 		sandboxes(a)
 		a.Stop()
@@ -91,4 +98,16 @@ func TestSandboxAcrossRestart(t *testing.T) {
 		a = testenv.StartAgent(t, c, state, observeOnly...)
 		sandboxes(a)
 	})
+}
+
+// spec is an OCI spec whose annotations say, as CRI's do, that it is a
+// container of sandbox.
+func spec(t *testing.T, sandbox string) typeurl.Any {
+	t.Helper()
+	a, err := typeurl.MarshalAny(&specs.Spec{Version: specs.Version, Annotations: map[string]string{
+		"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": sandbox}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
