@@ -23,7 +23,7 @@ func seedRecords(b *testing.B, c *testenv.Containerd, n, m int) {
 // images, containers and tasks over the real API and fold the listing into
 // the projection. "cold" is a first start (every image size computed);
 // "restored" is a restart, where the persisted projection knows the sizes
-// and the CRI containers' sandboxes.
+// and the CRI containers' facts.
 func BenchmarkStartupReconcile(b *testing.B) {
 	for _, v := range testenv.Versions() {
 		b.Run("containerd-"+string(v), func(b *testing.B) {
@@ -41,11 +41,11 @@ func BenchmarkStartupReconcile(b *testing.B) {
 								}
 								return events.ImageFacts{}
 							}
-							opts.KnownSandbox = func(_, id string, created time.Time) string {
+							opts.KnownContainer = func(_, id string, created time.Time) (events.ContainerFacts, bool) {
 								if c := known.Containers[id]; c != nil && c.Created.Equal(created) {
-									return c.SandboxID
+									return events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: c.VolumeImageIDs}, true
 								}
-								return ""
+								return events.ContainerFacts{}, false
 							}
 						}
 						l, err := events.NewSource(opts).List(context.Background(), testenv.Namespace)

@@ -64,6 +64,15 @@ type ImageFacts struct {
 	Chain  string
 }
 
+// ContainerFacts are what a CRI container's spec and CRI metadata say of
+// it, which never change while it exists: its pod sandbox, the image id it
+// was created from and those of its image volumes.
+type ContainerFacts struct {
+	SandboxID      string
+	ImageID        string
+	VolumeImageIDs []string
+}
+
 // facts returns img's facts: those the projection holds (KnownFacts),
 // else read from the content store. A fact that cannot be read is left
 // empty (the next lookup tries again). The projection is the one cache:
@@ -387,18 +396,22 @@ func snapshotterOf(c containers.Container) string {
 // sandbox holds (volumesOf), and its restart policy. configOf resolves a
 // volume image ref (a name or an image id) to a config digest.
 func contentFacts(ev *ContainerUpserted, c containers.Container, parentOf func(containers.Container) string,
-	volumesOf func(sandboxID string) []string, configOf func(ref string) string) {
-	id, vols := criImageRefs(c)
-	if configDigestRe.MatchString(id) {
-		ev.ImageID = id
-	}
-	for _, ref := range vols {
-		if cfg := configOf(ref); cfg != "" {
-			ev.VolumeImageIDs = append(ev.VolumeImageIDs, cfg)
+	volumesOf func(sandboxID string) []string, configOf func(ref string) string, known *ContainerFacts) {
+	if known != nil {
+		ev.ImageID, ev.VolumeImageIDs = known.ImageID, slices.Clone(known.VolumeImageIDs)
+	} else {
+		id, vols := criImageRefs(c)
+		if configDigestRe.MatchString(id) {
+			ev.ImageID = id
 		}
+		for _, ref := range vols {
+			if cfg := configOf(ref); cfg != "" {
+				ev.VolumeImageIDs = append(ev.VolumeImageIDs, cfg)
+			}
+		}
+		slices.Sort(ev.VolumeImageIDs)
+		ev.VolumeImageIDs = slices.Compact(ev.VolumeImageIDs)
 	}
-	slices.Sort(ev.VolumeImageIDs)
-	ev.VolumeImageIDs = slices.Compact(ev.VolumeImageIDs)
 	if c.SnapshotKey != "" {
 		ev.RootChain = parentOf(c)
 	}

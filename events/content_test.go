@@ -2,6 +2,8 @@ package events
 
 import (
 	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,17 +77,17 @@ func TestContainerEventSpec(t *testing.T) {
 	noDigest := func(string) string { return "" }
 	broken := &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: []byte("{not json")}
 
-	sb := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: labels, Spec: broken}, noDigest, "")
+	sb := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: labels, Spec: broken}, noDigest, nil)
 	if sb.PodUID != "uid" || sb.PodName != "pod" || sb.PodNamespace != "ns" || sb.SandboxID != "sb1" {
 		t.Errorf("labelled sandbox: %+v", sb)
 	}
 	bare := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: map[string]string{labelCRIKind: "sandbox"},
-		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest, "")
+		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest, nil)
 	if bare.PodUID != "uid2" || bare.PodName != "pod2" || bare.PodNamespace != "ns2" || bare.SandboxID != "sb1" {
 		t.Errorf("sandbox without the kubelet's labels: %+v", bare)
 	}
 	ctr := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: map[string]string{labelCRIKind: "container", labelPodUID: "uid"},
-		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest, "")
+		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest, nil)
 	if ctr.PodUID != "uid" || ctr.PodName != "pod2" || ctr.SandboxID != "sb2" || ctr.ContainerName != "app" {
 		t.Errorf("container: %+v", ctr)
 	}
@@ -93,18 +95,44 @@ func TestContainerEventSpec(t *testing.T) {
 	// A container the projection knows, fully labelled: its known sandbox,
 	// and the spec is not decoded (it is broken here).
 	full := map[string]string{labelCRIKind: "container", labelPodUID: "uid", labelPodName: "pod", labelPodNamespace: "ns", labelContainerName: "app"}
-	known := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: broken}, noDigest, "sb-known")
+	known := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: broken}, noDigest, &ContainerFacts{SandboxID: "sb-known"})
 	if known.SandboxID != "sb-known" || known.PodUID != "uid" || known.ContainerName != "app" {
 		t.Errorf("known container: %+v", known)
 	}
 	// Unknown, fully labelled: the sandbox comes from the spec.
-	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: spec}, noDigest, ""); got.SandboxID != "sb2" || got.PodName != "pod" {
+	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: spec}, noDigest, nil); got.SandboxID != "sb2" || got.PodName != "pod" {
 		t.Errorf("unknown labelled container: %+v", got)
 	}
 	// Known, but a label is missing: the spec fills it (and the sandbox).
 	partial := maps.Clone(full)
 	delete(partial, labelContainerName)
-	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: partial, Spec: spec}, noDigest, "sb-known"); got.SandboxID != "sb2" || got.ContainerName != "app" {
+	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: partial, Spec: spec}, noDigest, &ContainerFacts{SandboxID: "sb-known"}); got.SandboxID != "sb2" || got.ContainerName != "app" {
 		t.Errorf("known container missing a label: %+v", got)
+	}
+}
+
+// TestContentFactsKnown: a known container's CRI facts come from what the
+// projection holds, not from its CRI metadata; an unknown one's from it.
+func TestContentFactsKnown(t *testing.T) {
+	meta := []byte(`{"Metadata":{"ImageRef":"sha256:` + strings.Repeat("a", 64) + `","Config":{"mounts":[{"image":{"image":"vol:1"}}]}}}`)
+	c := containers.Container{ID: "c1", Extensions: map[string]typeurl.Any{extCRIContainerMetadata: &anypb.Any{Value: meta}}}
+	noParent := func(containers.Container) string { return "" }
+	noVolumes := func(string) []string { return nil }
+	configOf := func(ref string) string { return "sha256:" + strings.Repeat("c", 64) }
+
+	var fresh ContainerUpserted
+	contentFacts(&fresh, c, noParent, noVolumes, configOf, nil)
+	if fresh.ImageID != "sha256:"+strings.Repeat("a", 64) || !slices.Equal(fresh.VolumeImageIDs, []string{"sha256:" + strings.Repeat("c", 64)}) {
+		t.Errorf("from the metadata: %+v", fresh)
+	}
+	known := &ContainerFacts{ImageID: "sha256:" + strings.Repeat("b", 64), VolumeImageIDs: []string{"sha256:" + strings.Repeat("d", 64)}}
+	var ev ContainerUpserted
+	contentFacts(&ev, c, noParent, noVolumes, func(string) string { t.Fatal("configOf called for a known container"); return "" }, known)
+	if ev.ImageID != known.ImageID || !slices.Equal(ev.VolumeImageIDs, known.VolumeImageIDs) {
+		t.Errorf("known: %+v", ev)
+	}
+	ev.VolumeImageIDs[0] = "changed"
+	if known.VolumeImageIDs[0] == "changed" {
+		t.Error("the event shares the known facts' slice")
 	}
 }

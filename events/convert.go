@@ -84,8 +84,8 @@ func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
 // containerEventIn converts a container record of namespace ns: CRI labels
 // mean a CRI container only in CRI's namespace; elsewhere anyone may have
 // copied them, and the container is a plain one.
-func containerEventIn(ns string, at time.Time, c containers.Container, digestOf func(string) string, knownSandbox string) ContainerUpserted {
-	ev := containerEvent(at, c, digestOf, knownSandbox)
+func containerEventIn(ns string, at time.Time, c containers.Container, digestOf func(string) string, known *ContainerFacts) ContainerUpserted {
+	ev := containerEvent(at, c, digestOf, known)
 	if ns != CRINamespace {
 		ev.CRIKind, ev.PodUID, ev.PodName, ev.PodNamespace, ev.ContainerName, ev.SandboxID = "", "", "", "", "", ""
 	}
@@ -95,11 +95,11 @@ func containerEventIn(ns string, at time.Time, c containers.Container, digestOf 
 // containerEvent converts a container record. digestOf resolves an image
 // name to its target digest ("" if unknown). Pod identity comes from the
 // kubelet's labels, then from CRI's spec annotations, so CRI containers not
-// made by a kubelet are still placed in their pod. knownSandbox is the
-// sandbox the projection already places this very container in ("" if
-// none): a container never changes sandbox, so when the labels name the
-// rest, its spec (kilobytes of JSON) is not decoded.
-func containerEvent(at time.Time, c containers.Container, digestOf func(string) string, knownSandbox string) ContainerUpserted {
+// made by a kubelet are still placed in their pod. known holds what the
+// projection knows of this very container (nil if nothing): a container
+// never changes sandbox, so when the labels name the rest, its spec
+// (kilobytes of JSON) is not decoded.
+func containerEvent(at time.Time, c containers.Container, digestOf func(string) string, known *ContainerFacts) ContainerUpserted {
 	ev := ContainerUpserted{
 		At:            at,
 		ID:            c.ID,
@@ -121,8 +121,9 @@ func containerEvent(at time.Time, c containers.Container, digestOf func(string) 
 		ev.SandboxID = c.ID
 		return ev
 	}
-	if ev.CRIKind == "container" && knownSandbox != "" && ev.PodUID != "" && ev.PodName != "" && ev.PodNamespace != "" && ev.ContainerName != "" {
-		ev.SandboxID = knownSandbox
+	if ev.CRIKind == "container" && known != nil && known.SandboxID != "" &&
+		ev.PodUID != "" && ev.PodName != "" && ev.PodNamespace != "" && ev.ContainerName != "" {
+		ev.SandboxID = known.SandboxID
 		return ev
 	}
 	ann := specAnnotations(c)

@@ -50,11 +50,14 @@ type Options struct {
 	// KnownFacts returns what the projection already holds for a target
 	// digest (zero if none), so a listing does not read the content again.
 	KnownFacts func(digest string) ImageFacts
-	// KnownSandbox returns the sandbox the projection places container id
-	// of namespace ns in, if it holds that container with this creation
-	// time ("" if not), so a listing decodes only the specs of containers
-	// it does not know.
-	KnownSandbox func(ns, id string, created time.Time) string
+	// KnownContainer returns the facts the projection holds of CRI
+	// container id of namespace ns, if it holds that very container (the
+	// same creation time), so the listings that follow a start or a
+	// reconnect, which readiness waits for, decode the spec and CRI
+	// metadata of only the containers they do not know. Periodic and repair
+	// listings decode every one: a fact a failed lookup missed is mended
+	// within ResyncInterval.
+	KnownContainer func(ns, id string, created time.Time) (ContainerFacts, bool)
 	// Now is the agent's clock (internal/clock: no wall-clock step moves
 	// it); default time.Now. Event times are bounded by it at receipt
 	// (see stampAt).
@@ -110,8 +113,8 @@ func NewSource(o Options) *Source {
 	if o.KnownFacts == nil {
 		o.KnownFacts = func(string) ImageFacts { return ImageFacts{} }
 	}
-	if o.KnownSandbox == nil {
-		o.KnownSandbox = func(string, string, time.Time) string { return "" }
+	if o.KnownContainer == nil {
+		o.KnownContainer = func(string, string, time.Time) (ContainerFacts, bool) { return ContainerFacts{}, false }
 	}
 	s := &Source{o: o}
 	s.m = sourceMetrics{
@@ -197,8 +200,9 @@ func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) 
 			return err
 		}
 		listed := make(map[string]bool, len(names))
+		known := reason == "start" || reason == "reconnect"
 		for _, ns := range names {
-			if err := s.listInto(ctx, out, ns); err != nil {
+			if err := s.listInto(ctx, out, ns, known); err != nil {
 				return err
 			}
 			listed[ns] = true
@@ -242,7 +246,7 @@ func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) 
 				if !s.listed[env.Namespace] {
 					// A namespace appears with its first object (containerd
 					// creates it implicitly): its listing covers the event.
-					if err := s.listInto(ctx, out, env.Namespace); err != nil {
+					if err := s.listInto(ctx, out, env.Namespace, false); err != nil {
 						return err
 					}
 					s.listed[env.Namespace] = true
@@ -433,7 +437,7 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 		return img.Target.Digest.String()
 	}
 	ns, _ := namespaces.Namespace(ctx)
-	ev := containerEventIn(ns, at, c, digestOf, "")
+	ev := containerEventIn(ns, at, c, digestOf, nil)
 	ev.Created = notAfter(s.skewed(ev.Created), at)
 	parentOf := func(c containers.Container) string {
 		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
@@ -445,7 +449,7 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 	// A sandbox's image volumes appear after the sandbox; the listings and
 	// the app containers' own volume mounts cover them.
 	noVolumes := func(string) []string { return nil }
-	contentFacts(&ev, c, parentOf, noVolumes, s.configOf(ctx, nil, nil))
+	contentFacts(&ev, c, parentOf, noVolumes, s.configOf(ctx, nil, nil), nil)
 	return ev, nil
 }
 
@@ -499,9 +503,10 @@ func (s *Source) Managed(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// listInto lists namespace ns and sends the listing.
-func (s *Source) listInto(ctx context.Context, out chan<- Scoped, ns string) error {
-	l, err := s.List(ctx, ns)
+// listInto lists namespace ns and sends the listing; known says whether
+// it takes what the projection knows of containers (KnownContainer).
+func (s *Source) listInto(ctx context.Context, out chan<- Scoped, ns string, known bool) error {
+	l, err := s.list(ctx, ns, known)
 	if err != nil {
 		return err
 	}
@@ -528,7 +533,7 @@ func (s *Source) namespaceChange(ctx context.Context, out chan<- Scoped, env *cd
 	case *apievents.NamespaceCreate:
 		if s.o.Namespaces.All && s.o.Namespaces.Match(e.Name) && !s.listed[e.Name] {
 			s.listed[e.Name] = true
-			return s.listInto(ctx, out, e.Name)
+			return s.listInto(ctx, out, e.Name, false)
 		}
 	case *apievents.NamespaceDelete:
 		if s.listed[e.Name] && s.o.Namespaces.All {
@@ -539,8 +544,13 @@ func (s *Source) namespaceChange(ctx context.Context, out chan<- Scoped, env *cd
 	return nil
 }
 
-// List takes a full picture of namespace ns.
+// List takes a full picture of namespace ns, as a listing after a start
+// does (it takes what KnownContainer knows).
 func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
+	return s.list(ctx, ns, true)
+}
+
+func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, error) {
 	ctx = namespaces.WithNamespace(ctx, ns)
 	began := time.Now()
 	defer func() { s.m.listSeconds.Observe(time.Since(began).Seconds()) }()
@@ -634,13 +644,15 @@ func (s *Source) List(ctx context.Context, ns string) (Listing, error) {
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
 	for _, c := range ctrs {
 		created := notAfter(s.skewed(c.CreatedAt.UTC()), at)
-		var known string
-		if ns == CRINamespace && c.Labels[labelCRIKind] == "container" {
-			known = s.o.KnownSandbox(ns, c.ID, created)
+		var known *ContainerFacts
+		if useKnown && ns == CRINamespace && c.Labels[labelCRIKind] == "container" {
+			if f, ok := s.o.KnownContainer(ns, c.ID, created); ok {
+				known = &f
+			}
 		}
 		ev := containerEventIn(ns, at, c, func(n string) string { return digests[n] }, known)
 		ev.Created = created
-		contentFacts(&ev, c, parentOf, volumesOf, configOf)
+		contentFacts(&ev, c, parentOf, volumesOf, configOf, known)
 		l.Containers = append(l.Containers, ev)
 	}
 

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -136,15 +137,15 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 			})
 			return f
 		},
-		KnownSandbox: func(ns, id string, created time.Time) (sb string) {
+		KnownContainer: func(ns, id string, created time.Time) (f events.ContainerFacts, ok bool) {
 			if l := live.Live(ns); l != nil {
 				l.View(func(s *projection.State) {
 					if c := s.Containers[id]; c != nil && c.Created.Equal(created) {
-						sb = c.SandboxID
+						f, ok = events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs)}, true
 					}
 				})
 			}
-			return sb
+			return f, ok
 		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
