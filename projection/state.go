@@ -12,7 +12,6 @@ import (
 	"cmp"
 	"slices"
 	"time"
-	"unique"
 
 	"github.com/gcagent/gcagent/events"
 )
@@ -25,23 +24,6 @@ const (
 	KindSandbox      = "sandbox"
 	KindContainer    = "container"
 )
-
-// intern returns the one copy of s the process keeps: a digest or a name
-// is held by an image, by every container that uses it and by the use
-// index, and a busy node has tens of thousands of each.
-func intern(s string) string {
-	if s == "" {
-		return s
-	}
-	return unique.Make(s).Value()
-}
-
-// setInterned sets *dst to v, interned; an unchanged value costs a compare.
-func setInterned(dst *string, v string) {
-	if *dst != v {
-		*dst = intern(v)
-	}
-}
 
 // ContainerState is what the agent knows of a container's init process.
 type ContainerState string
@@ -80,6 +62,9 @@ type State struct {
 	// they name, sorted. It is derived from Images (reindex), never
 	// persisted.
 	byKey map[string][]string
+	// strs interns the strings the records hold (see interner); never
+	// persisted or cloned.
+	strs interner
 }
 
 // Image is one target digest with all the names that point at it.
@@ -236,13 +221,13 @@ func (c *Container) EvictUnit() string {
 	return c.unit()
 }
 
-// keepUnit sets evictUnit: a plain container's is its id, a CRI
+// keepUnit sets c's evictUnit: a plain container's is its id, a CRI
 // container's is interned.
-func (c *Container) keepUnit() {
+func (s *State) keepUnit(c *Container) {
 	if u := c.unit(); u == c.ID {
 		c.evictUnit = c.ID
 	} else {
-		setInterned(&c.evictUnit, u)
+		s.setInterned(&c.evictUnit, u)
 	}
 }
 
@@ -333,19 +318,19 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	}
 	img := s.Images[e.Digest]
 	if img == nil {
-		img = &Image{Digest: intern(e.Digest), Names: map[string]map[string]string{}, FirstSeen: e.At, Created: e.Created}
+		img = &Image{Digest: s.intern(e.Digest), Names: map[string]map[string]string{}, FirstSeen: e.At, Created: e.Created}
 		s.Images[img.Digest] = img
 	}
 	if (e.ConfigDigest != "" && e.ConfigDigest != img.ConfigDigest) || (e.ChainID != "" && e.ChainID != img.ChainID) {
 		s.unindex(img)
-		img.ConfigDigest = intern(cmp.Or(e.ConfigDigest, img.ConfigDigest))
-		img.ChainID = intern(cmp.Or(e.ChainID, img.ChainID))
+		img.ConfigDigest = s.intern(cmp.Or(e.ConfigDigest, img.ConfigDigest))
+		img.ChainID = s.intern(cmp.Or(e.ChainID, img.ChainID))
 		s.index(img)
 	}
 	if s.imageInUse(img) && e.At.After(img.LastUsed) {
 		img.LastUsed = e.At // held by a container from the moment it appears
 	}
-	name := intern(e.Name)
+	name := s.intern(e.Name)
 	img.Names[name] = events.ImageLabels(e.Labels)
 	if e.Size > 0 {
 		img.Size = e.Size
@@ -385,28 +370,28 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 		digest = s.Names[e.Image]
 	}
 	oldKeys := c.UseKeys()
-	setInterned(&c.ImageDigest, digest)
+	s.setInterned(&c.ImageDigest, digest)
 	// Content facts are sticky: a failed lookup does not forget them.
-	setInterned(&c.ImageID, cmp.Or(e.ImageID, c.ImageID))
-	setInterned(&c.RootChain, cmp.Or(e.RootChain, c.RootChain))
+	s.setInterned(&c.ImageID, cmp.Or(e.ImageID, c.ImageID))
+	s.setInterned(&c.RootChain, cmp.Or(e.RootChain, c.RootChain))
 	if e.VolumeImageIDs != nil || c.CRIKind != e.CRIKind {
 		c.VolumeImageIDs = e.VolumeImageIDs
 	}
 	if e.VolumeChains != nil {
 		c.VolumeChains = e.VolumeChains
 	}
-	setInterned(&c.RootKey, s.rootKey(c))
+	s.setInterned(&c.RootKey, s.rootKey(c))
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
 	c.RestartManaged = e.RestartManaged
 	c.op(e.At)
 	wasSandbox := c.CRIKind == KindSandbox
 	oldUID := c.PodUID
-	setInterned(&c.Image, e.Image)
-	setInterned(&c.CRIKind, e.CRIKind)
-	setInterned(&c.PodNamespace, e.PodNamespace)
+	s.setInterned(&c.Image, e.Image)
+	s.setInterned(&c.CRIKind, e.CRIKind)
+	s.setInterned(&c.PodNamespace, e.PodNamespace)
 	c.PodUID, c.PodName = e.PodUID, e.PodName
 	c.ContainerName, c.SandboxID, c.Created = e.ContainerName, e.SandboxID, e.Created
-	c.keepUnit()
+	s.keepUnit(c)
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
 		s.leavePod(oldUID, c.ID, e.At)
 	}

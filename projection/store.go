@@ -290,7 +290,7 @@ func (s *State) fill() {
 	// Then the use index, derived from the containers.
 	s.Users = map[string][]string{}
 	for id, c := range s.Containers {
-		c.keepUnit()
+		s.keepUnit(c)
 		if c.RootKey == "" {
 			c.RootKey = s.rootKey(c)
 		}
