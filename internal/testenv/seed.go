@@ -18,6 +18,7 @@ import (
 	ispecs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // Seed says what SeedRecords writes: records only, no snapshots, no tasks
@@ -30,8 +31,11 @@ type Seed struct {
 	Images int
 	// Containers containers, named ContainerID(i), container i running image
 	// i%Images. Even ones are labelled like CRI containers of a pod (kind
-	// container, pod uid, name and namespace, container name, and CRI's
-	// sandbox annotations in the spec); odd ones are plain.
+	// container, pod uid, name and namespace, container name), with a spec
+	// of a CRI container's size (CRI's annotations, the kubelet's
+	// environment and mounts, the default seccomp profile: about 10 KiB of
+	// JSON) and CRI's metadata extension (the container config and the
+	// image id); odd ones are plain.
 	Containers int
 	// Prefix makes the names distinct from other seeds in the daemon
 	// (default "seed").
@@ -74,6 +78,7 @@ func (s Seed) SeedContainer(i int) (containers.Container, error) {
 			"io.kubernetes.pod.namespace":  "default",
 			"io.kubernetes.container.name": fmt.Sprintf("c%d", i%8/2),
 		}
+		criSpec(spec)
 		spec.Annotations = map[string]string{
 			"io.kubernetes.cri.container-type":    "container",
 			"io.kubernetes.cri.container-name":    fmt.Sprintf("c%d", i%8/2),
@@ -88,11 +93,77 @@ func (s Seed) SeedContainer(i int) (containers.Container, error) {
 	if err != nil {
 		return containers.Container{}, err
 	}
-	return containers.Container{
+	rec := containers.Container{
 		ID: s.ContainerID(i), Image: s.ImageName(i % max(s.Images, 1)), Labels: labels,
 		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"}, Spec: a,
-	}, nil
+	}
+	if i%2 == 0 {
+		meta, err := json.Marshal(map[string]any{"Version": "v1", "Metadata": map[string]any{
+			"ID": rec.ID, "Name": labels["io.kubernetes.container.name"], "SandboxID": spec.Annotations["io.kubernetes.cri.sandbox-id"],
+			"ImageRef": digest.FromBytes(s.imageConfig(i % max(s.Images, 1))).String(),
+			"Config": map[string]any{
+				"metadata": map[string]any{"name": labels["io.kubernetes.container.name"]},
+				"image":    map[string]any{"image": rec.Image},
+				"command":  spec.Process.Args, "envs": spec.Process.Env, "labels": labels, "annotations": spec.Annotations,
+				"mounts": []map[string]any{{"container_path": "/var/run/secrets/kubernetes.io/serviceaccount", "host_path": "/var/lib/kubelet/pods/" + labels["io.kubernetes.pod.uid"] + "/volumes/token", "readonly": true}},
+			},
+			"LogPath": "/var/log/pods/" + labels["io.kubernetes.pod.uid"] + "/app/0.log", "StopSignal": "SIGTERM",
+		}})
+		if err != nil {
+			return containers.Container{}, err
+		}
+		rec.Extensions = map[string]typeurl.Any{
+			"io.cri-containerd.container.metadata": &anypb.Any{TypeUrl: "github.com/containerd/containerd/pkg/cri/store/container/Metadata", Value: meta},
+		}
+	}
+	return rec, nil
 }
+
+// criSpec fills spec in as CRI does for a pod's container: the kubelet's
+// environment (service variables), CRI's default mounts and capabilities,
+// masked paths and the runtime's default seccomp profile.
+func criSpec(spec *specs.Spec) {
+	for i := range 24 {
+		spec.Process.Env = append(spec.Process.Env, fmt.Sprintf("SVC_%02d_SERVICE_HOST=10.96.%d.%d", i, i/8, i%8+10),
+			fmt.Sprintf("SVC_%02d_PORT=tcp://10.96.%d.%d:8080", i, i/8, i%8+10))
+	}
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
+		"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
+	spec.Process.Capabilities = &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
+	for _, m := range []string{"/proc", "/dev", "/dev/pts", "/dev/mqueue", "/sys", "/sys/fs/cgroup", "/etc/hosts", "/dev/termination-log",
+		"/etc/hostname", "/etc/resolv.conf", "/dev/shm", "/var/run/secrets/kubernetes.io/serviceaccount"} {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: m, Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes" + m,
+			Options: []string{"rbind", "rprivate", "ro"}})
+	}
+	names := make([]string, 0, 330)
+	for i := range cap(names) {
+		names = append(names, fmt.Sprintf("syscall_%03d", i))
+	}
+	spec.Linux = &specs.Linux{
+		CgroupsPath: "kubepods-besteffort.slice:cri-containerd:seed",
+		MaskedPaths: []string{"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+			"/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi", "/sys/devices/virtual/powercap"},
+		ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+		Seccomp: &specs.LinuxSeccomp{DefaultAction: specs.ActErrno, Architectures: []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32},
+			Syscalls: []specs.LinuxSyscall{{Names: names, Action: specs.ActAllow}}},
+	}
+}
+
+// imageConfig is seeded image i's config blob.
+func (s Seed) imageConfig(i int) []byte {
+	cfg, _ := json.Marshal(ocispec.Image{
+		Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
+		Config:   ocispec.ImageConfig{Labels: map[string]string{"seed": s.ImageName(i)}},
+		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{seedLayerDigest}},
+	})
+	return cfg
+}
+
+// seedLayer is the one layer every seeded image shares.
+var (
+	seedLayer       = bytes.Repeat([]byte{7}, 1024)
+	seedLayerDigest = digest.FromBytes(seedLayer)
+)
 
 // SeedRecords writes s's images and containers straight into the daemon's
 // content, image and container stores, s.Workers requests at a time.
@@ -113,17 +184,12 @@ func (c *Containerd) SeedRecords(t testing.TB, s Seed) {
 		d := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(data), Size: int64(len(data))}
 		return d, content.WriteBlob(ctx, cs, d.Digest.String(), bytes.NewReader(data), d, content.WithLabels(labels))
 	}
-	layer, err := put(ctx, ocispec.MediaTypeImageLayer, bytes.Repeat([]byte{7}, 1024), nil)
+	layer, err := put(ctx, ocispec.MediaTypeImageLayer, seedLayer, nil)
 	if err != nil {
 		t.Fatalf("seed layer: %v", err)
 	}
 	seedImage := func(ctx context.Context, i int) error {
-		cfg, _ := json.Marshal(ocispec.Image{
-			Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
-			Config:   ocispec.ImageConfig{Labels: map[string]string{"seed": s.ImageName(i)}},
-			RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{layer.Digest}},
-		})
-		cd, err := put(ctx, ocispec.MediaTypeImageConfig, cfg, map[string]string{
+		cd, err := put(ctx, ocispec.MediaTypeImageConfig, s.imageConfig(i), map[string]string{
 			"containerd.io/gc.ref.snapshot.overlayfs": identity.ChainID([]digest.Digest{layer.Digest}).String(),
 		})
 		if err != nil {
