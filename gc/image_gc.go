@@ -707,9 +707,8 @@ func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 // replan reports whether the next age-out must be re-planned at projection
 // seq: with a maximum age set, when the state moved since the last plan and
 // that plan is at least minGap old. A change sooner than that is noted, and
-// wake returns the end of the gap, so a churn costs one plan per minGap and
-// delays an age-out by at most minGap (deadlines are MaxAge apart from
-// their last use, minutes at least).
+// wake returns the end of the gap: a churn costs one plan per minGap, and
+// an age-out it moved earlier is late by at most minGap.
 func (tr *imageTrigger) replan(now time.Time, seq uint64) bool {
 	tr.stale = false
 	if tr.policy.MaxAge <= 0 || seq == tr.planSeq {
