@@ -306,6 +306,39 @@ type criMetadata struct {
 	} `json:"Metadata"`
 }
 
+// skim decodes into m only the fields it has, found by jsonField: the
+// metadata holds the whole CRI container config (environment, mounts,
+// labels, annotations). It reports false when doc must be decoded whole.
+func (m *criMetadata) skim(doc []byte) bool {
+	meta, ok := jsonField(doc, "Metadata")
+	if !ok || meta == nil {
+		return ok
+	}
+	ref, ok := jsonField(meta, "ImageRef")
+	if !ok {
+		return false
+	}
+	cfg, ok := jsonField(meta, "Config")
+	if !ok {
+		return false
+	}
+	var mounts []byte
+	if cfg != nil {
+		if mounts, ok = jsonField(cfg, "mounts"); !ok {
+			return false
+		}
+	}
+	for _, f := range []struct {
+		raw []byte
+		v   any
+	}{{ref, &m.Metadata.ImageRef}, {mounts, &m.Metadata.Config.Mounts}} {
+		if f.raw != nil && json.Unmarshal(f.raw, f.v) != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // criImageRefs returns the image id CRI stored for c and the image refs of
 // its image-volume mounts; empty for a container CRI did not create.
 func criImageRefs(c containers.Container) (imageID string, volumes []string) {
@@ -314,8 +347,10 @@ func criImageRefs(c containers.Container) (imageID string, volumes []string) {
 		return "", nil
 	}
 	var m criMetadata
-	if err := json.Unmarshal(ext.GetValue(), &m); err != nil {
-		return "", nil
+	if !m.skim(ext.GetValue()) {
+		if err := json.Unmarshal(ext.GetValue(), &m); err != nil {
+			return "", nil
+		}
 	}
 	for _, mnt := range m.Metadata.Config.Mounts {
 		if mnt.Image != nil && mnt.Image.Image != "" {

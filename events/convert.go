@@ -146,16 +146,24 @@ func containerEvent(at time.Time, c containers.Container, digestOf func(string) 
 }
 
 // specAnnotations reads the OCI spec's annotations; containerd stores the
-// spec as JSON, so no type registration is needed. A spec that does not
-// decode yields none.
+// spec as JSON, so no type registration is needed. Only the annotations
+// are decoded (jsonField); annotations that do not decode yield none.
 func specAnnotations(c containers.Container) map[string]string {
 	if c.Spec == nil {
 		return nil
 	}
+	doc := c.Spec.GetValue()
+	if raw, ok := jsonField(doc, "annotations"); ok {
+		var ann map[string]string
+		if raw == nil || json.Unmarshal(raw, &ann) != nil {
+			return nil
+		}
+		return ann
+	}
 	var spec struct {
 		Annotations map[string]string `json:"annotations"`
 	}
-	if err := json.Unmarshal(c.Spec.GetValue(), &spec); err != nil {
+	if err := json.Unmarshal(doc, &spec); err != nil {
 		return nil
 	}
 	return spec.Annotations

@@ -1,0 +1,133 @@
+package events
+
+import (
+	"encoding/json"
+	"strings"
+)
+
+// jsonField returns the raw value of key in the JSON object doc, found by
+// scanning the object's structure without decoding the rest: a CRI
+// container's spec is about 10 KiB of JSON (its seccomp profile, mounts,
+// environment) of which a listing needs the annotations, and
+// encoding/json validates and walks all of it. Keys match as
+// encoding/json matches them to a struct field (case-insensitively); raw
+// is nil when doc has no such key. ok is false when doc does not scan as
+// an object or holds key more than once: then decode it whole, to keep
+// encoding/json's answer.
+func jsonField(doc []byte, key string) (raw []byte, ok bool) {
+	i := skipSpace(doc, 0)
+	if i >= len(doc) || doc[i] != '{' {
+		return nil, false
+	}
+	i = skipSpace(doc, i+1)
+	if i < len(doc) && doc[i] == '}' {
+		return nil, true
+	}
+	found := false
+	for {
+		if i >= len(doc) || doc[i] != '"' {
+			return nil, false
+		}
+		end := skipString(doc, i)
+		if end < 0 {
+			return nil, false
+		}
+		name := doc[i:end]
+		i = skipSpace(doc, end)
+		if i >= len(doc) || doc[i] != ':' {
+			return nil, false
+		}
+		start := skipSpace(doc, i+1)
+		end = skipValue(doc, start)
+		if end < 0 {
+			return nil, false
+		}
+		if keyIs(name, key) {
+			if found {
+				return nil, false
+			}
+			raw, found = doc[start:end], true
+		}
+		i = skipSpace(doc, end)
+		switch {
+		case i < len(doc) && doc[i] == ',':
+			i = skipSpace(doc, i+1)
+		case i < len(doc) && doc[i] == '}':
+			return raw, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// keyIs reports whether the quoted JSON string name is key, as
+// encoding/json matches a field name.
+func keyIs(name []byte, key string) bool {
+	s := string(name[1 : len(name)-1])
+	if strings.IndexByte(s, '\\') >= 0 {
+		if err := json.Unmarshal(name, &s); err != nil {
+			return false
+		}
+	}
+	return strings.EqualFold(s, key)
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string starting at b[i] (a
+// quote), or -1 if it does not end.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// skipValue returns the index after the value starting at b[i], or -1 if
+// it does not scan: strings and nesting are followed, literals and numbers
+// taken as they come (the value found is decoded, and so checked, later).
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				if i = skipString(b, i); i < 0 {
+					return -1
+				}
+				i--
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return -1
+	}
+	start := i
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
+		i++
+	}
+	if i == start {
+		return -1
+	}
+	return i
+}
