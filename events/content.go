@@ -426,27 +426,32 @@ func snapshotterOf(c containers.Container) string {
 	return c.Snapshotter
 }
 
-// contentFacts fills what c runs into ev: the CRI image id and volume image
-// ids, the parent of its rootfs snapshot (parentOf), the image volumes its
-// sandbox holds (volumesOf), and its restart policy. configOf resolves a
-// volume image ref (a name or an image id) to a config digest.
-func contentFacts(ev *ContainerUpserted, c containers.Container, parentOf func(containers.Container) string,
-	volumesOf func(sandboxID string) []string, configOf func(ref string) string, known *ContainerFacts) {
-	if known != nil {
-		ev.ImageID, ev.VolumeImageIDs = known.ImageID, slices.Clone(known.VolumeImageIDs)
-	} else {
-		id, vols := criImageRefs(c)
-		if configDigestRe.MatchString(id) {
-			ev.ImageID = id
-		}
-		for _, ref := range vols {
-			if cfg := configOf(ref); cfg != "" {
-				ev.VolumeImageIDs = append(ev.VolumeImageIDs, cfg)
-			}
-		}
-		slices.Sort(ev.VolumeImageIDs)
-		ev.VolumeImageIDs = slices.Compact(ev.VolumeImageIDs)
+// criFacts fills ev's CRI image id and volume image ids from the refs CRI
+// stored for the container (criImageRefs); configOf resolves a volume
+// image ref (a name or an image id) to a config digest.
+func criFacts(ev *ContainerUpserted, imageID string, volumes []string, configOf func(ref string) string) {
+	if configDigestRe.MatchString(imageID) {
+		ev.ImageID = imageID
 	}
+	for _, ref := range volumes {
+		if cfg := configOf(ref); cfg != "" {
+			ev.VolumeImageIDs = append(ev.VolumeImageIDs, cfg)
+		}
+	}
+	slices.Sort(ev.VolumeImageIDs)
+	ev.VolumeImageIDs = slices.Compact(ev.VolumeImageIDs)
+}
+
+// fill sets ev's CRI facts to what the projection knows.
+func (f *ContainerFacts) fill(ev *ContainerUpserted) {
+	ev.ImageID, ev.VolumeImageIDs = f.ImageID, slices.Clone(f.VolumeImageIDs)
+}
+
+// contentFacts fills the rest of what c runs into ev: the parent of its
+// rootfs snapshot (parentOf), the image volumes its sandbox holds
+// (volumesOf), and its restart policy.
+func contentFacts(ev *ContainerUpserted, c containers.Container, parentOf func(containers.Container) string,
+	volumesOf func(sandboxID string) []string) {
 	if c.SnapshotKey != "" {
 		ev.RootChain = parentOf(c)
 	}

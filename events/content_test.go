@@ -111,28 +111,50 @@ func TestContainerEventSpec(t *testing.T) {
 	}
 }
 
-// TestContentFactsKnown: a known container's CRI facts come from what the
-// projection holds, not from its CRI metadata; an unknown one's from it.
-func TestContentFactsKnown(t *testing.T) {
-	meta := []byte(`{"Metadata":{"ImageRef":"sha256:` + strings.Repeat("a", 64) + `","Config":{"mounts":[{"image":{"image":"vol:1"}}]}}}`)
-	c := containers.Container{ID: "c1", Extensions: map[string]typeurl.Any{extCRIContainerMetadata: &anypb.Any{Value: meta}}}
-	noParent := func(containers.Container) string { return "" }
-	noVolumes := func(string) []string { return nil }
-	configOf := func(ref string) string { return "sha256:" + strings.Repeat("c", 64) }
-
-	var fresh ContainerUpserted
-	contentFacts(&fresh, c, noParent, noVolumes, configOf, nil)
-	if fresh.ImageID != "sha256:"+strings.Repeat("a", 64) || !slices.Equal(fresh.VolumeImageIDs, []string{"sha256:" + strings.Repeat("c", 64)}) {
-		t.Errorf("from the metadata: %+v", fresh)
+// TestSlimKnown: a listing holds a record without its spec and CRI
+// metadata; a CRI container the projection knows takes its facts from it
+// (after a start), one it does not know from its spec and metadata, and
+// so does every one in a periodic listing.
+func TestSlimKnown(t *testing.T) {
+	hex := func(c string) string { return "sha256:" + strings.Repeat(c, 64) }
+	meta := []byte(`{"Metadata":{"ImageRef":"` + hex("a") + `","Config":{"mounts":[{"image":{"image":"vol:1"}}]}}}`)
+	spec, err := typeurl.MarshalAny(&specs.Spec{Annotations: map[string]string{annSandboxID: "sb-spec"}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	known := &ContainerFacts{ImageID: "sha256:" + strings.Repeat("b", 64), VolumeImageIDs: []string{"sha256:" + strings.Repeat("d", 64)}}
+	labels := map[string]string{labelCRIKind: "container", labelPodUID: "uid", labelPodName: "pod", labelPodNamespace: "ns", labelContainerName: "app"}
+	c := containers.Container{ID: "c1", Labels: labels, Spec: spec, Extensions: map[string]typeurl.Any{extCRIContainerMetadata: &anypb.Any{Value: meta}}}
+	known := ContainerFacts{SandboxID: "sb-known", ImageID: hex("b"), VolumeImageIDs: []string{hex("d")}}
+	s := NewSource(Options{KnownContainer: func(ns, id string, _ time.Time) (ContainerFacts, bool) {
+		return known, ns == CRINamespace && id == "c1"
+	}})
+	at := time.Unix(1000, 0)
+
+	lc := s.slim(CRINamespace, at, c, true)
+	if lc.known == nil || lc.ev.SandboxID != "sb-known" || lc.imageID != "" || lc.volumes != nil {
+		t.Errorf("known after a start: %+v", lc)
+	}
+	if lc.c.Spec != nil || lc.c.Extensions != nil {
+		t.Error("the listing holds the spec or the extensions")
+	}
 	var ev ContainerUpserted
-	contentFacts(&ev, c, noParent, noVolumes, func(string) string { t.Fatal("configOf called for a known container"); return "" }, known)
+	lc.known.fill(&ev)
 	if ev.ImageID != known.ImageID || !slices.Equal(ev.VolumeImageIDs, known.VolumeImageIDs) {
-		t.Errorf("known: %+v", ev)
+		t.Errorf("known facts: %+v", ev)
 	}
 	ev.VolumeImageIDs[0] = "changed"
 	if known.VolumeImageIDs[0] == "changed" {
 		t.Error("the event shares the known facts' slice")
+	}
+
+	for _, lc := range []listedContainer{s.slim(CRINamespace, at, c, false), s.slim(CRINamespace, at, func() containers.Container { c := c; c.ID = "c2"; return c }(), true)} {
+		if lc.known != nil || lc.ev.SandboxID != "sb-spec" || lc.imageID != hex("a") || !slices.Equal(lc.volumes, []string{"vol:1"}) {
+			t.Errorf("decoded: %+v", lc)
+		}
+		var ev ContainerUpserted
+		criFacts(&ev, lc.imageID, lc.volumes, func(string) string { return hex("c") })
+		if ev.ImageID != hex("a") || !slices.Equal(ev.VolumeImageIDs, []string{hex("c")}) {
+			t.Errorf("facts from the refs: %+v", ev)
+		}
 	}
 }

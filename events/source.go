@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	apievents "github.com/containerd/containerd/api/events"
+	containersapi "github.com/containerd/containerd/api/services/containers/v1"
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/client"
@@ -20,13 +22,17 @@ import (
 	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/typeurl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -449,7 +455,9 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 	// A sandbox's image volumes appear after the sandbox; the listings and
 	// the app containers' own volume mounts cover them.
 	noVolumes := func(string) []string { return nil }
-	contentFacts(&ev, c, parentOf, noVolumes, s.configOf(ctx, nil, nil), nil)
+	id, vols := criImageRefs(c)
+	criFacts(&ev, id, vols, s.configOf(ctx, nil, nil))
+	contentFacts(&ev, c, parentOf, noVolumes)
 	return ev, nil
 }
 
@@ -562,7 +570,7 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 	// meanwhile, whatever the order.
 	var (
 		imgs         []images.Image
-		ctrs         []containers.Container
+		ctrs         []listedContainer
 		snapshotters []string
 		ix           snapshotIndex
 		tasks        *tasksapi.ListTasksResponse
@@ -575,12 +583,14 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 		return nil
 	})
 	lists.Go(func() (err error) {
-		if ctrs, err = s.o.Client.ContainerService().List(lctx); err != nil {
+		if err = s.streamContainers(lctx, func(c containers.Container) {
+			ctrs = append(ctrs, s.slim(ns, at, c, useKnown))
+		}); err != nil {
 			return fmt.Errorf("list containers: %w", err)
 		}
 		snapshotters = []string{defaultSnapshotter}
-		for _, c := range ctrs {
-			snapshotters = append(snapshotters, snapshotterOf(c))
+		for _, lc := range ctrs {
+			snapshotters = append(snapshotters, snapshotterOf(lc.c))
 		}
 		slices.Sort(snapshotters)
 		snapshotters = slices.Compact(snapshotters)
@@ -642,17 +652,15 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 	volumesOf := func(sb string) []string { return ix.volumes[sb] }
 	configOf := s.configOf(ctx, byName, facts)
 	l.Containers = make([]ContainerUpserted, 0, len(ctrs))
-	for _, c := range ctrs {
-		created := notAfter(s.skewed(c.CreatedAt.UTC()), at)
-		var known *ContainerFacts
-		if useKnown && ns == CRINamespace && c.Labels[labelCRIKind] == "container" {
-			if f, ok := s.o.KnownContainer(ns, c.ID, created); ok {
-				known = &f
-			}
+	for _, lc := range ctrs {
+		ev := lc.ev
+		ev.ImageDigest = digests[lc.c.Image]
+		if lc.known != nil {
+			lc.known.fill(&ev)
+		} else {
+			criFacts(&ev, lc.imageID, lc.volumes, configOf)
 		}
-		ev := containerEventIn(ns, at, c, func(n string) string { return digests[n] }, known)
-		ev.Created = created
-		contentFacts(&ev, c, parentOf, volumesOf, configOf, known)
+		contentFacts(&ev, lc.c, parentOf, volumesOf)
 		l.Containers = append(l.Containers, ev)
 	}
 
@@ -671,6 +679,90 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 		s.criExits(ctx, &l)
 	}
 	return l, nil
+}
+
+// listedContainer is what a listing holds of a container record until the
+// images are listed: a busy node's records are 10 KiB and more each (a CRI
+// container's spec, its CRI metadata), and only a little of them is read.
+type listedContainer struct {
+	c     containers.Container // without its spec and extensions
+	ev    ContainerUpserted    // all but the image digest and content facts
+	known *ContainerFacts      // what the projection knows of it (KnownContainer), or nil
+	// The refs CRI stored (criImageRefs), when not known.
+	imageID string
+	volumes []string
+}
+
+// slim converts c as far as a listing can before the images are listed,
+// reading its spec and CRI metadata only when the projection does not
+// know it (useKnown), and drops them.
+func (s *Source) slim(ns string, at time.Time, c containers.Container, useKnown bool) listedContainer {
+	created := notAfter(s.skewed(c.CreatedAt.UTC()), at)
+	var lc listedContainer
+	if useKnown && ns == CRINamespace && c.Labels[labelCRIKind] == "container" {
+		if f, ok := s.o.KnownContainer(ns, c.ID, created); ok {
+			lc.known = &f
+		}
+	}
+	lc.ev = containerEventIn(ns, at, c, func(string) string { return "" }, lc.known)
+	lc.ev.Created = created
+	if lc.known == nil {
+		lc.imageID, lc.volumes = criImageRefs(c)
+	}
+	c.Spec, c.Extensions = nil, nil
+	lc.c = c
+	return lc
+}
+
+// streamContainers calls each with every container record of the
+// namespace in ctx, as containerd streams them one message each (a
+// daemon without ListStream sends one message of them all).
+func (s *Source) streamContainers(ctx context.Context, each func(containers.Container)) error {
+	all := func() error {
+		all, err := s.o.Client.ContainerService().List(ctx)
+		for _, c := range all {
+			each(c)
+		}
+		return err
+	}
+	conn, ok := s.o.Client.Conn().(grpc.ClientConnInterface)
+	if !ok {
+		return all()
+	}
+	stream, err := containersapi.NewContainersClient(conn).ListStream(ctx, &containersapi.ListContainersRequest{})
+	if err != nil {
+		return errgrpc.ToNative(err)
+	}
+	for n := 0; ; n++ {
+		m, err := stream.Recv()
+		switch {
+		case err == io.EOF:
+			return nil
+		case n == 0 && status.Code(err) == codes.Unimplemented:
+			return all()
+		case err != nil:
+			return errgrpc.ToNative(err)
+		}
+		each(containerOf(m.Container))
+	}
+}
+
+// containerOf converts a record as containerd's client does.
+func containerOf(pb *containersapi.Container) containers.Container {
+	c := containers.Container{
+		ID: pb.ID, Labels: pb.Labels, Image: pb.Image, Spec: pb.Spec, Snapshotter: pb.Snapshotter, SnapshotKey: pb.SnapshotKey,
+		CreatedAt: protobuf.FromTimestamp(pb.CreatedAt), UpdatedAt: protobuf.FromTimestamp(pb.UpdatedAt), SandboxID: pb.Sandbox,
+	}
+	if pb.Runtime != nil {
+		c.Runtime = containers.RuntimeInfo{Name: pb.Runtime.Name, Options: pb.Runtime.Options}
+	}
+	if len(pb.Extensions) > 0 {
+		c.Extensions = make(map[string]typeurl.Any, len(pb.Extensions))
+		for k, v := range pb.Extensions {
+			c.Extensions[k] = v
+		}
+	}
+	return c
 }
 
 // criExits adds a stopped Task for each CRI container or sandbox that CRI
