@@ -412,7 +412,9 @@ func TestImageTriggerReaction(t *testing.T) {
 	}
 }
 
-func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
+// maxAgeGC is image GC with a 2h maximum age on a node with room to
+// spare, evaluated once at +1h.
+func maxAgeGC(t *testing.T) (*ImageGC, *node, *fakeClock) {
 	n := newNode()
 	n.disk.available = 90 * mib
 	p := policy8070
@@ -420,6 +422,11 @@ func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
 	g, _, clk, _ := newImageGC(t, n, p, nil)
 	clk.Set(at(time.Hour))
 	g.evaluate(context.Background())
+	return g, n, clk
+}
+
+func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
+	g, n, clk := maxAgeGC(t)
 	// a left at +1m1s: ages out just after +2h1m1s.
 	want := at(2*h + m + time.Second + time.Nanosecond)
 	if got := g.trig.wake(); !got.Equal(want) {
@@ -444,13 +451,7 @@ func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
 // TestImageGCEvaluateReplansOncePerGap: a change inside DiskInterval of the
 // last plan moves the next age-out only when the gap ends.
 func TestImageGCEvaluateReplansOncePerGap(t *testing.T) {
-	n := newNode()
-	n.disk.available = 90 * mib
-	p := policy8070
-	p.MaxAge = 2 * h
-	g, _, clk, _ := newImageGC(t, n, p, nil)
-	clk.Set(at(time.Hour))
-	g.evaluate(context.Background())
+	g, n, clk := maxAgeGC(t)
 	ageOutA, ageOutB := at(2*h+m+time.Second+time.Nanosecond), at(2*h+2*m+time.Second+time.Nanosecond)
 	if got := g.Status().NextAgeOut; !got.Equal(ageOutA) {
 		t.Fatalf("next age-out %s, want a's at %s", got, ageOutA)
