@@ -348,6 +348,7 @@ func criImageRefs(c containers.Container) (imageID string, volumes []string) {
 	}
 	var m criMetadata
 	if !m.skim(ext.GetValue()) {
+		m = criMetadata{} // what skim set before it gave up
 		if err := json.Unmarshal(ext.GetValue(), &m); err != nil {
 			return "", nil
 		}
