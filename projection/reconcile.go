@@ -26,10 +26,8 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		li.At = l.At
 		out = append(out, li)
 	}
-	for _, name := range slices.Sorted(maps.Keys(s.Names)) {
-		if _, ok := listedNames[name]; !ok {
-			out = append(out, events.ImageDeleted{At: l.At, Name: name})
-		}
+	for _, name := range unlisted(s.Names, listedNames) {
+		out = append(out, events.ImageDeleted{At: l.At, Name: name})
 	}
 
 	tasks := make(map[string]events.Task, len(l.Tasks))
@@ -69,12 +67,23 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 				ExitStatus: have.ExitStatus, ExitedAt: have.ExitedAt, Collected: true})
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(s.Containers)) {
-		if _, ok := listed[id]; !ok {
-			out = append(out, events.ContainerDeleted{At: l.At, ID: id})
-		}
+	for _, id := range unlisted(s.Containers, listed) {
+		out = append(out, events.ContainerDeleted{At: l.At, ID: id})
 	}
 	return append(out, events.Synced{At: l.At})
+}
+
+// unlisted returns the keys of have that listed lacks, sorted: usually a
+// few of tens of thousands, so only they are sorted.
+func unlisted[V any](have map[string]V, listed map[string]struct{}) []string {
+	var out []string
+	for k := range have {
+		if _, ok := listed[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func imageCurrent(s *State, li events.ImageUpserted) bool {

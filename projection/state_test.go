@@ -3,6 +3,7 @@ package projection
 import (
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -273,5 +274,28 @@ func TestStoreGapKeepsPositions(t *testing.T) {
 		if res.State.Images[d] == nil {
 			t.Errorf("image %s lost across restarts", d)
 		}
+	}
+}
+
+// TestReconcileDeletesInOrder: what a listing no longer shows is deleted
+// in sorted order (the journal is deterministic), whatever the map order.
+func TestReconcileDeletesInOrder(t *testing.T) {
+	s := New()
+	ids := []string{"c-q", "c-b", "c-z", "c-a", "c-m", "c-k", "c-d", "c-x"}
+	for _, id := range ids {
+		s.Apply(events.ContainerUpserted{At: at(0), ID: id})
+		s.Apply(events.ImageUpserted{At: at(0), Name: "img-" + id, Digest: "sha256:" + id})
+	}
+	var images, containers []string
+	for _, ev := range Reconcile(s, events.Listing{At: at(1)}) {
+		switch e := ev.(type) {
+		case events.ImageDeleted:
+			images = append(images, e.Name)
+		case events.ContainerDeleted:
+			containers = append(containers, e.ID)
+		}
+	}
+	if len(containers) != len(ids) || !slices.IsSorted(containers) || len(images) != len(ids) || !slices.IsSorted(images) {
+		t.Fatalf("deletions %v, %v: want all, sorted", images, containers)
 	}
 }
