@@ -303,6 +303,14 @@ func TestProjectionRepairedAfterContainerdRestart(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil { // its exit event has nowhere to go
 			t.Fatal(err)
 		}
+		// Down until an attempt to reconnect has failed: it is not counted
+		// as a subscription lost.
+		testenv.Eventually(t, 30*time.Second, func() string {
+			if strings.Contains(a.LogTail(200), "containerd version: ") {
+				return ""
+			}
+			return "no failed attempt to reconnect logged"
+		})
 		c.Restart()
 		w.partB()
 		rep := converge(t, c, a)
@@ -311,8 +319,8 @@ func TestProjectionRepairedAfterContainerdRestart(t *testing.T) {
 				t.Fatalf("victim is %s after restart", ct.State)
 			}
 		}
-		if !strings.Contains(mustMetrics(t, a), "gcagent_events_reconnects_total 1") {
-			t.Errorf("expected exactly one reconnect in metrics")
+		if m := mustMetrics(t, a); !strings.Contains(m, "gcagent_events_reconnects_total 1\n") {
+			t.Errorf("want exactly one subscription lost in metrics, got %v", metricSum(m, "gcagent_events_reconnects_total"))
 		}
 	})
 }

@@ -130,7 +130,7 @@ func NewSource(o Options) *Source {
 		malformed:    prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_malformed_total", Help: "Envelopes that could not be decoded, dropped."}),
 		dropped:      prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_dropped_total", Help: "Envelopes dropped because the queue was full (a listing follows)."}),
 		lookupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_lookup_errors_total", Help: "Failed lookups while enriching an envelope (a listing follows)."}),
-		reconnects:   prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_reconnects_total", Help: "Subscriptions to containerd that ended and were reopened."}),
+		reconnects:   prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_reconnects_total", Help: "Subscriptions to containerd that were lost after the agent followed it (each is reopened); attempts that fail meanwhile are not counted."}),
 		listings:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_listings_total", Help: "Full listings of containerd, by reason."}, []string{"reason"}),
 		listSeconds:  prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gcagent_events_listing_seconds", Help: "Time to list images, containers and tasks.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 	}
@@ -154,11 +154,13 @@ func (s *Source) Run(ctx context.Context, out chan<- Scoped) error {
 	for {
 		began := time.Now()
 		err := s.session(ctx, out, reason)
-		s.connected.Store(false)
+		lost := s.connected.Swap(false)
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.m.reconnects.Inc()
+		if lost { // not the attempts that fail while containerd is away
+			s.m.reconnects.Inc()
+		}
 		if time.Since(began) > 30*time.Second {
 			backoff = minBackoff
 		}
