@@ -74,20 +74,19 @@ func TestContainerEventSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	noDigest := func(string) string { return "" }
 	broken := &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: []byte("{not json")}
 
-	sb := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: labels, Spec: broken}, noDigest, nil)
+	sb := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: labels, Spec: broken}, nil)
 	if sb.PodUID != "uid" || sb.PodName != "pod" || sb.PodNamespace != "ns" || sb.SandboxID != "sb1" {
 		t.Errorf("labelled sandbox: %+v", sb)
 	}
 	bare := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: map[string]string{labelCRIKind: "sandbox"},
-		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest, nil)
+		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, nil)
 	if bare.PodUID != "uid2" || bare.PodName != "pod2" || bare.PodNamespace != "ns2" || bare.SandboxID != "sb1" {
 		t.Errorf("sandbox without the kubelet's labels: %+v", bare)
 	}
 	ctr := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: map[string]string{labelCRIKind: "container", labelPodUID: "uid"},
-		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, noDigest, nil)
+		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, nil)
 	if ctr.PodUID != "uid" || ctr.PodName != "pod2" || ctr.SandboxID != "sb2" || ctr.ContainerName != "app" {
 		t.Errorf("container: %+v", ctr)
 	}
@@ -95,18 +94,18 @@ func TestContainerEventSpec(t *testing.T) {
 	// A container the projection knows, fully labelled: its known sandbox,
 	// and the spec is not decoded (it is broken here).
 	full := map[string]string{labelCRIKind: "container", labelPodUID: "uid", labelPodName: "pod", labelPodNamespace: "ns", labelContainerName: "app"}
-	known := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: broken}, noDigest, &ContainerFacts{SandboxID: "sb-known"})
+	known := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: broken}, &ContainerFacts{SandboxID: "sb-known"})
 	if known.SandboxID != "sb-known" || known.PodUID != "uid" || known.ContainerName != "app" {
 		t.Errorf("known container: %+v", known)
 	}
 	// Unknown, fully labelled: the sandbox comes from the spec.
-	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: spec}, noDigest, nil); got.SandboxID != "sb2" || got.PodName != "pod" {
+	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: full, Spec: spec}, nil); got.SandboxID != "sb2" || got.PodName != "pod" {
 		t.Errorf("unknown labelled container: %+v", got)
 	}
 	// Known, but a label is missing: the spec fills it (and the sandbox).
 	partial := maps.Clone(full)
 	delete(partial, labelContainerName)
-	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: partial, Spec: spec}, noDigest, &ContainerFacts{SandboxID: "sb-known"}); got.SandboxID != "sb2" || got.ContainerName != "app" {
+	if got := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: partial, Spec: spec}, &ContainerFacts{SandboxID: "sb-known"}); got.SandboxID != "sb2" || got.ContainerName != "app" {
 		t.Errorf("known container missing a label: %+v", got)
 	}
 }

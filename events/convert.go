@@ -84,27 +84,26 @@ func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
 // containerEventIn converts a container record of namespace ns: CRI labels
 // mean a CRI container only in CRI's namespace; elsewhere anyone may have
 // copied them, and the container is a plain one.
-func containerEventIn(ns string, at time.Time, c containers.Container, digestOf func(string) string, known *ContainerFacts) ContainerUpserted {
-	ev := containerEvent(at, c, digestOf, known)
+func containerEventIn(ns string, at time.Time, c containers.Container, known *ContainerFacts) ContainerUpserted {
+	ev := containerEvent(at, c, known)
 	if ns != CRINamespace {
 		ev.CRIKind, ev.PodUID, ev.PodName, ev.PodNamespace, ev.ContainerName, ev.SandboxID = "", "", "", "", "", ""
 	}
 	return ev
 }
 
-// containerEvent converts a container record. digestOf resolves an image
-// name to its target digest ("" if unknown). Pod identity comes from the
+// containerEvent converts a container record, all but its image's target
+// digest (the caller resolves the name). Pod identity comes from the
 // kubelet's labels, then from CRI's spec annotations, so CRI containers not
 // made by a kubelet are still placed in their pod. known holds what the
 // projection knows of this very container (nil if nothing): a container
 // never changes sandbox, so when the labels name the rest, its spec
 // (kilobytes of JSON) is not decoded.
-func containerEvent(at time.Time, c containers.Container, digestOf func(string) string, known *ContainerFacts) ContainerUpserted {
+func containerEvent(at time.Time, c containers.Container, known *ContainerFacts) ContainerUpserted {
 	ev := ContainerUpserted{
 		At:            at,
 		ID:            c.ID,
 		Image:         c.Image,
-		ImageDigest:   digestOf(c.Image),
 		CRIKind:       c.Labels[labelCRIKind],
 		PodUID:        c.Labels[labelPodUID],
 		PodName:       c.Labels[labelPodName],
@@ -115,14 +114,14 @@ func containerEvent(at time.Time, c containers.Container, digestOf func(string) 
 	if ev.CRIKind == "" {
 		return ev
 	}
-	if ev.CRIKind == "sandbox" && ev.PodUID != "" && ev.PodName != "" && ev.PodNamespace != "" {
+	podNamed := ev.PodUID != "" && ev.PodName != "" && ev.PodNamespace != ""
+	if ev.CRIKind == "sandbox" && podNamed {
 		// The kubelet's labels say all a sandbox's annotations would: its
 		// spec (kilobytes of JSON) is not decoded.
 		ev.SandboxID = c.ID
 		return ev
 	}
-	if ev.CRIKind == "container" && known != nil && known.SandboxID != "" &&
-		ev.PodUID != "" && ev.PodName != "" && ev.PodNamespace != "" && ev.ContainerName != "" {
+	if ev.CRIKind == "container" && podNamed && ev.ContainerName != "" && known != nil && known.SandboxID != "" {
 		ev.SandboxID = known.SandboxID
 		return ev
 	}

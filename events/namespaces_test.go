@@ -64,17 +64,15 @@ func TestNamespacesMatch(t *testing.T) {
 
 func TestCRILabelsOnlyInCRINamespace(t *testing.T) {
 	c := containerFixture(map[string]string{labelCRIKind: "container", labelPodUID: "u", labelPodName: "p", labelContainerName: "c"})
-	if ev := containerEventIn(CRINamespace, timeZero, c, noDigest, nil); ev.CRIKind != "container" || ev.PodUID != "u" {
+	if ev := containerEventIn(CRINamespace, timeZero, c, nil); ev.CRIKind != "container" || ev.PodUID != "u" {
 		t.Errorf("in %s: %+v, want a CRI container of pod u", CRINamespace, ev)
 	}
-	if ev := containerEventIn("default", timeZero, c, noDigest, nil); ev.CRIKind != "" || ev.PodUID != "" || ev.ContainerName != "" {
+	if ev := containerEventIn("default", timeZero, c, nil); ev.CRIKind != "" || ev.PodUID != "" || ev.ContainerName != "" {
 		t.Errorf("in default: %+v, want a plain container (CRI labels copied by a client mean nothing there)", ev)
 	}
 }
 
 var timeZero time.Time
-
-func noDigest(string) string { return "" }
 
 func containerFixture(labels map[string]string) containers.Container {
 	return containers.Container{ID: "c1", Image: "app:1", Labels: labels}

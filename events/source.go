@@ -434,19 +434,14 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 	if err != nil {
 		return nil, fmt.Errorf("get container %q: %w", id, err)
 	}
-	digestOf := func(name string) string {
-		if name == "" {
-			return ""
-		}
-		img, err := s.o.Client.ImageService().Get(ctx, name)
-		if err != nil {
-			return ""
-		}
-		return img.Target.Digest.String()
-	}
 	ns, _ := namespaces.Namespace(ctx)
-	ev := containerEventIn(ns, at, c, digestOf, nil)
-	ev.Created = notAfter(s.skewed(ev.Created), at)
+	ev := containerEventIn(ns, at, c, nil)
+	ev.Created = s.created(c, at)
+	if c.Image != "" {
+		if img, err := s.o.Client.ImageService().Get(ctx, c.Image); err == nil {
+			ev.ImageDigest = img.Target.Digest.String()
+		}
+	}
 	parentOf := func(c containers.Container) string {
 		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
 		if err != nil {
@@ -699,14 +694,14 @@ type listedContainer struct {
 // reading its spec and CRI metadata only when the projection does not
 // know it (useKnown), and drops them.
 func (s *Source) slim(ns string, at time.Time, c containers.Container, useKnown bool) listedContainer {
-	created := notAfter(s.skewed(c.CreatedAt.UTC()), at)
+	created := s.created(c, at)
 	var lc listedContainer
 	if useKnown && ns == CRINamespace && c.Labels[labelCRIKind] == "container" {
 		if f, ok := s.o.KnownContainer(ns, c.ID, created); ok {
 			lc.known = &f
 		}
 	}
-	lc.ev = containerEventIn(ns, at, c, func(string) string { return "" }, lc.known)
+	lc.ev = containerEventIn(ns, at, c, lc.known)
 	lc.ev.Created = created
 	if lc.known == nil {
 		lc.imageID, lc.volumes = criImageRefs(c)
@@ -716,13 +711,19 @@ func (s *Source) slim(ns string, at time.Time, c containers.Container, useKnown 
 	return lc
 }
 
+// created is c's creation time as the agent records it: containerd's
+// stamp (skewed in tests), bounded by at, the time the agent learnt of it.
+func (s *Source) created(c containers.Container, at time.Time) time.Time {
+	return notAfter(s.skewed(c.CreatedAt.UTC()), at)
+}
+
 // streamContainers calls each with every container record of the
 // namespace in ctx, as containerd streams them one message each (a
 // daemon without ListStream sends one message of them all).
 func (s *Source) streamContainers(ctx context.Context, each func(containers.Container)) error {
 	all := func() error {
-		all, err := s.o.Client.ContainerService().List(ctx)
-		for _, c := range all {
+		ctrs, err := s.o.Client.ContainerService().List(ctx)
+		for _, c := range ctrs {
 			each(c)
 		}
 		return err
