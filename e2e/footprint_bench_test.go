@@ -285,8 +285,9 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	// follows its events).
 	ctrdBusy, _ := waitQuiet(b, c.Pid(), "containerd")
 	b.Logf("seeded in %s, containerd then busy %s more", seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
-	// FOOTPRINT_BASELINE, another agent binary, is measured first on the
-	// same daemon, so that the two are compared side by side.
+	// FOOTPRINT_BASELINE, another agent binary, is measured on the same
+	// daemon, first (last with FOOTPRINT_BASELINE_LAST), so that the two
+	// are compared side by side.
 	agents := []struct{ label, bin string }{{"this", testenv.AgentBinary(b)}} // built before the clock starts
 	if base := os.Getenv("FOOTPRINT_BASELINE"); base != "" {
 		agents = append([]struct{ label, bin string }{{"baseline", base}}, agents...)
