@@ -5,9 +5,6 @@ package e2e
 
 import (
 	"fmt"
-	"github.com/containerd/containerd/v2/core/images/usage"
-	"github.com/containerd/platforms"
-	"github.com/opencontainers/image-spec/identity"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -20,8 +17,11 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/images/usage"
+	"github.com/containerd/platforms"
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/opencontainers/image-spec/identity"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
