@@ -128,8 +128,11 @@ func TestSlimKnown(t *testing.T) {
 		return known, ns == CRINamespace && id == "c1"
 	}})
 	at := time.Unix(1000, 0)
+	listed := func(c containers.Container, useKnown bool) listedContainer {
+		return s.slim(CRINamespace, at, c, s.knownContainer(CRINamespace, at, &c, useKnown))
+	}
 
-	lc := s.slim(CRINamespace, at, c, true)
+	lc := listed(c, true)
 	if lc.known == nil || lc.ev.SandboxID != "sb-known" || lc.imageID != "" || lc.volumes != nil {
 		t.Errorf("known after a start: %+v", lc)
 	}
@@ -146,7 +149,7 @@ func TestSlimKnown(t *testing.T) {
 		t.Error("the event shares the known facts' slice")
 	}
 
-	for _, lc := range []listedContainer{s.slim(CRINamespace, at, c, false), s.slim(CRINamespace, at, func() containers.Container { c := c; c.ID = "c2"; return c }(), true)} {
+	for _, lc := range []listedContainer{listed(c, false), listed(func() containers.Container { c := c; c.ID = "c2"; return c }(), true)} {
 		if lc.known != nil || lc.ev.SandboxID != "sb-spec" || lc.imageID != hex("a") || !slices.Equal(lc.volumes, []string{"vol:1"}) {
 			t.Errorf("decoded: %+v", lc)
 		}

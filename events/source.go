@@ -22,7 +22,6 @@ import (
 	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/typeurl/v2"
@@ -580,8 +579,12 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 		return nil
 	})
 	lists.Go(func() (err error) {
-		if err = s.streamContainers(lctx, func(c containers.Container) {
-			ctrs = append(ctrs, s.slim(ns, at, c, useKnown))
+		var known *ContainerFacts // of the record being streamed
+		if err = s.streamContainers(lctx, func(c *containers.Container) bool {
+			known = s.knownContainer(ns, at, c, useKnown)
+			return known == nil
+		}, func(c containers.Container) {
+			ctrs = append(ctrs, s.slim(ns, at, c, known))
 		}); err != nil {
 			return fmt.Errorf("list containers: %w", err)
 		}
@@ -693,22 +696,29 @@ type listedContainer struct {
 // slim converts c as far as a listing can before the images are listed,
 // reading its spec and CRI metadata only when the projection does not
 // know it (useKnown), and drops them.
-func (s *Source) slim(ns string, at time.Time, c containers.Container, useKnown bool) listedContainer {
-	created := s.created(c, at)
-	var lc listedContainer
-	if useKnown && ns == CRINamespace && c.Labels[labelCRIKind] == "container" {
-		if f, ok := s.o.KnownContainer(ns, c.ID, created); ok {
-			lc.known = &f
-		}
-	}
-	lc.ev = containerEventIn(ns, at, c, lc.known)
-	lc.ev.Created = created
-	if lc.known == nil {
+func (s *Source) slim(ns string, at time.Time, c containers.Container, known *ContainerFacts) listedContainer {
+	lc := listedContainer{known: known}
+	lc.ev = containerEventIn(ns, at, c, known)
+	lc.ev.Created = s.created(c, at)
+	if known == nil {
 		lc.imageID, lc.volumes = criImageRefs(c)
 	}
 	c.Spec, c.Extensions = nil, nil
 	lc.c = c
 	return lc
+}
+
+// knownContainer is what the projection knows of CRI container c, when
+// useKnown and the projection holds it with the same creation time; nil
+// otherwise, and then the listing reads c's spec and CRI metadata.
+func (s *Source) knownContainer(ns string, at time.Time, c *containers.Container, useKnown bool) *ContainerFacts {
+	if !useKnown || ns != CRINamespace || c.Labels[labelCRIKind] != "container" {
+		return nil
+	}
+	if f, ok := s.o.KnownContainer(ns, c.ID, s.created(*c, at)); ok {
+		return &f
+	}
+	return nil
 }
 
 // created is c's creation time as the agent records it: containerd's
@@ -718,12 +728,15 @@ func (s *Source) created(c containers.Container, at time.Time) time.Time {
 }
 
 // streamContainers calls each with every container record of the
-// namespace in ctx, as containerd streams them one message each (a
-// daemon without ListStream sends one message of them all).
-func (s *Source) streamContainers(ctx context.Context, each func(containers.Container)) error {
+// namespace in ctx, as containerd streams them one message each (a daemon
+// without ListStream sends one message of them all). Each record comes
+// with its spec and CRI metadata only if bodies, called just before each
+// with the rest of it, wants them.
+func (s *Source) streamContainers(ctx context.Context, bodies func(*containers.Container) bool, each func(containers.Container)) error {
 	all := func() error {
 		ctrs, err := s.o.Client.ContainerService().List(ctx)
 		for _, c := range ctrs {
+			bodies(&c) // read anyway
 			each(c)
 		}
 		return err
@@ -732,12 +745,13 @@ func (s *Source) streamContainers(ctx context.Context, each func(containers.Cont
 	if !ok {
 		return all()
 	}
-	stream, err := containersapi.NewContainersClient(conn).ListStream(ctx, &containersapi.ListContainersRequest{})
+	stream, err := containersapi.NewContainersClient(conn).ListStream(ctx, &containersapi.ListContainersRequest{}, grpc.ForceCodecV2(newListCodec()))
 	if err != nil {
 		return errgrpc.ToNative(err)
 	}
 	for n := 0; ; n++ {
-		m, err := stream.Recv()
+		m := streamedContainer{bodies: bodies}
+		err := stream.RecvMsg(&m)
 		switch {
 		case err == io.EOF:
 			return nil
@@ -746,26 +760,8 @@ func (s *Source) streamContainers(ctx context.Context, each func(containers.Cont
 		case err != nil:
 			return errgrpc.ToNative(err)
 		}
-		each(containerOf(m.Container))
+		each(m.c)
 	}
-}
-
-// containerOf converts a record as containerd's client does.
-func containerOf(pb *containersapi.Container) containers.Container {
-	c := containers.Container{
-		ID: pb.ID, Labels: pb.Labels, Image: pb.Image, Spec: pb.Spec, Snapshotter: pb.Snapshotter, SnapshotKey: pb.SnapshotKey,
-		CreatedAt: protobuf.FromTimestamp(pb.CreatedAt), UpdatedAt: protobuf.FromTimestamp(pb.UpdatedAt), SandboxID: pb.Sandbox,
-	}
-	if pb.Runtime != nil {
-		c.Runtime = containers.RuntimeInfo{Name: pb.Runtime.Name, Options: pb.Runtime.Options}
-	}
-	if len(pb.Extensions) > 0 {
-		c.Extensions = make(map[string]typeurl.Any, len(pb.Extensions))
-		for k, v := range pb.Extensions {
-			c.Extensions[k] = v
-		}
-	}
-	return c
 }
 
 // criExits adds a stopped Task for each CRI container or sandbox that CRI
