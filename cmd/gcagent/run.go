@@ -93,23 +93,9 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		log.Warn().Str("component", "clock").Dur("step", stepped).
 			Msg("the wall clock stepped while the agent was down; ages go on from the agent's own time")
 	}
-	store, reset, err := projection.OpenStoreOrReset(filepath.Join(cfg.StateDir, "state.db"), clk.Now())
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	nss, err := cfg.namespaces()
-	if err != nil {
-		return err
-	}
-	live, err := projection.NewSpaces(projection.SpacesOptions{
-		Store: store, Managed: nss.Match, Registerer: reg,
-		Live:       projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
-		AfterRound: returnListing(log.With().Str("component", "projection").Logger()),
-	})
 	if err != nil {
 		return err
 	}
@@ -126,29 +112,67 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	defer criConn.Close()
 	cri := runtimeapi.NewRuntimeServiceClient(criConn)
+
+	// The first listing starts while the persisted projection is restored:
+	// containerd takes longer to list a busy node than the agent to restore
+	// it. What the listing asks of the projection waits for the restore.
+	ctx, cancel := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(ctx)
+	defer func() { cancel(); _ = g.Wait() }() // a start that fails stops the listing
+	var live *projection.Spaces
+	restored := make(chan struct{})
+	restoredLive := func() *projection.Spaces {
+		select {
+		case <-restored:
+			return live
+		case <-gctx.Done():
+			return nil
+		}
+	}
 	src := events.NewSource(events.Options{
 		Client: cl, CRI: cri, Namespaces: nss, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
 		KnownFacts: func(digest string) (f events.ImageFacts) {
 			// Content is shared by every namespace: any one's facts will do.
-			live.View(func(s *projection.State) {
-				if img := s.Images[digest]; img != nil && f.Size == 0 {
-					f = events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
-				}
-			})
+			if live := restoredLive(); live != nil {
+				live.View(func(s *projection.State) {
+					if img := s.Images[digest]; img != nil && f.Size == 0 {
+						f = events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
+					}
+				})
+			}
 			return f
 		},
 		KnownContainer: func(ns, id string, created time.Time) (f events.ContainerFacts, ok bool) {
-			if l := live.Live(ns); l != nil {
-				l.View(func(s *projection.State) {
-					if c := s.Containers[id]; c != nil && c.Created.Equal(created) {
-						f, ok = events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs)}, true
-					}
-				})
+			if live := restoredLive(); live != nil {
+				if l := live.Live(ns); l != nil {
+					l.View(func(s *projection.State) {
+						if c := s.Containers[id]; c != nil && c.Created.Equal(created) {
+							f, ok = events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs)}, true
+						}
+					})
+				}
 			}
 			return f, ok
 		},
 		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
 	})
+	evs := make(chan events.Scoped, 1024)
+	g.Go(func() error { return src.Run(gctx, evs) })
+
+	store, reset, err := projection.OpenStoreOrReset(filepath.Join(cfg.StateDir, "state.db"), clk.Now())
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	live, err = projection.NewSpaces(projection.SpacesOptions{
+		Store: store, Managed: nss.Match, Registerer: reg,
+		Live:       projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
+		AfterRound: returnListing(log.With().Str("component", "projection").Logger()),
+	})
+	if err != nil {
+		return err
+	}
+	close(restored)
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
 		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn)}}
 	a.version = cl.Version
@@ -190,12 +214,9 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		Strs("exclude_namespaces", nss.Exclude).
 		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
-	g, gctx := errgroup.WithContext(ctx)
-	evs := make(chan events.Scoped, 1024)
 	if sd := a.newSystemdNotify(evs); sd != nil { // before live.Run: it subscribes
 		g.Go(func() error { return sd.run(gctx) })
 	}
-	g.Go(func() error { return src.Run(gctx, evs) })
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
 	g.Go(func() error { return saveClock(gctx, clk, clockFile, log) })
