@@ -26,6 +26,7 @@ type fakeState struct {
 	mu         sync.Mutex
 	synced     bool
 	criRunning bool
+	criAsked   int // CRIContainersRunning calls
 	containers map[string]bool // id -> running
 	pods       map[string]fakePod
 }
@@ -48,6 +49,7 @@ func (s *fakeState) Synced() bool {
 func (s *fakeState) CRIContainersRunning() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.criAsked++
 	return s.criRunning
 }
 

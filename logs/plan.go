@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -133,10 +134,13 @@ func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Pla
 	// A PodLogDir that is missing or empty while CRI containers run is not
 	// the one the kubelet writes to (a DaemonSet without that mount, a
 	// wrong flag): every link would look dangling. Remove no link then.
-	blind := !slices.ContainsFunc(entries, func(e Entry) bool { return e.Kind == KindPodDir }) && st.CRIContainersRunning()
+	// Asked only when a link is not kept: it reads every container.
+	blind := sync.OnceValue(func() bool {
+		return !slices.ContainsFunc(entries, func(e Entry) bool { return e.Kind == KindPodDir }) && st.CRIContainersRunning()
+	})
 	for _, e := range entries {
 		d := decide(e, st, grace, now)
-		if blind && e.Kind == KindSymlink && d.Action != ActionKeep {
+		if e.Kind == KindSymlink && d.Action != ActionKeep && blind() {
 			d.Action, d.Reason, d.EligibleAt = ActionKeep, ReasonNoPodLogDir, time.Time{}
 		}
 		if d.Action == ActionWait && (p.Next.IsZero() || d.EligibleAt.Before(p.Next)) {

@@ -263,3 +263,32 @@ func TestPlanLogsBlindWithoutPodLogDir(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanLogsAsksRunningOnlyForALinkToRemove: whether CRI containers run
+// reads every container of the projection, so a plan asks it only when a
+// link would go, and once: not on every change of a node whose links are
+// all kept.
+func TestPlanLogsAsksRunningOnlyForALinkToRemove(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	running, exited := cid("r1"), cid("e1")
+	link := func(id string) Entry {
+		return Entry{Kind: KindSymlink, Name: "p_ns_c-" + id + ".log", Type: fs.ModeSymlink, TargetErr: syscall.ENOENT, FirstSeen: now}
+	}
+	st := newFakeState()
+	st.criRunning = true
+	st.setContainer(running, true)
+	st.setContainer(exited, false)
+	PlanLogs([]Entry{link(running), link(running)}, st, time.Minute, now)
+	if st.criAsked != 0 {
+		t.Errorf("links all kept: asked %d times, want 0", st.criAsked)
+	}
+	p := PlanLogs([]Entry{link(exited), link(running), link(exited)}, st, time.Minute, now)
+	if st.criAsked != 1 {
+		t.Errorf("two links to remove: asked %d times, want 1", st.criAsked)
+	}
+	for _, d := range p.Decisions {
+		if d.Action == ActionRemove {
+			t.Errorf("removed %s though CRI containers run without a pod log dir", d.Name)
+		}
+	}
+}
