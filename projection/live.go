@@ -103,6 +103,7 @@ func (m *liveMetrics) register(reg prometheus.Registerer, lives func() []*Live) 
 // NewLive restores the projection from the store (snapshot plus journal),
 // unsynced until the first reconcile.
 func NewLive(opts LiveOptions) (*Live, error) {
+	opts.Log = opts.Log.With().Logger()
 	if opts.SnapshotEvery <= 0 {
 		opts.SnapshotEvery = 4096
 	}
@@ -131,7 +132,7 @@ func NewLive(opts LiveOptions) (*Live, error) {
 		}
 		l.state = res.State
 		l.since = res.Replayed
-		opts.Log.Info().Str("namespace", opts.Namespace).Int("images", len(l.state.Images)).Int("containers", len(l.state.Containers)).
+		opts.Log.Info().Int("images", len(l.state.Images)).Int("containers", len(l.state.Containers)).
 			Int("pods", len(l.state.Pods)).Int("replayed", res.Replayed).Uint64("seq", l.state.Seq).Msg("projection restored")
 	}
 	l.state.Namespace = opts.Namespace
@@ -181,7 +182,7 @@ func (l *Live) Apply(batch ...events.Event) {
 		switch err := appendErr; {
 		case err != nil:
 			l.failed(err)
-			l.opts.Log.Error().Err(err).Str("namespace", l.opts.Namespace).Int("events", len(applied)).Msg("journal append failed")
+			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
 		case asSnapshot:
 			l.snapshotted()
@@ -221,7 +222,7 @@ func (l *Live) snapshot() {
 	l.mu.RUnlock()
 	if err != nil {
 		l.failed(err)
-		l.opts.Log.Error().Err(err).Str("namespace", l.opts.Namespace).Msg("snapshot failed")
+		l.opts.Log.Error().Err(err).Msg("snapshot failed")
 		return
 	}
 	l.snapshotted()
@@ -233,7 +234,7 @@ func (l *Live) snapshotted() {
 	l.m.snapshots.Inc()
 	l.since = 0
 	if l.fault.Swap(nil) != nil {
-		l.opts.Log.Info().Str("namespace", l.opts.Namespace).Msg("journal resumed: snapshot written")
+		l.opts.Log.Info().Msg("journal resumed: snapshot written")
 	}
 }
 

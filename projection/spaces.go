@@ -91,7 +91,6 @@ func (s *Spaces) open(ns string) (*Live, error) {
 	}
 	opts := s.o.Live
 	opts.Namespace, opts.Registerer, opts.metrics, opts.Store = ns, nil, s.m, nil
-	opts.Log = s.o.Live.Log.With().Str("namespace", ns).Logger()
 	if s.o.Store != nil {
 		opts.Store = s.o.Store.Space(ns)
 	}
