@@ -603,6 +603,15 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 		}
 		return nil
 	})
+	// What CRI reports exited, for criExits: CRI deletes an exited
+	// container's task, so the tasks do not tell.
+	var exited map[string]bool
+	if ns == CRINamespace && s.o.CRI != nil {
+		lists.Go(func() error {
+			exited = s.criExited(lctx)
+			return nil
+		})
+	}
 	if err := lists.Wait(); err != nil {
 		return Listing{}, err
 	}
@@ -675,8 +684,8 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 		}
 		l.Tasks = append(l.Tasks, t)
 	}
-	if ns == CRINamespace {
-		s.criExits(ctx, &l)
+	if exited != nil {
+		s.criExits(ctx, &l, exited)
 	}
 	return l, nil
 }
@@ -764,27 +773,10 @@ func (s *Source) streamContainers(ctx context.Context, bodies func(*containers.C
 	}
 }
 
-// criExits adds a stopped Task for each CRI container or sandbox that CRI
-// reports exited but that has no task left. CRI errors (no CRI plugin) leave
-// the listing as it is: such containers then count as never started, which
-// keeps them.
-func (s *Source) criExits(ctx context.Context, l *Listing) {
-	if s.o.CRI == nil {
-		return
-	}
-	hasTask := make(map[string]bool, len(l.Tasks))
-	for _, t := range l.Tasks {
-		hasTask[t.ContainerID] = true
-	}
-	var noTask []ContainerUpserted
-	for _, c := range l.Containers {
-		if c.CRIKind != "" && !hasTask[c.ID] {
-			noTask = append(noTask, c)
-		}
-	}
-	if len(noTask) == 0 {
-		return
-	}
+// criExited lists what CRI reports exited: containers and sandboxes. CRI
+// errors (no CRI plugin) give none: such containers then count as never
+// started, which keeps them.
+func (s *Source) criExited(ctx context.Context) map[string]bool {
 	exited := map[string]bool{}
 	if resp, err := s.o.CRI.ListContainers(ctx, &runtime.ListContainersRequest{
 		Filter: &runtime.ContainerFilter{State: &runtime.ContainerStateValue{State: runtime.ContainerState_CONTAINER_EXITED}},
@@ -800,21 +792,47 @@ func (s *Source) criExits(ctx context.Context, l *Listing) {
 			exited[p.Id] = true
 		}
 	}
-	for _, c := range noTask {
-		if !exited[c.ID] {
+	return exited
+}
+
+// criExits adds a stopped Task for each CRI container or sandbox of the
+// listing that exited (criExited) and has no task left, with the exit code
+// and time CRI keeps for a container (asked 8 at a time).
+func (s *Source) criExits(ctx context.Context, l *Listing, exited map[string]bool) {
+	hasTask := make(map[string]bool, len(l.Tasks))
+	for _, t := range l.Tasks {
+		hasTask[t.ContainerID] = true
+	}
+	var (
+		stopped []Task
+		ask     []int // the containers' (not sandboxes') among them
+	)
+	for _, c := range l.Containers {
+		if c.CRIKind == "" || hasTask[c.ID] || !exited[c.ID] {
 			continue
 		}
-		t := Task{ContainerID: c.ID, Status: TaskStopped, ExitedAt: l.At}
 		if c.CRIKind == "container" {
-			if st, err := s.o.CRI.ContainerStatus(ctx, &runtime.ContainerStatusRequest{ContainerId: c.ID}); err == nil && st.Status != nil {
+			ask = append(ask, len(stopped))
+		}
+		stopped = append(stopped, Task{ContainerID: c.ID, Status: TaskStopped, ExitedAt: l.At})
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for _, i := range ask {
+		t := &stopped[i]
+		g.Go(func() error {
+			st, err := s.o.CRI.ContainerStatus(gctx, &runtime.ContainerStatusRequest{ContainerId: t.ContainerID})
+			if err == nil && st.Status != nil {
 				t.ExitStatus = uint32(st.Status.ExitCode)
 				if st.Status.FinishedAt > 0 {
 					t.ExitedAt = notAfter(s.skewed(time.Unix(0, st.Status.FinishedAt)), l.At)
 				}
 			}
-		}
-		l.Tasks = append(l.Tasks, t)
+			return nil
+		})
 	}
+	_ = g.Wait()
+	l.Tasks = append(l.Tasks, stopped...)
 }
 
 // CallTimeout bounds every unary call to containerd and CRI that its
