@@ -26,7 +26,7 @@ type fakeState struct {
 	mu         sync.Mutex
 	synced     bool
 	criRunning bool
-	criAsked   int // CRIContainersRunning calls
+	criAsked   int             // CRIContainersRunning calls
 	containers map[string]bool // id -> running
 	pods       map[string]fakePod
 }
