@@ -195,37 +195,36 @@ func wireString(v []byte) (string, error) {
 	return string(v), nil
 }
 
+// wirePair calls key and value with the length-delimited fields 1 and 2
+// of v (a map entry; an Any's type_url and value), in their order; other
+// fields are skipped.
+func wirePair(v []byte, key, value func([]byte) error) error {
+	return eachField(v, func(num protowire.Number, typ protowire.Type, v []byte) error {
+		switch {
+		case typ != protowire.BytesType:
+			return nil
+		case num == fieldKey:
+			return key(v)
+		case num == fieldValue:
+			return value(v)
+		}
+		return nil
+	})
+}
+
 // wireLabel is one labels map entry: a missing key or value is "".
 func wireLabel(v []byte) (k, val string, err error) {
-	err = eachField(v, func(num protowire.Number, typ protowire.Type, v []byte) (err error) {
-		if typ != protowire.BytesType {
-			return nil
-		}
-		switch num {
-		case fieldKey:
-			k, err = wireString(v)
-		case fieldValue:
-			val, err = wireString(v)
-		}
-		return err
-	})
+	err = wirePair(v,
+		func(b []byte) (err error) { k, err = wireString(b); return err },
+		func(b []byte) (err error) { val, err = wireString(b); return err })
 	return k, val, err
 }
 
 // wireAny merges a google.protobuf.Any into a.
 func wireAny(v []byte, a *anypb.Any) error {
-	return eachField(v, func(num protowire.Number, typ protowire.Type, v []byte) (err error) {
-		if typ != protowire.BytesType {
-			return nil
-		}
-		switch num {
-		case fieldKey: // type_url
-			a.TypeUrl, err = wireString(v)
-		case fieldValue:
-			a.Value = append([]byte{}, v...)
-		}
-		return err
-	})
+	return wirePair(v,
+		func(b []byte) (err error) { a.TypeUrl, err = wireString(b); return err },
+		func(b []byte) error { a.Value = append([]byte{}, b...); return nil })
 }
 
 // wireExtension keeps one extensions map entry if it is CRI's metadata;
@@ -235,18 +234,9 @@ func wireExtension(v []byte, c *containers.Container) error {
 		key string
 		val = &anypb.Any{}
 	)
-	err := eachField(v, func(num protowire.Number, typ protowire.Type, v []byte) (err error) {
-		if typ != protowire.BytesType {
-			return nil
-		}
-		switch num {
-		case fieldKey:
-			key, err = wireString(v)
-		case fieldValue:
-			err = wireAny(v, val)
-		}
-		return err
-	})
+	err := wirePair(v,
+		func(b []byte) (err error) { key, err = wireString(b); return err },
+		func(b []byte) error { return wireAny(b, val) })
 	if err != nil || key != extCRIContainerMetadata {
 		return err
 	}
