@@ -703,8 +703,8 @@ type listedContainer struct {
 }
 
 // slim converts c as far as a listing can before the images are listed,
-// reading its spec and CRI metadata only when the projection does not
-// know it (useKnown), and drops them.
+// reading its spec and CRI metadata only when known (knownContainer) is
+// nil, and drops them.
 func (s *Source) slim(ns string, at time.Time, c containers.Container, known *ContainerFacts) listedContainer {
 	lc := listedContainer{known: known}
 	lc.ev = containerEventIn(ns, at, c, known)
