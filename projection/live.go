@@ -103,7 +103,7 @@ func (m *liveMetrics) register(reg prometheus.Registerer, lives func() []*Live) 
 // NewLive restores the projection from the store (snapshot plus journal),
 // unsynced until the first reconcile.
 func NewLive(opts LiveOptions) (*Live, error) {
-	opts.Log = opts.Log.With().Logger()
+	opts.Log = opts.Log.With().Str("namespace", opts.Namespace).Logger()
 	if opts.SnapshotEvery <= 0 {
 		opts.SnapshotEvery = 4096
 	}

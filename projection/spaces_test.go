@@ -1,16 +1,19 @@
 package projection
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 )
 
 func img(at time.Time, name, digest string) events.ImageUpserted {
@@ -88,9 +91,16 @@ func TestSpaces(t *testing.T) {
 	if err != nil || legacy.State.Images["sha256:a"] == nil {
 		t.Fatalf("k8s.io not in the first buckets: %v", err)
 	}
-	sp2, err := NewSpaces(SpacesOptions{Store: st, Managed: func(ns string) bool { return ns != "default" }})
+	var logged bytes.Buffer
+	sp2, err := NewSpaces(SpacesOptions{Store: st, Managed: func(ns string) bool { return ns != "default" },
+		Live: LiveOptions{Log: zerolog.New(&logged)}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A namespace's lines name it, once (a JSON key given twice is legal
+	// but breaks log pipelines).
+	if line := logged.String(); !strings.Contains(line, "projection restored") || strings.Count(line, `"namespace":"k8s.io"`) != 1 {
+		t.Errorf("restore logged %q: want the namespace once", line)
 	}
 	if got := sp2.Names(); len(got) != 1 || got[0] != "k8s.io" {
 		t.Fatalf("restored %v, want only the managed k8s.io", got)
