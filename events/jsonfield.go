@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 )
@@ -80,17 +81,25 @@ func skipSpace(b []byte, i int) int {
 }
 
 // skipString returns the index after the string starting at b[i] (a
-// quote), or -1 if it does not end.
+// quote), or -1 if it does not end. It jumps from quote to quote (most of
+// a spec is strings): a quote ends the string unless an odd run of
+// backslashes escapes it.
 func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
+	start := i
+	for i++; ; i++ {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return -1
+		}
+		i += j
+		k := i - 1
+		for k > start && b[k] == '\\' {
+			k--
+		}
+		if (i-1-k)%2 == 0 {
 			return i + 1
 		}
 	}
-	return -1
 }
 
 // skipValue returns the index after the value starting at b[i], or -1 if

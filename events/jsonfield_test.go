@@ -8,6 +8,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/typeurl/v2"
+	"github.com/gcagent/gcagent/internal/testenv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -60,6 +61,8 @@ func jsonFieldSeeds(t testing.TB) [][]byte {
 		[]byte(`{"Metadata":{"ImageRef":"sha256:1","Config":{"mounts":[{"image":{"image":"vol:1"}},{"host_path":"/x"}]}}}`),
 		[]byte(`{"Version":"v1","Metadata":{"imageref":"sha256:2","config":{"Mounts":[{"Image":{"Image":"v"}}]}}}`),
 		[]byte(`{"Metadata":{"ImageRef":5}}`), []byte(`{"Metadata":null}`), []byte(`{"Metadata":{"Config":null}}`),
+		// Runs of backslashes before a quote: even ones end the string.
+		[]byte(`{"a\\":"\\\"}","annotations":{"k\\\\":"v\\"}}`), []byte(`{"\\\"annotations":{"a":"b"},"annotations":{"c":"d"}}`),
 	}
 }
 
@@ -89,5 +92,24 @@ func checkJSONField(t *testing.T, doc []byte) {
 	}
 	if wid, wvols := wholeImageRefs(doc); id != wid || !slices.Equal(vols, wvols) {
 		t.Errorf("%s: image refs %q %v, whole decode %q %v", doc, id, vols, wid, wvols)
+	}
+}
+
+// BenchmarkCRIRecord reads what a listing reads of a CRI container record
+// of a real one's size (testenv's seed: a 10 KiB spec, 2.8 KiB of CRI
+// metadata): the spec's annotations and the metadata's image refs.
+func BenchmarkCRIRecord(b *testing.B) {
+	c, err := testenv.Seed{Images: 1}.SeedContainer(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(c.Spec.GetValue()) + len(c.Extensions[extCRIContainerMetadata].GetValue())))
+	for b.Loop() {
+		if specAnnotations(c)[annSandboxID] == "" {
+			b.Fatal("no sandbox annotation")
+		}
+		if id, _ := criImageRefs(c); id == "" {
+			b.Fatal("no image ref")
+		}
 	}
 }
