@@ -621,7 +621,7 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 	byName := make(map[string]images.Image, len(imgs))
 	// Facts the projection holds (a restart) cost nothing; the others come
 	// from one listing of the content store's labels, or are read once per
-	// target digest (names share them), 8 at a time.
+	// target digest (names share them), listingLookups at a time.
 	facts := make(map[string]ImageFacts, len(imgs)) // by target digest
 	var unknown []images.Image
 	for _, img := range imgs {
@@ -640,7 +640,7 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 		cix := s.listContent(ctx, snapshotters)
 		read := make([]ImageFacts, len(unknown))
 		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(8)
+		g.SetLimit(listingLookups)
 		for i, img := range unknown {
 			known := facts[img.Target.Digest.String()]
 			g.Go(func() error {
@@ -773,6 +773,10 @@ func (s *Source) streamContainers(ctx context.Context, bodies func(*containers.C
 	}
 }
 
+// listingLookups bounds the per-item calls a listing has in flight: image
+// facts it must read, exit statuses it asks CRI.
+const listingLookups = 8
+
 // criExited lists what CRI reports exited: containers and sandboxes. CRI
 // errors (no CRI plugin) give none: such containers then count as never
 // started, which keeps them.
@@ -797,7 +801,7 @@ func (s *Source) criExited(ctx context.Context) map[string]bool {
 
 // criExits adds a stopped Task for each CRI container or sandbox of the
 // listing that exited (criExited) and has no task left, with the exit code
-// and time CRI keeps for a container (asked 8 at a time).
+// and time CRI keeps for a container (asked listingLookups at a time).
 func (s *Source) criExits(ctx context.Context, l *Listing, exited map[string]bool) {
 	hasTask := make(map[string]bool, len(l.Tasks))
 	for _, t := range l.Tasks {
@@ -817,7 +821,7 @@ func (s *Source) criExits(ctx context.Context, l *Listing, exited map[string]boo
 		stopped = append(stopped, Task{ContainerID: c.ID, Status: TaskStopped, ExitedAt: l.At})
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
+	g.SetLimit(listingLookups)
 	for _, i := range ask {
 		t := &stopped[i]
 		g.Go(func() error {
