@@ -254,22 +254,44 @@ func (s *State) InUse(digest string) bool {
 }
 
 func (s *State) imageInUse(img *Image) bool {
-	for _, k := range img.keys() {
-		if len(s.Users[k]) > 0 {
-			return true
-		}
-	}
-	return false
+	held := false
+	s.eachUse(img, func(ids []string) bool {
+		held = len(ids) > 0
+		return !held
+	})
+	return held
 }
 
-// ImageUsers returns the ids of the containers that hold img, sorted.
+// ImageUsers returns the ids of the containers that hold img, sorted; nil
+// when none does.
 func (s *State) ImageUsers(img *Image) []string {
 	var ids []string
-	for _, k := range img.keys() {
-		ids = append(ids, s.Users[k]...)
-	}
+	s.eachUse(img, func(held []string) bool {
+		ids = append(ids, held...)
+		return true
+	})
 	slices.Sort(ids)
 	return slices.Compact(ids)
+}
+
+// eachUse calls f with the containers holding each use key of img (see
+// keys) until f returns false. It looks the keys up without building them:
+// an image plan asks this of every image, and keys would allocate a slice
+// and two strings for each.
+func (s *State) eachUse(img *Image, f func(ids []string) bool) {
+	if !f(s.Users[img.Digest]) {
+		return
+	}
+	var buf [96]byte // a prefix and a sha256 digest fit
+	for _, k := range [...][2]string{{keyConfig, img.ConfigDigest}, {keyChain, img.ChainID}} {
+		if k[1] == "" {
+			continue
+		}
+		key := append(append(buf[:0], k[0]...), k[1]...)
+		if !f(s.Users[string(key)]) { // no copy: a lookup by converted bytes
+			return
+		}
+	}
 }
 
 // LastUsed is now while a container holds the image, else the time the

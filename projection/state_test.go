@@ -47,6 +47,29 @@ func TestImageNamesShareOneTarget(t *testing.T) {
 	}
 }
 
+// TestImageUseByContentKeys: containers that hold an image by its config
+// digest (CRI's image id) or by its chain id are its users, found without an
+// allocation per lookup (an image plan asks this of every image).
+func TestImageUseByContentKeys(t *testing.T) {
+	s := apply(New(),
+		events.ImageUpserted{At: at(0), Name: "img:1", Digest: "sha256:a", ConfigDigest: "sha256:cfg", ChainID: "sha256:chain"},
+		events.ImageUpserted{At: at(0), Name: "img:2", Digest: "sha256:b", ConfigDigest: "sha256:cfg2", ChainID: "sha256:chain2"},
+		events.ContainerUpserted{At: at(10), ID: "by-id", Image: "other:1", ImageID: "sha256:cfg"},
+		events.ContainerUpserted{At: at(10), ID: "by-chain", Image: "other:2", RootChain: "sha256:chain"},
+		events.ContainerUpserted{At: at(10), ID: "volume", Image: "other:3", VolumeImageIDs: []string{"sha256:cfg"}},
+	)
+	img, idle := s.Images["sha256:a"], s.Images["sha256:b"]
+	if got := s.ImageUsers(img); !slices.Equal(got, []string{"by-chain", "by-id", "volume"}) {
+		t.Fatalf("users %v, want by-chain, by-id, volume", got)
+	}
+	if got := s.ImageUsers(idle); got != nil || s.InUse("sha256:b") || !s.InUse("sha256:a") {
+		t.Fatalf("idle image: users %v, in use %v; held image in use %v", got, s.InUse("sha256:b"), s.InUse("sha256:a"))
+	}
+	if n := testing.AllocsPerRun(100, func() { s.LastUsed(img, at(100)); s.LastUsed(idle, at(100)) }); n != 0 {
+		t.Fatalf("LastUsed allocates %v times per call pair, want 0", n)
+	}
+}
+
 func TestLastUsedFollowsUsers(t *testing.T) {
 	s := apply(New(),
 		events.ImageUpserted{At: at(0), Name: "img:1", Digest: "sha256:a"},
