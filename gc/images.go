@@ -3,7 +3,6 @@ package gc
 import (
 	"cmp"
 	"fmt"
-	"maps"
 	"math/bits"
 	"path"
 	"slices"
@@ -141,7 +140,7 @@ type ImageItem struct {
 // containers neither hold it nor free it); the policy's rules apply to
 // every image alike. It does no I/O and modifies no state.
 func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now time.Time) ImagePlan {
-	plan := ImagePlan{Now: now, Disk: disk, Delete: []ImageItem{}, Keep: []ImageItem{}}
+	plan := ImagePlan{Now: now, Disk: disk}
 	plan.measure(p)
 
 	n := 0
@@ -183,13 +182,18 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 		}
 	}
 
+	// Delete and Keep share one array of exactly the items' size: a plan
+	// of a busy node's images is megabytes, planned by every pass and
+	// scrape, and appends would leave as much again behind.
+	out := make([]ImageItem, 0, len(items))
 	for _, r := range []Reason{ReasonMaxAge, ReasonSpace} {
 		for _, it := range items {
 			if it.Reason == r {
-				plan.Delete = append(plan.Delete, it)
+				out = append(out, it)
 			}
 		}
 	}
+	plan.Delete, out = out[:len(out):len(out)], out[len(out):]
 	for _, it := range items {
 		switch it.Reason {
 		case ReasonMaxAge, ReasonSpace:
@@ -202,8 +206,9 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 				earliest(&plan.NextAgeOut, idleSince(it).Add(p.MaxAge+time.Nanosecond))
 			}
 		}
-		plan.Keep = append(plan.Keep, it)
+		out = append(out, it)
 	}
+	plan.Keep = out
 	return plan
 }
 
@@ -225,6 +230,18 @@ func (plan *ImagePlan) measure(p ImagePolicy) {
 	}
 }
 
+// sortedNames lists img's names, sorted, in one allocation
+// (slices.Sorted(maps.Keys(...)) grows its slice from nothing: four
+// allocations per image of every plan).
+func sortedNames(img *projection.Image) []string {
+	names := make([]string, 0, len(img.Names))
+	for name := range img.Names {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // screen describes img and gives the reason it must be kept whatever the
 // disk, in the fixed precedence in-use, pinned, sandbox image, keep pattern,
 // too young; the reason is empty for a candidate.
@@ -232,7 +249,7 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 	it := ImageItem{
 		Namespace: s.Namespace,
 		Digest:    img.Digest,
-		Names:     slices.Sorted(maps.Keys(img.Names)),
+		Names:     sortedNames(img),
 		Size:      img.Size,
 		FirstSeen: img.FirstSeen,
 		LastUsed:  s.LastUsed(img, now),
