@@ -220,6 +220,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	g.Go(func() error { return live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
 	g.Go(func() error { return saveClock(gctx, clk, clockFile, log) })
+	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger()) })
 	if skew != nil {
 		g.Go(func() error {
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"runtime/debug"
+	"runtime/metrics"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// The Go runtime collects when the heap has grown by GOGC percent (100) over
+// what was live after the last collection, and an idle agent allocates
+// almost nothing. So the garbage of its last work (an image plan of a busy
+// node is megabytes; a snapshot, a listing) stays resident, up to the size
+// of the projection again, until the next work comes. returnWhenQuiet
+// collects it, and gives the pages back, once the agent has gone quiet.
+const (
+	// memoryCheckEvery is how often the heap is looked at.
+	memoryCheckEvery = 5 * time.Second
+	// quietAllocBytes: an interval that allocated less is quiet.
+	quietAllocBytes = 1 << 20
+	// minGarbageBytes: less garbage is not worth a collection.
+	minGarbageBytes = 4 << 20
+)
+
+// heapSample is what returnWhenQuiet reads of the heap.
+type heapSample struct {
+	allocs  uint64 // bytes allocated since the process started
+	objects uint64 // bytes in heap objects now, live or garbage not yet collected
+	live    uint64 // bytes live after the last collection
+}
+
+// worthReturning decides from two samples one interval apart: the agent
+// allocated little in between (a collection now will not be followed by
+// the same garbage at once), and the garbage is at least minGarbageBytes
+// and a quarter of the live heap (a forced collection costs a mark of the
+// live heap; below that it would run for little).
+func worthReturning(prev, now heapSample) bool {
+	garbage := now.objects - min(now.live, now.objects)
+	return now.allocs-prev.allocs < quietAllocBytes && garbage >= max(minGarbageBytes, now.live/4)
+}
+
+var heapMetrics = []string{"/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes", "/gc/heap/live:bytes"}
+
+// readHeap samples the heap without stopping the world.
+func readHeap() heapSample {
+	s := make([]metrics.Sample, len(heapMetrics))
+	for i, name := range heapMetrics {
+		s[i].Name = name
+	}
+	metrics.Read(s)
+	value := func(i int) uint64 {
+		if s[i].Value.Kind() != metrics.KindUint64 {
+			return 0 // not in this runtime: never worth returning
+		}
+		return s[i].Value.Uint64()
+	}
+	return heapSample{allocs: value(0), objects: value(1), live: value(2)}
+}
+
+// returnWhenQuiet checks the heap every memoryCheckEvery and, when
+// worthReturning, collects and returns the free pages to the system.
+func returnWhenQuiet(ctx context.Context, log zerolog.Logger) error {
+	t := time.NewTicker(memoryCheckEvery)
+	defer t.Stop()
+	prev := readHeap()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		now := readHeap()
+		if worthReturning(prev, now) {
+			debug.FreeOSMemory()
+			after := readHeap()
+			log.Debug().Uint64("garbage_bytes", now.objects-min(now.live, now.objects)).Uint64("live_bytes", after.live).
+				Msg("quiet: heap garbage collected and returned")
+			now = after
+		}
+		prev = now
+	}
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"runtime"
+	"runtime/debug"
+	"testing"
+)
+
+func TestWorthReturning(t *testing.T) {
+	const mib = 1 << 20
+	busy := heapSample{allocs: 100 * mib}
+	for _, tt := range []struct {
+		name      string
+		prev, now heapSample
+		want      bool
+	}{
+		{"quiet after work that left garbage", busy, heapSample{allocs: 100*mib + 1000, objects: 60 * mib, live: 30 * mib}, true},
+		{"still allocating", busy, heapSample{allocs: 110 * mib, objects: 60 * mib, live: 30 * mib}, false},
+		{"garbage under a quarter of the live heap", busy, heapSample{allocs: 100 * mib, objects: 37 * mib, live: 30 * mib}, false},
+		{"a small heap's garbage under 4 MiB", busy, heapSample{allocs: 100 * mib, objects: 5 * mib, live: 2 * mib}, false},
+		{"a small heap's garbage of 4 MiB", busy, heapSample{allocs: 100 * mib, objects: 6 * mib, live: 2 * mib}, true},
+		{"live above objects (a collection under way)", busy, heapSample{allocs: 100 * mib, objects: 20 * mib, live: 30 * mib}, false},
+	} {
+		if got := worthReturning(tt.prev, tt.now); got != tt.want {
+			t.Errorf("%s: worthReturning = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestReadHeap: every metric readHeap asks for exists in this runtime (an
+// unknown name reads as zero, and zero is never worth returning), and
+// garbage made since a collection shows as objects over live.
+func TestReadHeap(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no collection in between
+	runtime.GC()
+	before := readHeap()
+	var keep [][]byte
+	for range 64 {
+		keep = append(keep, make([]byte, 64<<10))
+	}
+	keep = nil
+	now := readHeap()
+	if before.live == 0 || now.objects == 0 || now.allocs-before.allocs < 4<<20 {
+		t.Fatalf("before %+v, now %+v: want a live heap, objects, and the 4 MiB allocated since", before, now)
+	}
+	if now.objects-now.live < 3<<20 {
+		t.Fatalf("now %+v: want the 4 MiB of garbage (3 at least) as objects over live", now)
+	}
+	runtime.KeepAlive(keep)
+}
