@@ -52,9 +52,10 @@ func footprintSizes(b *testing.B) []int {
 //   - settle-ms: how long after that first ready the agent stays busy (the
 //     first snapshot, GC passes) until it uses under 5% of a core;
 //   - ready-restart-ms: after SIGTERM, start on the same state dir to 200;
-//   - rss-MiB: VmRSS at the first ready; peak-MiB: VmHWM at the end of the
-//     first run (after settling and the churns); restart-rss-MiB: VmRSS at
-//     the ready after the restart;
+//   - rss-MiB: VmRSS at the first ready; idle-rss-MiB: VmRSS footprintIdle
+//     after it settled; peak-MiB: VmHWM at the end of the first run (after
+//     settling and the churns); restart-rss-MiB: VmRSS at the ready after
+//     the restart;
 //   - cpu-ms/event: the agent's utime+stime while footprintChurn
 //     containers are created and deleted through the container service, 8
 //     at a time, until all their deletes are applied, per containerd event
@@ -160,6 +161,11 @@ func mustMetricsText(b *testing.B, a *testenv.Agent) string {
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// footprintIdle is how long the agent is left idle after it settled before
+// its idle RSS is read: long enough for it to return its last work's
+// garbage (two of its 5 s heap checks), as it does on a node that waits.
+const footprintIdle = 12 * time.Second
 
 // waitQuiet waits until process pid (what) has used less than 5% of a core
 // over the last second (up to 2 minutes), sampling every 200ms, and returns
@@ -346,7 +352,7 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 	settle, settleCPU := waitQuiet(b, a.Pid(), "agent")
 	stopPerf()
 	idle0, idleStart := mustCPU(b, a), time.Now()
-	time.Sleep(2 * time.Second)
+	time.Sleep(footprintIdle)
 	idleRate := ms(mustCPU(b, a)-idle0) / time.Since(idleStart).Seconds()
 	memIdle := mustMemory(b, a) // settled: what the node pays while nothing happens
 
@@ -386,6 +392,7 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 		b.ReportMetric(ms(readyFirst), "ready-first-ms")
 		b.ReportMetric(ms(readyRestart), "ready-restart-ms")
 		b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
+		b.ReportMetric(mib(memIdle.RSS), "idle-rss-MiB")
 		b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
 		b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
 		b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
