@@ -96,6 +96,9 @@ type Options struct {
 	RootSize string
 	// SandboxImage is CRI's pause image. Default SandboxImage.
 	SandboxImage string
+	// MaxSendBytes, if set, raises the daemon's gRPC send limit
+	// ([grpc] max_send_message_size; containerd's default is 16 MiB).
+	MaxSendBytes int
 }
 
 // SandboxImage is the pause image name tests configure for CRI.
@@ -111,6 +114,7 @@ type Containerd struct {
 	LogDir       string // where the emulated kubelet links logs, like /var/log/containers
 	SandboxImage string
 	Client       *client.Client
+	maxSend      int
 
 	t       testing.TB
 	ns      string // the helpers' namespace; empty: Namespace
@@ -146,6 +150,7 @@ func StartContainerd(t testing.TB, opts Options) *Containerd {
 		PodLogDir:    filepath.Join(dir, "pods"),
 		LogDir:       filepath.Join(dir, "containers"),
 		SandboxImage: opts.SandboxImage,
+		maxSend:      opts.MaxSendBytes,
 		t:            t,
 		bin:          bin,
 		logFile:      filepath.Join(dir, "containerd.log"),
@@ -194,12 +199,16 @@ func (c *Containerd) InNamespace(ns string) *Containerd {
 
 func (c *Containerd) config() string {
 	state := filepath.Join(c.Dir, "state")
+	grpcLimits := ""
+	if c.maxSend > 0 {
+		grpcLimits = fmt.Sprintf("\n  max_send_message_size = %d", c.maxSend)
+	}
 	if c.Version == V16 {
 		return fmt.Sprintf(`version = 2
 root = %q
 state = %q
 [grpc]
-  address = %q
+  address = %q%s
 [ttrpc]
   address = %q
 [plugins."io.containerd.grpc.v1.cri"]
@@ -208,14 +217,14 @@ state = %q
   disable_tcp_service = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     conf_dir = %q
-`, c.Root, state, c.Address, c.Address+".t", c.SandboxImage, filepath.Join(c.Dir, "cni"))
+`, c.Root, state, c.Address, grpcLimits, c.Address+".t", c.SandboxImage, filepath.Join(c.Dir, "cni"))
 	}
 	return fmt.Sprintf(`version = 3
 root = %q
 state = %q
 disabled_plugins = ["io.containerd.nri.v1.nri"]
 [grpc]
-  address = %q
+  address = %q%s
 [ttrpc]
   address = %q
 [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -224,7 +233,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   restrict_oom_score_adj = true
   [plugins."io.containerd.cri.v1.runtime".cni]
     conf_dir = %q
-`, c.Root, state, c.Address, c.Address+".t", c.SandboxImage, filepath.Join(c.Dir, "cni"))
+`, c.Root, state, c.Address, grpcLimits, c.Address+".t", c.SandboxImage, filepath.Join(c.Dir, "cni"))
 }
 
 func (c *Containerd) start() {

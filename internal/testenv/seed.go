@@ -5,9 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/content"
@@ -99,12 +103,12 @@ func (s Seed) SeedContainer(i int) (containers.Container, error) {
 	}
 	if i%2 == 0 {
 		meta, err := json.Marshal(map[string]any{"Version": "v1", "Metadata": map[string]any{
-			"ID": rec.ID, "Name": labels["io.kubernetes.container.name"], "SandboxID": spec.Annotations["io.kubernetes.cri.sandbox-id"],
+			"ID": rec.ID, "Name": criName(labels), "SandboxID": spec.Annotations["io.kubernetes.cri.sandbox-id"],
 			"ImageRef": digest.FromBytes(s.imageConfig(i % max(s.Images, 1))).String(),
 			"Config": map[string]any{
 				"metadata": map[string]any{"name": labels["io.kubernetes.container.name"]},
 				"image":    map[string]any{"image": rec.Image},
-				"command":  spec.Process.Args, "envs": spec.Process.Env, "labels": labels, "annotations": spec.Annotations,
+				"command":  spec.Process.Args, "envs": criEnvs(spec.Process.Env), "labels": labels, "annotations": spec.Annotations,
 				"mounts": []map[string]any{{"container_path": "/var/run/secrets/kubernetes.io/serviceaccount", "host_path": "/var/lib/kubelet/pods/" + labels["io.kubernetes.pod.uid"] + "/volumes/token", "readonly": true}},
 			},
 			"LogPath": "/var/log/pods/" + labels["io.kubernetes.pod.uid"] + "/app/0.log", "StopSignal": "SIGTERM",
@@ -113,10 +117,27 @@ func (s Seed) SeedContainer(i int) (containers.Container, error) {
 			return containers.Container{}, err
 		}
 		rec.Extensions = map[string]typeurl.Any{
-			"io.cri-containerd.container.metadata": &anypb.Any{TypeUrl: "github.com/containerd/containerd/pkg/cri/store/container/Metadata", Value: meta},
+			"io.cri-containerd.container.metadata": &anypb.Any{TypeUrl: "github.com/containerd/cri/pkg/store/container/Metadata", Value: meta},
 		}
 	}
 	return rec, nil
+}
+
+// criName is a container's unique name in CRI's metadata, as CRI makes it:
+// container, pod, pod namespace, pod uid and attempt.
+func criName(labels map[string]string) string {
+	return strings.Join([]string{labels["io.kubernetes.container.name"], labels["io.kubernetes.pod.name"],
+		labels["io.kubernetes.pod.namespace"], labels["io.kubernetes.pod.uid"], "0"}, "_")
+}
+
+// criEnvs is env as CRI's container config has it (key-value objects).
+func criEnvs(env []string) []map[string]string {
+	out := make([]map[string]string, len(env))
+	for i, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		out[i] = map[string]string{"key": k, "value": v}
+	}
+	return out
 }
 
 // criSpec fills spec in as CRI does for a pod's container: the kubelet's
@@ -260,4 +281,26 @@ func Parallel(ctx context.Context, n, w int, fn func(ctx context.Context, i int)
 	}
 	wg.Wait()
 	return first
+}
+
+// SeedCRIExited writes, for each of s's CRI containers, the status
+// checkpoint CRI keeps beside its record (exited at finished, code 0), so
+// that CRI loads them on the daemon's next start (Restart) as exited
+// containers whose task is gone. Without it CRI knows none of the seeded
+// containers.
+func (c *Containerd) SeedCRIExited(t testing.TB, s Seed, finished time.Time) {
+	t.Helper()
+	// CRI's versioned status: its Status fields inline beside Version.
+	status := fmt.Appendf(nil, `{"Version":"v1","Pid":0,"CreatedAt":%d,"StartedAt":%d,"FinishedAt":%d,"ExitCode":0,"Reason":"Completed"}`,
+		finished.Add(-2*time.Second).UnixNano(), finished.Add(-time.Second).UnixNano(), finished.UnixNano())
+	root := filepath.Join(c.Root, "io.containerd.grpc.v1.cri", "containers")
+	for i := 0; i < s.Containers; i += 2 { // the even ones are CRI's
+		dir := filepath.Join(root, s.ContainerID(i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "status"), status, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
