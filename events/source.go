@@ -605,10 +605,13 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 	})
 	// What CRI reports exited, for criExits: CRI deletes an exited
 	// container's task, so the tasks do not tell.
-	var exited map[string]bool
+	var (
+		exited  map[string]bool
+		askEach bool
+	)
 	if ns == CRINamespace && s.o.CRI != nil {
 		lists.Go(func() error {
-			exited = s.criExited(lctx)
+			exited, askEach = s.criExited(lctx)
 			return nil
 		})
 	}
@@ -685,7 +688,7 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (Listing, e
 		l.Tasks = append(l.Tasks, t)
 	}
 	if exited != nil {
-		s.criExits(ctx, &l, exited)
+		s.criExits(ctx, &l, exited, askEach)
 	}
 	return l, nil
 }
@@ -779,22 +782,24 @@ const listingLookups = 8
 
 // criExited lists what CRI reports exited: containers and sandboxes. CRI
 // errors give none: such containers then count as never started, which
-// keeps them. Only a missing CRI plugin goes unsaid: a list over
-// containerd's send limit (16 MiB, about 20,000 containers, unless
-// [grpc] max_send_message_size is raised) is logged.
-func (s *Source) criExited(ctx context.Context) map[string]bool {
-	exited := map[string]bool{}
+// keeps them. Only a missing CRI plugin goes unsaid. A list of exited
+// containers over the runtime's send limit (CRIContainers) sets askEach
+// instead: criExits then asks each CRI container without a task.
+func (s *Source) criExited(ctx context.Context) (exited map[string]bool, askEach bool) {
+	exited = map[string]bool{}
 	failed := func(what string, err error) bool {
 		if err != nil && status.Code(err) != codes.Unimplemented {
 			s.o.Log.Warn().Err(err).Str("list", what).Msg("CRI list failed: exited containers without a task are kept until it works")
 		}
 		return err != nil
 	}
-	resp, err := s.o.CRI.ListContainers(ctx, &runtime.ListContainersRequest{
-		Filter: &runtime.ContainerFilter{State: &runtime.ContainerStateValue{State: runtime.ContainerState_CONTAINER_EXITED}},
-	})
-	if !failed("exited containers", err) {
-		for _, c := range resp.Containers {
+	ctrs, err := CRIContainers(ctx, s.o.CRI, &runtime.ContainerFilter{State: &runtime.ContainerStateValue{State: runtime.ContainerState_CONTAINER_EXITED}})
+	switch {
+	case status.Code(err) == codes.ResourceExhausted:
+		s.o.Log.Info().Err(err).Msg("CRI's list of exited containers is over its send limit: each container without a task is asked instead")
+		askEach = true
+	case !failed("exited containers", err):
+		for _, c := range ctrs {
 			exited[c.Id] = true
 		}
 	}
@@ -806,29 +811,35 @@ func (s *Source) criExited(ctx context.Context) map[string]bool {
 			exited[p.Id] = true
 		}
 	}
-	return exited
+	return exited, askEach
 }
 
 // criExits adds a stopped Task for each CRI container or sandbox of the
 // listing that exited (criExited) and has no task left, with the exit code
 // and time CRI keeps for a container (asked listingLookups at a time).
-func (s *Source) criExits(ctx context.Context, l *Listing, exited map[string]bool) {
+// With askEach, every CRI container without a task is asked, and stopped
+// when CRI says it exited.
+func (s *Source) criExits(ctx context.Context, l *Listing, exited map[string]bool, askEach bool) {
 	hasTask := make(map[string]bool, len(l.Tasks))
 	for _, t := range l.Tasks {
 		hasTask[t.ContainerID] = true
 	}
+	type exit struct {
+		Task
+		confirmed bool // exited per the list, or per its status when asked
+	}
 	var (
-		stopped []Task
+		stopped []exit
 		ask     []int // the containers' (not sandboxes') among them
 	)
 	for _, c := range l.Containers {
-		if c.CRIKind == "" || hasTask[c.ID] || !exited[c.ID] {
+		if c.CRIKind == "" || hasTask[c.ID] || !(exited[c.ID] || askEach && c.CRIKind == "container") {
 			continue
 		}
 		if c.CRIKind == "container" {
 			ask = append(ask, len(stopped))
 		}
-		stopped = append(stopped, Task{ContainerID: c.ID, Status: TaskStopped, ExitedAt: l.At})
+		stopped = append(stopped, exit{Task{ContainerID: c.ID, Status: TaskStopped, ExitedAt: l.At}, exited[c.ID]})
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(listingLookups)
@@ -837,6 +848,7 @@ func (s *Source) criExits(ctx context.Context, l *Listing, exited map[string]boo
 		g.Go(func() error {
 			st, err := s.o.CRI.ContainerStatus(gctx, &runtime.ContainerStatusRequest{ContainerId: t.ContainerID})
 			if err == nil && st.Status != nil {
+				t.confirmed = t.confirmed || st.Status.State == runtime.ContainerState_CONTAINER_EXITED
 				t.ExitStatus = uint32(st.Status.ExitCode)
 				if st.Status.FinishedAt > 0 {
 					t.ExitedAt = notAfter(s.skewed(time.Unix(0, st.Status.FinishedAt)), l.At)
@@ -846,7 +858,11 @@ func (s *Source) criExits(ctx context.Context, l *Listing, exited map[string]boo
 		})
 	}
 	_ = g.Wait()
-	l.Tasks = append(l.Tasks, stopped...)
+	for _, t := range stopped {
+		if t.confirmed {
+			l.Tasks = append(l.Tasks, t.Task)
+		}
+	}
 }
 
 // CallTimeout bounds every unary call to containerd and CRI that its

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -98,11 +99,11 @@ func (r Runtime) ImageUsers(ctx context.Context, names []string, config, chain s
 		}
 	}
 	if config != "" && r.CRI != nil && r.criIn(ctx) {
-		resp, err := r.CRI.ListContainers(ctx, &runtime.ListContainersRequest{})
+		ctrs, err := events.CRIContainers(ctx, r.CRI, nil)
 		if err != nil {
 			return nil, fmt.Errorf("cri list containers: %w", err)
 		}
-		for _, c := range resp.Containers {
+		for _, c := range ctrs {
 			if c.ImageRef == config || c.ImageId == config {
 				ids = append(ids, c.Id)
 			}

@@ -96,7 +96,7 @@ type Options struct {
 	RootSize string
 	// SandboxImage is CRI's pause image. Default SandboxImage.
 	SandboxImage string
-	// MaxSendBytes, if set, raises the daemon's gRPC send limit
+	// MaxSendBytes, if set, is the daemon's gRPC send limit
 	// ([grpc] max_send_message_size; containerd's default is 16 MiB).
 	MaxSendBytes int
 }
@@ -326,6 +326,17 @@ func (c *Containerd) Restart() {
 	c.t.Helper()
 	c.Stop()
 	c.start()
+}
+
+// RestartWithSendLimit restarts the daemon with its gRPC send limit set
+// to bytes ([grpc] max_send_message_size; 0: containerd's default, 16 MiB).
+func (c *Containerd) RestartWithSendLimit(bytes int) {
+	c.t.Helper()
+	c.maxSend = bytes
+	if err := os.WriteFile(filepath.Join(c.Dir, "config.toml"), []byte(c.config()), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	c.Restart()
 }
 
 // LogTail returns the last n lines of the daemon's log.

@@ -53,6 +53,11 @@ type Seed struct {
 	// (two image events each, long after the seeding on a 10,000-image
 	// daemon).
 	CRIManaged bool
+	// Terminal gives the CRI containers a terminal (their config's tty):
+	// containerd 1.6's CRI then holds one output FIFO open, not two, for
+	// each container it loads created and not started, which lets tens of
+	// thousands of them fit the open-file limit of this sandbox.
+	Terminal bool
 }
 
 func (s Seed) prefix() string {
@@ -109,6 +114,7 @@ func (s Seed) SeedContainer(i int) (containers.Container, error) {
 				"metadata": map[string]any{"name": labels["io.kubernetes.container.name"]},
 				"image":    map[string]any{"image": rec.Image},
 				"command":  spec.Process.Args, "envs": criEnvs(spec.Process.Env), "labels": labels, "annotations": spec.Annotations,
+				"tty":    s.Terminal,
 				"mounts": []map[string]any{{"container_path": "/var/run/secrets/kubernetes.io/serviceaccount", "host_path": "/var/lib/kubelet/pods/" + labels["io.kubernetes.pod.uid"] + "/volumes/token", "readonly": true}},
 			},
 			"LogPath": "/var/log/pods/" + labels["io.kubernetes.pod.uid"] + "/app/0.log", "StopSignal": "SIGTERM",
@@ -290,16 +296,44 @@ func Parallel(ctx context.Context, n, w int, fn func(ctx context.Context, i int)
 // containers.
 func (c *Containerd) SeedCRIExited(t testing.TB, s Seed, finished time.Time) {
 	t.Helper()
+	c.SeedCRIStatus(t, s, finished, func(int) CRIStatus { return CRIExited })
+}
+
+// CRIStatus is what the status checkpoint of a seeded CRI container makes
+// of it when CRI loads it.
+type CRIStatus int
+
+const (
+	CRINotLoaded CRIStatus = iota // no checkpoint: CRI does not load it
+	CRICreated                    // created and never started, as between CreateContainer and StartContainer
+	CRIExited                     // exited (at finished, code 0), its task gone
+)
+
+// SeedCRIStatus is SeedCRIExited with the status of each CRI container i
+// given by status; a checkpoint written before is replaced or removed.
+func (c *Containerd) SeedCRIStatus(t testing.TB, s Seed, finished time.Time, status func(i int) CRIStatus) {
+	t.Helper()
 	// CRI's versioned status: its Status fields inline beside Version.
-	status := fmt.Appendf(nil, `{"Version":"v1","Pid":0,"CreatedAt":%d,"StartedAt":%d,"FinishedAt":%d,"ExitCode":0,"Reason":"Completed"}`,
-		finished.Add(-2*time.Second).UnixNano(), finished.Add(-time.Second).UnixNano(), finished.UnixNano())
+	checkpoints := map[CRIStatus][]byte{
+		CRIExited: fmt.Appendf(nil, `{"Version":"v1","Pid":0,"CreatedAt":%d,"StartedAt":%d,"FinishedAt":%d,"ExitCode":0,"Reason":"Completed"}`,
+			finished.Add(-2*time.Second).UnixNano(), finished.Add(-time.Second).UnixNano(), finished.UnixNano()),
+		CRICreated: fmt.Appendf(nil, `{"Version":"v1","Pid":0,"CreatedAt":%d,"StartedAt":0,"FinishedAt":0,"ExitCode":0}`,
+			finished.Add(-2*time.Second).UnixNano()),
+	}
 	root := filepath.Join(c.Root, "io.containerd.grpc.v1.cri", "containers")
 	for i := 0; i < s.Containers; i += 2 { // the even ones are CRI's
 		dir := filepath.Join(root, s.ContainerID(i))
+		st := status(i)
+		if st == CRINotLoaded {
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "status"), status, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "status"), checkpoints[st], 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
