@@ -224,7 +224,7 @@ func (n *node) executor(p ImagePolicy) *imageExecutor {
 	return &imageExecutor{
 		rt: n.rt, disk: n.disk, policy: p, now: func() time.Time { return at(time.Hour) },
 		synced: func() bool { return n.state.Synced },
-		users:  func(_, d string) []string { return slices.Clone(n.state.Users[d]) },
+		users:  func(_, d string) []string { return n.state.DigestUsers(d) },
 	}
 }
 

@@ -179,11 +179,7 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 					if s.Namespace != ns {
 						continue
 					}
-					if img := s.Images[digest]; img != nil {
-						ids = s.ImageUsers(img)
-					} else {
-						ids = slices.Clone(s.Users[digest])
-					}
+					ids = s.DigestUsers(digest)
 				}
 			})
 			return ids

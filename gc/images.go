@@ -230,18 +230,6 @@ func (plan *ImagePlan) measure(p ImagePolicy) {
 	}
 }
 
-// sortedNames lists img's names, sorted, in one allocation
-// (slices.Sorted(maps.Keys(...)) grows its slice from nothing: four
-// allocations per image of every plan).
-func sortedNames(img *projection.Image) []string {
-	names := make([]string, 0, len(img.Names))
-	for name := range img.Names {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return names
-}
-
 // screen describes img and gives the reason it must be kept whatever the
 // disk, in the fixed precedence in-use, pinned, sandbox image, keep pattern,
 // too young; the reason is empty for a candidate.
@@ -249,7 +237,7 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 	it := ImageItem{
 		Namespace: s.Namespace,
 		Digest:    img.Digest,
-		Names:     sortedNames(img),
+		Names:     img.Names.Strings(),
 		Size:      img.Size,
 		FirstSeen: img.FirstSeen,
 		LastUsed:  s.LastUsed(img, now),
@@ -261,9 +249,9 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 		it.Reason, it.Users = inUseReason(s, img, users), users
 		return it
 	}
-	for _, name := range it.Names {
-		if img.Names[name][projection.LabelPinned] == projection.LabelPinnedValue {
-			it.Reason, it.Name = ReasonPinned, name
+	for _, n := range img.Names {
+		if n.Labels[projection.LabelPinned] == projection.LabelPinnedValue {
+			it.Reason, it.Name = ReasonPinned, n.Name
 			return it
 		}
 	}

@@ -55,8 +55,8 @@ func (s *State) reintern() {
 		keep(img.Digest)
 		keep(img.ConfigDigest)
 		keep(img.ChainID)
-		for name := range img.Names {
-			keep(name)
+		for _, n := range img.Names {
+			keep(n.Name)
 		}
 	}
 	for _, c := range s.Containers {
@@ -64,7 +64,6 @@ func (s *State) reintern() {
 		keep(c.ImageDigest)
 		keep(c.ImageID)
 		keep(c.RootChain)
-		keep(c.RootKey)
 		keep(c.CRIKind)
 		keep(c.PodNamespace)
 		if c.evictUnit != c.ID {

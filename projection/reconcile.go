@@ -92,7 +92,8 @@ func imageCurrent(s *State, li events.ImageUpserted) bool {
 		return false
 	}
 	img := s.Images[digest]
-	return img != nil && maps.Equal(img.Names[li.Name], li.Labels) && (li.Size == 0 || img.Size == li.Size) &&
+	labels, _ := img.Names.Labels(li.Name)
+	return img != nil && maps.Equal(labels, li.Labels) && (li.Size == 0 || img.Size == li.Size) &&
 		(li.ConfigDigest == "" || img.ConfigDigest == li.ConfigDigest) && (li.ChainID == "" || img.ChainID == li.ChainID)
 }
 
@@ -136,16 +137,16 @@ func (s *State) Clone() *State {
 		Names:      maps.Clone(s.Names),
 		Containers: make(map[string]*Container, len(s.Containers)),
 		Pods:       make(map[string]*Pod, len(s.Pods)),
-		Users:      make(map[string][]string, len(s.Users)),
+		Users:      make(map[UseKey][]string, len(s.Users)),
 		Synced:     s.Synced,
 		Seq:        s.Seq,
 		Namespace:  s.Namespace,
 	}
 	for k, img := range s.Images {
 		cp := *img
-		cp.Names = make(map[string]map[string]string, len(img.Names))
-		for n, l := range img.Names {
-			cp.Names[n] = maps.Clone(l)
+		cp.Names = slices.Clone(img.Names)
+		for i, n := range cp.Names {
+			cp.Names[i].Labels = maps.Clone(n.Labels)
 		}
 		c.Images[k] = &cp
 	}

@@ -80,7 +80,7 @@ func (r *Report) add(s *State, now time.Time) {
 	for _, d := range slices.Sorted(maps.Keys(s.Images)) {
 		img := s.Images[d]
 		r.Images = append(r.Images, ImageReport{
-			Namespace: s.Namespace, Digest: d, Names: slices.Sorted(maps.Keys(img.Names)), Size: img.Size,
+			Namespace: s.Namespace, Digest: d, Names: img.Names.Strings(), Size: img.Size,
 			FirstSeen: img.FirstSeen, LastUsed: s.LastUsed(img, now),
 			Users: append([]string{}, s.ImageUsers(img)...), Pinned: img.Pinned(), ID: img.ConfigDigest, ChainID: img.ChainID,
 		})

@@ -28,10 +28,10 @@ func encodeSnapshot(s *State) []byte {
 	for _, img := range s.Images {
 		w.str(img.Digest)
 		w.uint(uint64(len(img.Names)))
-		for name, labels := range img.Names {
-			w.str(name)
-			w.uint(uint64(len(labels)))
-			for k, v := range labels {
+		for _, n := range img.Names {
+			w.str(n.Name)
+			w.uint(uint64(len(n.Labels)))
+			for k, v := range n.Labels {
 				w.str(k)
 				w.str(v)
 			}
@@ -46,7 +46,7 @@ func encodeSnapshot(s *State) []byte {
 	w.uint(uint64(len(s.Containers)))
 	for _, c := range s.Containers {
 		for _, v := range []string{c.ID, c.Image, c.ImageDigest, c.CRIKind, c.PodUID, c.PodName, c.PodNamespace,
-			c.ContainerName, c.SandboxID, string(c.State), c.ImageID, c.RootChain, c.RootKey} {
+			c.ContainerName, c.SandboxID, string(c.State), c.ImageID, c.RootChain, c.RootKey.String()} {
 			w.str(v)
 		}
 		for _, t := range []time.Time{c.Created, c.FirstSeen, c.StartedAt, c.ExitedAt, c.CollectedAt, c.LastOpAt} {
@@ -95,7 +95,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 	s.Seq = r.uint()
 	s.Namespace = r.str()
 	for n := r.count(); n > 0 && r.err == nil; n-- {
-		img := &Image{Digest: r.str(), Names: map[string]map[string]string{}}
+		img := &Image{Digest: r.str()}
 		for m := r.count(); m > 0 && r.err == nil; m-- {
 			name := r.str()
 			var labels map[string]string
@@ -106,7 +106,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 					labels[key] = r.str()
 				}
 			}
-			img.Names[name] = labels
+			img.Names.set(name, labels) // sorted: older snapshots wrote a map's order
 		}
 		img.Size = r.int()
 		img.Created, img.FirstSeen, img.LastUsed = r.time(), r.time(), r.time()
@@ -116,9 +116,10 @@ func decodeSnapshot(b []byte) (*State, error) {
 	for n := r.count(); n > 0 && r.err == nil; n-- {
 		c := &Container{}
 		for _, dst := range []*string{&c.ID, &c.Image, &c.ImageDigest, &c.CRIKind, &c.PodUID, &c.PodName, &c.PodNamespace,
-			&c.ContainerName, &c.SandboxID, (*string)(&c.State), &c.ImageID, &c.RootChain, &c.RootKey} {
+			&c.ContainerName, &c.SandboxID, (*string)(&c.State), &c.ImageID, &c.RootChain} {
 			*dst = r.str()
 		}
+		c.RootKey = parseUseKey(r.str())
 		for _, dst := range []*time.Time{&c.Created, &c.FirstSeen, &c.StartedAt, &c.ExitedAt, &c.CollectedAt, &c.LastOpAt} {
 			*dst = r.time()
 		}

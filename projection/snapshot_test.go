@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -16,13 +18,13 @@ func fullState(t *testing.T) *State {
 	s := New()
 	s.Synced, s.Seq, s.Namespace = true, 42, "buildkit"
 	s.Images["sha256:i1"] = &Image{Digest: "sha256:i1",
-		Names: map[string]map[string]string{"a:1": {LabelPinned: LabelPinnedValue, LabelCRIManaged: "managed"}, "a:2": nil},
+		Names: ImageNames{{"a:1", map[string]string{LabelPinned: LabelPinnedValue, LabelCRIManaged: "managed"}}, {"a:2", nil}},
 		Size:  -7, Created: at(1).Add(3), FirstSeen: at(2), LastUsed: at(3), ConfigDigest: "sha256:cfg", ChainID: "sha256:chain"}
 	s.Containers["c1"] = &Container{ID: "c1", Image: "a:1", ImageDigest: "sha256:i1", CRIKind: KindContainer, PodUID: "uid",
 		PodName: "pod", PodNamespace: "ns", ContainerName: "app", SandboxID: "sb", Created: at(4), FirstSeen: at(5),
 		State: StateExited, Pid: 99, StartedAt: at(6), ExitedAt: at(7).Add(time.Nanosecond), ExitStatus: 137,
 		ImageID: "sha256:cfg", RootChain: "sha256:chain", VolumeImageIDs: []string{"sha256:v1", "sha256:v2"},
-		VolumeChains: []string{}, RootKey: "config:sha256:cfg", RestartManaged: true, CollectedAt: at(8), LastOpAt: at(9)}
+		VolumeChains: []string{}, RootKey: configKey("sha256:cfg"), RestartManaged: true, CollectedAt: at(8), LastOpAt: at(9)}
 	s.Containers["c2"] = &Container{ID: "c2", State: StateCreated, FirstSeen: time.Unix(-5, 0).UTC()} // nil lists, zero times
 	s.Pods["uid"] = &Pod{UID: "uid", Name: "pod", Namespace: "ns", Sandboxes: map[string]struct{}{"sb": {}, "sb2": {}},
 		FirstSeen: at(10), GoneAt: at(11)}
@@ -47,6 +49,10 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	got.fill()
 	if !reflect.DeepEqual(want, got) {
 		t.Fatalf("round trip differs\nwant %+v\ngot  %+v", want, got)
+	}
+	// A restored root key shares its container's string: no copy of its own.
+	if c := got.Containers["c1"]; unsafe.StringData(c.RootKey.v) != unsafe.StringData(c.ImageID) {
+		t.Errorf("restored root key %v holds a string of its own", c.RootKey)
 	}
 	empty, err := decodeSnapshot(encodeSnapshot(New()))
 	if err != nil || len(empty.Images)+len(empty.Containers)+len(empty.Pods) != 0 || empty.Seq != 0 {
@@ -143,5 +149,33 @@ func BenchmarkSnapshot(b *testing.B) {
 				got.fill()
 			}
 		})
+	}
+}
+
+// TestJSONFormUnchanged: the JSON an older agent wrote (names as an object
+// of name to labels, a use key as its prefixed text) is what this one
+// reads and writes, whatever the types in memory.
+func TestJSONFormUnchanged(t *testing.T) {
+	const old = `{"images":{"sha256:i1":{"digest":"sha256:i1","names":{"a:2":null,"a:1":{"io.cri-containerd.pinned":"pinned"}},` +
+		`"size":1,"firstSeen":"2026-01-01T00:00:00Z","lastUsed":"0001-01-01T00:00:00Z"}},` +
+		`"containers":{"c1":{"id":"c1","image":"a:1","imageDigest":"sha256:i1","firstSeen":"2026-01-01T00:00:00Z","state":"exited",` +
+		`"exitStatus":0,"imageID":"sha256:cfg","rootKey":"config:sha256:cfg"}},"pods":{},"synced":true,"seq":3}`
+	var s State
+	if err := json.Unmarshal([]byte(old), &s); err != nil {
+		t.Fatal(err)
+	}
+	img, c := s.Images["sha256:i1"], s.Containers["c1"]
+	wantNames := ImageNames{{"a:1", map[string]string{LabelPinned: LabelPinnedValue}}, {"a:2", nil}}
+	if !reflect.DeepEqual(img.Names, wantNames) || c.RootKey != configKey("sha256:cfg") {
+		t.Fatalf("read names %+v, root key %+v", img.Names, c.RootKey)
+	}
+	b, err := json.Marshal(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"names":{"a:1":{"io.cri-containerd.pinned":"pinned"},"a:2":null}`, `"rootKey":"config:sha256:cfg"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("written JSON lacks %s:\n%s", want, b)
+		}
 	}
 }

@@ -44,13 +44,12 @@ type State struct {
 	Containers map[string]*Container `json:"containers"` // by id
 	Pods       map[string]*Pod       `json:"pods"`       // by pod uid
 	// Users indexes containers by the use keys they hold (see
-	// Container.UseKeys): a target digest, "config:<image id>" or
-	// "chain:<chain id>", also for keys no image has (any more, or yet).
+	// Container.UseKeys), also for keys no image has (any more, or yet).
 	// Derived from Containers (fill rebuilds it), so never persisted: a
 	// snapshot decodes faster without it. Each list is sorted (see
 	// addSorted): nearly every key has one or two users, and a map per key
 	// would cost several times the memory.
-	Users  map[string][]string `json:"-"`
+	Users  map[UseKey][]string `json:"-"`
 	Synced bool                `json:"synced"`
 	Seq    uint64              `json:"seq"` // events applied so far
 	// Namespace is the containerd namespace this projection is of; set by
@@ -61,7 +60,7 @@ type State struct {
 	// byKey maps config and chain use keys to the digests of the images
 	// they name, sorted. It is derived from Images (reindex), never
 	// persisted.
-	byKey map[string][]string
+	byKey map[UseKey][]string
 	// strs interns the strings the records hold (see interner); never
 	// persisted or cloned.
 	strs interner
@@ -69,12 +68,11 @@ type State struct {
 
 // Image is one target digest with all the names that point at it.
 type Image struct {
-	Digest string `json:"digest"`
-	// Names maps each name to its labels.
-	Names     map[string]map[string]string `json:"names"`
-	Size      int64                        `json:"size"`
-	Created   time.Time                    `json:"created,omitzero"`
-	FirstSeen time.Time                    `json:"firstSeen"`
+	Digest    string     `json:"digest"`
+	Names     ImageNames `json:"names"`
+	Size      int64      `json:"size"`
+	Created   time.Time  `json:"created,omitzero"`
+	FirstSeen time.Time  `json:"firstSeen"`
 	// LastUsed is when a container last started or stopped referencing the
 	// image; while any does, the image counts as used now (see State.LastUsed).
 	LastUsed time.Time `json:"lastUsed"`
@@ -110,7 +108,7 @@ type Container struct {
 	VolumeChains   []string `json:"volumeChains,omitempty"`
 	// RootKey is the use key of the image the rootfs runs, chosen when the
 	// container is upserted (see rootKey).
-	RootKey string `json:"rootKey,omitempty"`
+	RootKey UseKey `json:"rootKey,omitzero"`
 	// RestartManaged: a restart policy wants it running.
 	RestartManaged bool `json:"restartManaged,omitempty"`
 	// CollectedAt is when the task of the last run was deleted, by its
@@ -125,26 +123,18 @@ type Container struct {
 	evictUnit string
 }
 
-// Use key prefixes: a container holds an image by its config digest or by
-// the chain id of its top layer; a bare target digest is the fallback when
-// neither is known.
-const (
-	keyConfig = "config:"
-	keyChain  = "chain:"
-)
-
 // UseKeys returns the keys by which c holds images: its RootKey, plus its
 // image volumes. An image is in use when any of its keys is held.
-func (c *Container) UseKeys() []string {
-	var keys []string
-	if c.RootKey != "" {
+func (c *Container) UseKeys() []UseKey {
+	var keys []UseKey
+	if !c.RootKey.IsZero() {
 		keys = append(keys, c.RootKey)
 	}
 	for _, v := range c.VolumeImageIDs {
-		keys = append(keys, keyConfig+v)
+		keys = append(keys, configKey(v))
 	}
 	for _, v := range c.VolumeChains {
-		keys = append(keys, keyChain+v)
+		keys = append(keys, chainKey(v))
 	}
 	return keys
 }
@@ -154,29 +144,23 @@ func (c *Container) UseKeys() []string {
 // is the rootfs snapshot's parent (the name still says what it runs); else,
 // when the name moved or is unknown, the parent chain itself, which holds
 // every image with that top layer; else the name's target.
-func (s *State) rootKey(c *Container) string {
+func (s *State) rootKey(c *Container) UseKey {
 	switch {
 	case c.ImageID != "":
-		return keyConfig + c.ImageID
+		return configKey(c.ImageID)
 	case c.RootChain != "":
 		if img := s.Images[c.ImageDigest]; img != nil && img.ChainID == c.RootChain {
-			return c.ImageDigest
+			return targetKey(c.ImageDigest)
 		}
-		return keyChain + c.RootChain
+		return chainKey(c.RootChain)
 	}
-	return c.ImageDigest
+	return targetKey(c.ImageDigest)
 }
 
-// keys are the use keys that name img.
-func (img *Image) keys() []string {
-	keys := []string{img.Digest}
-	if img.ConfigDigest != "" {
-		keys = append(keys, keyConfig+img.ConfigDigest)
-	}
-	if img.ChainID != "" {
-		keys = append(keys, keyChain+img.ChainID)
-	}
-	return keys
+// contentKeys are the use keys that name img by its content, when known:
+// its config digest, then its chain id.
+func (img *Image) contentKeys() [2]UseKey {
+	return [2]UseKey{configKey(img.ConfigDigest), chainKey(img.ChainID)}
 }
 
 // Pod is a pod uid seen through its sandbox containers.
@@ -197,15 +181,15 @@ func New() *State {
 		Names:      map[string]string{},
 		Containers: map[string]*Container{},
 		Pods:       map[string]*Pod{},
-		Users:      map[string][]string{},
-		byKey:      map[string][]string{},
+		Users:      map[UseKey][]string{},
+		byKey:      map[UseKey][]string{},
 	}
 }
 
 // Pinned reports whether any name of the image carries the CRI pinned label.
 func (img *Image) Pinned() bool {
-	for _, labels := range img.Names {
-		if labels[LabelPinned] == LabelPinnedValue {
+	for _, n := range img.Names {
+		if n.Labels[LabelPinned] == LabelPinnedValue {
 			return true
 		}
 	}
@@ -250,7 +234,7 @@ func (s *State) InUse(digest string) bool {
 	if img := s.Images[digest]; img != nil {
 		return s.imageInUse(img)
 	}
-	return len(s.Users[digest]) > 0
+	return len(s.Users[targetKey(digest)]) > 0
 }
 
 func (s *State) imageInUse(img *Image) bool {
@@ -274,21 +258,24 @@ func (s *State) ImageUsers(img *Image) []string {
 	return slices.Compact(ids)
 }
 
-// eachUse calls f with the containers holding each use key of img (see
-// keys) until f returns false. It looks the keys up without building them:
-// an image plan asks this of every image, and keys would allocate a slice
-// and two strings for each.
+// DigestUsers is ImageUsers of the image with this target digest; for a
+// digest no image has (any more), the containers that hold the digest
+// itself.
+func (s *State) DigestUsers(digest string) []string {
+	if img := s.Images[digest]; img != nil {
+		return s.ImageUsers(img)
+	}
+	return slices.Clone(s.Users[targetKey(digest)])
+}
+
+// eachUse calls f with the containers holding each use key of img (its
+// target, then its content keys) until f returns false.
 func (s *State) eachUse(img *Image, f func(ids []string) bool) {
-	if !f(s.Users[img.Digest]) {
+	if !f(s.Users[targetKey(img.Digest)]) {
 		return
 	}
-	var buf [96]byte // a prefix and a sha256 digest fit
-	for _, k := range [...][2]string{{keyConfig, img.ConfigDigest}, {keyChain, img.ChainID}} {
-		if k[1] == "" {
-			continue
-		}
-		key := append(append(buf[:0], k[0]...), k[1]...)
-		if !f(s.Users[string(key)]) { // no copy: a lookup by converted bytes
+	for _, k := range img.contentKeys() {
+		if !k.IsZero() && !f(s.Users[k]) {
 			return
 		}
 	}
@@ -340,7 +327,7 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	}
 	img := s.Images[e.Digest]
 	if img == nil {
-		img = &Image{Digest: s.intern(e.Digest), Names: map[string]map[string]string{}, FirstSeen: e.At, Created: e.Created}
+		img = &Image{Digest: s.intern(e.Digest), FirstSeen: e.At, Created: e.Created}
 		s.Images[img.Digest] = img
 	}
 	if (e.ConfigDigest != "" && e.ConfigDigest != img.ConfigDigest) || (e.ChainID != "" && e.ChainID != img.ChainID) {
@@ -353,7 +340,7 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 		img.LastUsed = e.At // held by a container from the moment it appears
 	}
 	name := s.intern(e.Name)
-	img.Names[name] = events.ImageLabels(e.Labels)
+	img.Names.set(name, events.ImageLabels(e.Labels))
 	if e.Size > 0 {
 		img.Size = e.Size
 	}
@@ -370,7 +357,7 @@ func (s *State) dropName(name string) {
 	}
 	delete(s.Names, name)
 	if img := s.Images[digest]; img != nil {
-		delete(img.Names, name)
+		img.Names.remove(name)
 		if len(img.Names) == 0 {
 			s.unindex(img)
 			delete(s.Images, digest)
@@ -402,7 +389,7 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	if e.VolumeChains != nil {
 		c.VolumeChains = e.VolumeChains
 	}
-	s.setInterned(&c.RootKey, s.rootKey(c))
+	c.RootKey = s.rootKey(c) // its digest is one of c's, interned
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
 	c.RestartManaged = e.RestartManaged
 	c.op(e.At)
@@ -476,7 +463,7 @@ func (c *Container) op(at time.Time) {
 
 // rekey moves container id from the old use keys to the new ones, touching
 // the images of every key that changed.
-func (s *State) rekey(id string, old, now []string, at time.Time) {
+func (s *State) rekey(id string, old, now []UseKey, at time.Time) {
 	for _, k := range old {
 		if slices.Contains(now, k) {
 			continue
@@ -517,13 +504,16 @@ func removeSorted(set []string, v string) []string {
 
 // touch moves LastUsed of the images named by key forward only, so late
 // events cannot rewind history.
-func (s *State) touch(key string, at time.Time) {
+func (s *State) touch(key UseKey, at time.Time) {
 	bump := func(img *Image) {
 		if img != nil && at.After(img.LastUsed) {
 			img.LastUsed = at
 		}
 	}
-	bump(s.Images[key])
+	if key.kind == byTarget {
+		bump(s.Images[key.v])
+		return
+	}
 	for _, d := range s.byKey[key] {
 		bump(s.Images[d])
 	}
@@ -531,13 +521,15 @@ func (s *State) touch(key string, at time.Time) {
 
 // index and unindex keep byKey in step with an image's content keys.
 func (s *State) index(img *Image) {
-	for _, k := range img.keys()[1:] {
-		s.byKey[k] = addSorted(s.byKey[k], img.Digest)
+	for _, k := range img.contentKeys() {
+		if !k.IsZero() {
+			s.byKey[k] = addSorted(s.byKey[k], img.Digest)
+		}
 	}
 }
 
 func (s *State) unindex(img *Image) {
-	for _, k := range img.keys()[1:] {
+	for _, k := range img.contentKeys() {
 		if set := removeSorted(s.byKey[k], img.Digest); len(set) > 0 {
 			s.byKey[k] = set
 		} else {
@@ -548,7 +540,7 @@ func (s *State) unindex(img *Image) {
 
 // reindex rebuilds byKey from Images, after decoding or copying a state.
 func (s *State) reindex() {
-	s.byKey = map[string][]string{}
+	s.byKey = map[UseKey][]string{}
 	for _, img := range s.Images {
 		s.index(img)
 	}

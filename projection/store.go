@@ -272,12 +272,9 @@ func (s *State) fill() {
 	}
 
 	for d, img := range s.Images {
-		if img.Names == nil {
-			img.Names = map[string]map[string]string{}
-		}
-		for name, labels := range img.Names {
-			s.Names[name] = d
-			img.Names[name] = events.ImageLabels(labels) // shared, as Apply keeps them
+		for i, n := range img.Names {
+			s.Names[n.Name] = d
+			img.Names[i].Labels = events.ImageLabels(n.Labels) // shared, as Apply keeps them
 		}
 	}
 	for _, p := range s.Pods {
@@ -288,12 +285,13 @@ func (s *State) fill() {
 	s.reindex()
 	// States written before RootKey existed: the key their Users held.
 	// Then the use index, derived from the containers.
-	s.Users = map[string][]string{}
+	s.Users = map[UseKey][]string{}
 	for id, c := range s.Containers {
 		s.keepUnit(c)
-		if c.RootKey == "" {
+		if c.RootKey.IsZero() {
 			c.RootKey = s.rootKey(c)
 		}
+		c.RootKey.v = c.digestOf(c.RootKey.v)
 		for _, k := range c.UseKeys() {
 			s.Users[k] = append(s.Users[k], id)
 		}

@@ -162,7 +162,7 @@ func findImage(s *projection.State, query string) (string, error) {
 	var hits []string
 	for _, d := range slices.Sorted(maps.Keys(s.Images)) {
 		img := s.Images[d]
-		if _, ok := img.Names[q]; ok {
+		if _, ok := img.Names.Labels(q); ok {
 			return d, nil
 		}
 		hex := strings.TrimPrefix(q, "sha256:")
