@@ -55,3 +55,43 @@ func TestInternShares(t *testing.T) {
 		t.Fatal("a held string lost its one copy in a rebuild")
 	}
 }
+
+// TestStateOwnsItsStrings: no string a record holds is the event's own
+// (decoded beside a listing's or a message's bytes, which it would keep
+// from being freed); equal ones of a pod's containers are one copy.
+func TestStateOwnsItsStrings(t *testing.T) {
+	img := events.ImageUpserted{At: at(0), Name: fresh("example.test/app:1"), Digest: fresh("sha256:aaaa"),
+		ConfigDigest: fresh("sha256:cfg"), ChainID: fresh("sha256:chain")}
+	ctr := func(id string) events.ContainerUpserted {
+		return events.ContainerUpserted{At: at(1), ID: fresh(id), Image: fresh(img.Name), ImageDigest: fresh(img.Digest),
+			CRIKind: fresh(KindContainer), PodUID: fresh("uid-1"), PodName: fresh("pod"), PodNamespace: fresh("default"),
+			ContainerName: fresh("app"), SandboxID: fresh("sb-1"), ImageID: fresh("sha256:cfg"), RootChain: fresh("sha256:chain"),
+			VolumeImageIDs: []string{fresh("sha256:vol")}, VolumeChains: []string{fresh("sha256:volchain")}}
+	}
+	e1, e2 := ctr("c1"), ctr("c2")
+	s := apply(New(), img, e1, e2)
+	c1, c2 := s.Containers["c1"], s.Containers["c2"]
+	held := map[string][2]string{
+		"id": {c1.ID, e1.ID}, "image": {c1.Image, e1.Image}, "digest": {c1.ImageDigest, e1.ImageDigest},
+		"kind": {c1.CRIKind, e1.CRIKind}, "pod uid": {c1.PodUID, e1.PodUID}, "pod name": {c1.PodName, e1.PodName},
+		"pod namespace": {c1.PodNamespace, e1.PodNamespace}, "container name": {c1.ContainerName, e1.ContainerName},
+		"sandbox": {c1.SandboxID, e1.SandboxID}, "image id": {c1.ImageID, e1.ImageID}, "root chain": {c1.RootChain, e1.RootChain},
+		"volume image": {c1.VolumeImageIDs[0], e1.VolumeImageIDs[0]}, "volume chain": {c1.VolumeChains[0], e1.VolumeChains[0]},
+		"image name": {s.Images[img.Digest].Names[0].Name, img.Name}, "image digest": {s.Images[img.Digest].Digest, img.Digest},
+		"config": {s.Images[img.Digest].ConfigDigest, img.ConfigDigest}, "chain": {s.Images[img.Digest].ChainID, img.ChainID},
+	}
+	for what, p := range held {
+		if p[0] != p[1] {
+			t.Fatalf("%s: %q, want %q", what, p[0], p[1])
+		}
+		if same(p[0], p[1]) {
+			t.Errorf("%s: the state holds the event's string, not a copy of its own", what)
+		}
+	}
+	for what, p := range map[string][2]string{"pod uid": {c1.PodUID, c2.PodUID}, "pod name": {c1.PodName, c2.PodName},
+		"sandbox": {c1.SandboxID, c2.SandboxID}, "image id": {c1.ImageID, s.Images[img.Digest].ConfigDigest}} {
+		if !same(p[0], p[1]) {
+			t.Errorf("%s: two copies of %q", what, p[0])
+		}
+	}
+}

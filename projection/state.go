@@ -11,6 +11,7 @@ package projection
 import (
 	"cmp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
@@ -368,8 +369,8 @@ func (s *State) dropName(name string) {
 func (s *State) upsertContainer(e events.ContainerUpserted) {
 	c := s.Containers[e.ID]
 	if c == nil {
-		c = &Container{ID: e.ID, FirstSeen: e.At, State: StateCreated}
-		s.Containers[e.ID] = c
+		c = &Container{ID: strings.Clone(e.ID), FirstSeen: e.At, State: StateCreated} // see interner: a copy of its own
+		s.Containers[c.ID] = c
 	}
 	digest := e.ImageDigest
 	if c.Image == e.Image && c.ImageDigest != "" {
@@ -384,10 +385,10 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	s.setInterned(&c.ImageID, cmp.Or(e.ImageID, c.ImageID))
 	s.setInterned(&c.RootChain, cmp.Or(e.RootChain, c.RootChain))
 	if e.VolumeImageIDs != nil || c.CRIKind != e.CRIKind {
-		c.VolumeImageIDs = e.VolumeImageIDs
+		c.VolumeImageIDs = s.internAll(e.VolumeImageIDs)
 	}
 	if e.VolumeChains != nil {
-		c.VolumeChains = e.VolumeChains
+		c.VolumeChains = s.internAll(e.VolumeChains)
 	}
 	c.RootKey = s.rootKey(c) // its digest is one of c's, interned
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
@@ -398,8 +399,11 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	s.setInterned(&c.Image, e.Image)
 	s.setInterned(&c.CRIKind, e.CRIKind)
 	s.setInterned(&c.PodNamespace, e.PodNamespace)
-	c.PodUID, c.PodName = e.PodUID, e.PodName
-	c.ContainerName, c.SandboxID, c.Created = e.ContainerName, e.SandboxID, e.Created
+	s.setInterned(&c.PodUID, e.PodUID)
+	s.setInterned(&c.PodName, e.PodName)
+	s.setInterned(&c.ContainerName, e.ContainerName)
+	s.setInterned(&c.SandboxID, e.SandboxID)
+	c.Created = e.Created
 	s.keepUnit(c)
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
 		s.leavePod(oldUID, c.ID, e.At)
