@@ -2,18 +2,24 @@ package projection
 
 import "strings"
 
-// interner keeps one copy of each digest, name, kind and pod field a
-// State's records hold: a digest or a name is held by an image, by every
-// container that uses it and by the use index, and a busy node has tens of
-// thousands of each. The copy is the state's own, made when it is first
-// interned: an event's strings were decoded beside the listing's or the
-// message's bytes, and a state holding them would keep those spans of the
-// heap partly used long after the listing is garbage (a first start at
-// 10,000 left 15 MiB so). It is a plain map, not unique.Make: unique's weak
-// pointers cost microseconds each to create, a sixth of a first start at
-// 10,000 images. It forgets nothing by itself, so it is rebuilt from what
-// the state holds whenever it has doubled since the last rebuild:
-// amortized, a constant per call.
+// A State keeps one copy of each string its records share, and the copy is
+// its own, made when the state first holds it: an event's strings were
+// decoded beside the listing's or the message's bytes, and a state holding
+// them would keep those spans of the heap partly used long after the
+// listing is garbage (a first start at 10,000 left 15 MiB so).
+//
+// A digest or a name is held by its image, by every container that uses it
+// and by the use index, and a busy node has tens of thousands of each: a
+// container finds the image's copy through the image (imageDigest,
+// imageName, contentDigest), which costs no table. Strings no image holds,
+// a pod's uid, name, namespace and sandbox, a container name, a kind, an
+// evict unit, go through the interner.
+//
+// The interner is a plain map, not unique.Make: unique's weak pointers
+// cost microseconds each to create, a sixth of a first start at 10,000
+// images. It forgets nothing by itself, so it is rebuilt from what the
+// state holds whenever it has doubled since the last rebuild: amortized, a
+// constant per call.
 type interner struct {
 	m     map[string]string
 	limit int // rebuild when m reaches it
@@ -41,24 +47,63 @@ func (s *State) intern(v string) string {
 	return v
 }
 
-// internAll returns vs with each string interned, in a new slice; nil and
-// empty stay as they are.
-func (s *State) internAll(vs []string) []string {
+// setInterned sets *dst to v, interned; an unchanged value costs a compare.
+func (s *State) setInterned(dst *string, v string) { setShared(dst, v, s.intern) }
+
+// setShared sets *dst to the state's copy of v, as find gives it; an
+// unchanged value costs a compare.
+func setShared(dst *string, v string, find func(string) string) {
+	if *dst != v {
+		*dst = find(v)
+	}
+}
+
+// imageDigest returns the state's copy of target digest d: its image's,
+// else a copy of its own.
+func (s *State) imageDigest(d string) string {
+	if img := s.Images[d]; img != nil {
+		return img.Digest
+	}
+	return strings.Clone(d)
+}
+
+// imageName returns the state's copy of image name n: the image's that
+// has it, else a copy of its own.
+func (s *State) imageName(n string) string {
+	if img := s.Images[s.Names[n]]; img != nil {
+		if i, ok := img.Names.find(n); ok {
+			return img.Names[i].Name
+		}
+	}
+	return strings.Clone(n)
+}
+
+// contentDigest returns the state's copy of the digest of content key k
+// (a config digest or a chain id): an image's with that content, else a
+// copy of its own.
+func (s *State) contentDigest(k UseKey) string {
+	for _, d := range s.byKey[k] {
+		if img := s.Images[d]; img != nil {
+			if k.kind == byChain {
+				return img.ChainID
+			}
+			return img.ConfigDigest
+		}
+	}
+	return strings.Clone(k.v)
+}
+
+// contentDigests returns vs as contentDigest gives each, as keys made by
+// key, in a new slice; nil and empty stay as they are.
+func (s *State) contentDigests(vs []string, key func(string) UseKey) []string {
 	if len(vs) == 0 {
 		return vs
 	}
 	out := make([]string, len(vs))
 	for i, v := range vs {
-		out[i] = s.intern(v)
+		out[i] = s.contentDigest(key(v))
 	}
 	return out
-}
-
-// setInterned sets *dst to v, interned; an unchanged value costs a compare.
-func (s *State) setInterned(dst *string, v string) {
-	if *dst != v {
-		*dst = s.intern(v)
-	}
 }
 
 // reintern rebuilds the table from the strings the state holds, so what
@@ -71,31 +116,13 @@ func (s *State) reintern() {
 			m[v] = v
 		}
 	}
-	for _, img := range s.Images {
-		keep(img.Digest)
-		keep(img.ConfigDigest)
-		keep(img.ChainID)
-		for _, n := range img.Names {
-			keep(n.Name)
-		}
-	}
 	for _, c := range s.Containers {
-		keep(c.Image)
-		keep(c.ImageDigest)
-		keep(c.ImageID)
-		keep(c.RootChain)
 		keep(c.CRIKind)
 		keep(c.PodNamespace)
 		keep(c.PodUID)
 		keep(c.PodName)
 		keep(c.ContainerName)
 		keep(c.SandboxID)
-		for _, v := range c.VolumeImageIDs {
-			keep(v)
-		}
-		for _, v := range c.VolumeChains {
-			keep(v)
-		}
 		if c.evictUnit != c.ID {
 			keep(c.evictUnit)
 		}

@@ -40,11 +40,12 @@ func TestInternShares(t *testing.T) {
 		t.Fatal("a new record does not share the restored image's digest")
 	}
 
-	// Churn: many images come and go; the table keeps only what is held.
+	// Churn: many pods' containers come and go; the table keeps only what
+	// is held.
 	for i := range 5 * internFloor {
-		d := fmt.Sprintf("sha256:%08d", i)
-		s.Apply(events.ImageUpserted{At: at(10), Name: d, Digest: d})
-		s.Apply(events.ImageDeleted{At: at(11), Name: d})
+		id := fmt.Sprintf("churn-%08d", i)
+		s.Apply(events.ContainerUpserted{At: at(10), ID: id, Image: fresh(name), PodUID: id, PodName: id, SandboxID: id})
+		s.Apply(events.ContainerDeleted{At: at(11), ID: id})
 	}
 	if n := len(s.strs.m); n > internFloor {
 		t.Fatalf("table holds %d strings after a churn of %d images, over its floor %d", n, 5*internFloor, internFloor)

@@ -328,19 +328,19 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	}
 	img := s.Images[e.Digest]
 	if img == nil {
-		img = &Image{Digest: s.intern(e.Digest), FirstSeen: e.At, Created: e.Created}
+		img = &Image{Digest: strings.Clone(e.Digest), FirstSeen: e.At, Created: e.Created} // see interner: a copy of its own
 		s.Images[img.Digest] = img
 	}
 	if (e.ConfigDigest != "" && e.ConfigDigest != img.ConfigDigest) || (e.ChainID != "" && e.ChainID != img.ChainID) {
 		s.unindex(img)
-		img.ConfigDigest = s.intern(cmp.Or(e.ConfigDigest, img.ConfigDigest))
-		img.ChainID = s.intern(cmp.Or(e.ChainID, img.ChainID))
+		setShared(&img.ConfigDigest, cmp.Or(e.ConfigDigest, img.ConfigDigest), func(v string) string { return s.contentDigest(configKey(v)) })
+		setShared(&img.ChainID, cmp.Or(e.ChainID, img.ChainID), func(v string) string { return s.contentDigest(chainKey(v)) })
 		s.index(img)
 	}
 	if s.imageInUse(img) && e.At.After(img.LastUsed) {
 		img.LastUsed = e.At // held by a container from the moment it appears
 	}
-	name := s.intern(e.Name)
+	name := s.imageName(e.Name)
 	img.Names.set(name, events.ImageLabels(e.Labels))
 	if e.Size > 0 {
 		img.Size = e.Size
@@ -380,23 +380,23 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 		digest = s.Names[e.Image]
 	}
 	oldKeys := c.UseKeys()
-	s.setInterned(&c.ImageDigest, digest)
+	setShared(&c.ImageDigest, digest, s.imageDigest)
 	// Content facts are sticky: a failed lookup does not forget them.
-	s.setInterned(&c.ImageID, cmp.Or(e.ImageID, c.ImageID))
-	s.setInterned(&c.RootChain, cmp.Or(e.RootChain, c.RootChain))
+	setShared(&c.ImageID, cmp.Or(e.ImageID, c.ImageID), func(v string) string { return s.contentDigest(configKey(v)) })
+	setShared(&c.RootChain, cmp.Or(e.RootChain, c.RootChain), func(v string) string { return s.contentDigest(chainKey(v)) })
 	if e.VolumeImageIDs != nil || c.CRIKind != e.CRIKind {
-		c.VolumeImageIDs = s.internAll(e.VolumeImageIDs)
+		c.VolumeImageIDs = s.contentDigests(e.VolumeImageIDs, configKey)
 	}
 	if e.VolumeChains != nil {
-		c.VolumeChains = s.internAll(e.VolumeChains)
+		c.VolumeChains = s.contentDigests(e.VolumeChains, chainKey)
 	}
-	c.RootKey = s.rootKey(c) // its digest is one of c's, interned
+	c.RootKey = s.rootKey(c) // its digest is one of c's
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
 	c.RestartManaged = e.RestartManaged
 	c.op(e.At)
 	wasSandbox := c.CRIKind == KindSandbox
 	oldUID := c.PodUID
-	s.setInterned(&c.Image, e.Image)
+	setShared(&c.Image, e.Image, s.imageName)
 	s.setInterned(&c.CRIKind, e.CRIKind)
 	s.setInterned(&c.PodNamespace, e.PodNamespace)
 	s.setInterned(&c.PodUID, e.PodUID)
