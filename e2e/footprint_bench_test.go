@@ -66,7 +66,9 @@ func footprintSizes(b *testing.B) []int {
 //     (--prune-containers=all) on the projection the agent persisted,
 //     loaded while it is stopped before the restart.
 //
-// FOOTPRINT_SIZES overrides n (default 1000,10000); FOOTPRINT_PERF=dir
+// FOOTPRINT_SIZES overrides n (default 1000,10000); FOOTPRINT_NATS=external
+// gives each agent a NATS server of its own (in the benchmark's process)
+// instead of its embedded one, as a fleet with one NATS runs it; FOOTPRINT_PERF=dir
 // records perf profiles of the first start, the settling, the churns and
 // the restart; FOOTPRINT_HEAP=dir saves heap profiles (--profiling);
 // FOOTPRINT_BASELINE=path measures that agent binary first, on the same
@@ -313,6 +315,9 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n int, v testenv.Version, label, bin string) {
 	state := filepath.Join(b.TempDir(), "state")
 	flags := []string{"--log-level=info"}
+	if os.Getenv("FOOTPRINT_NATS") == "external" { // as a fleet runs it: one NATS, no embedded server
+		flags = append(flags, "--nats-url="+testenv.StartNATS(b, testenv.NATSOptions{JetStream: true}).ClientURL())
+	}
 	if os.Getenv("FOOTPRINT_HEAP") != "" {
 		flags = append(flags, "--profiling")
 	}
@@ -355,6 +360,10 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 	time.Sleep(footprintIdle)
 	idleRate := ms(mustCPU(b, a)-idle0) / time.Since(idleStart).Seconds()
 	memIdle := mustMemory(b, a) // settled: what the node pays while nothing happens
+	text = mustMetricsText(b, a)
+	idleHeap, idleFree := footprintMetric(text, "go_memstats_heap_inuse_bytes"),
+		footprintMetric(text, "go_memstats_heap_idle_bytes")-footprintMetric(text, "go_memstats_heap_released_bytes")
+	idleObjects := footprintMetric(text, "go_memstats_heap_alloc_bytes")
 
 	// 2. Churn: a burst on 8 goroutines (events arrive faster than one at a
 	// time, and are applied and journaled in batches), then one at a time.
@@ -406,11 +415,11 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 		label, v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS),
 		burst.cpuPerEventMs, serial.cpuPerEventMs)
 	b.Logf("%s: ready first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s), then busy %s more (cpu %s), idle at %.1f ms/s; "+
-		"rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), idle after ready %.1f MiB (anon %.1f, file %.1f), at the end %.1f MiB (anon %.1f, heap in use %.1f), peak %.1f MiB; restart rss %.1f (anon %.1f) peak %.1f MiB",
+		"rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), idle after ready %.1f MiB (anon %.1f, file %.1f; go heap in use %.1f, objects %.1f, free pages kept %.1f), at the end %.1f MiB (anon %.1f, heap in use %.1f), peak %.1f MiB; restart rss %.1f (anon %.1f) peak %.1f MiB",
 		label, readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
 		settle.Round(time.Millisecond), settleCPU, idleRate,
 		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
-		mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Anon), mib(memRestart.Peak))
+		idleHeap/(1<<20), idleObjects/(1<<20), idleFree/(1<<20), mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Anon), mib(memRestart.Peak))
 	plans := ""
 	if label == "this" {
 		plans = fmt.Sprintf("; plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (--prune-containers=all) %s",

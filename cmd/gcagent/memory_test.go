@@ -3,6 +3,7 @@ package main
 import (
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
 )
 
@@ -16,9 +17,12 @@ func TestWorthReturning(t *testing.T) {
 	}{
 		{"quiet after work that left garbage", busy, heapSample{allocs: 100*mib + 1000, objects: 60 * mib, live: 30 * mib}, true},
 		{"still allocating", busy, heapSample{allocs: 110 * mib, objects: 60 * mib, live: 30 * mib}, false},
-		{"garbage under a quarter of the live heap", busy, heapSample{allocs: 100 * mib, objects: 37 * mib, live: 30 * mib}, false},
-		{"a small heap's garbage under 4 MiB", busy, heapSample{allocs: 100 * mib, objects: 5 * mib, live: 2 * mib}, false},
-		{"a small heap's garbage of 4 MiB", busy, heapSample{allocs: 100 * mib, objects: 6 * mib, live: 2 * mib}, true},
+		{"garbage under an eighth of the live heap", busy, heapSample{allocs: 100 * mib, objects: 33 * mib, live: 30 * mib}, false},
+		{"garbage of an eighth of the live heap", busy, heapSample{allocs: 100 * mib, objects: 34 * mib, live: 30 * mib}, true},
+		{"a small heap's garbage under 2 MiB", busy, heapSample{allocs: 100 * mib, objects: 3 * mib, live: 2 * mib}, false},
+		{"a small heap's garbage of 2 MiB", busy, heapSample{allocs: 100 * mib, objects: 4 * mib, live: 2 * mib}, true},
+		{"no garbage, free pages kept after a collection", busy, heapSample{allocs: 100 * mib, objects: 30 * mib, live: 30 * mib, free: 20 * mib}, true},
+		{"garbage and free pages under an eighth together", busy, heapSample{allocs: 100 * mib, objects: 32 * mib, live: 30 * mib, free: mib}, false},
 		{"live above objects (a collection under way)", busy, heapSample{allocs: 100 * mib, objects: 20 * mib, live: 30 * mib}, false},
 	} {
 		if got := worthReturning(tt.prev, tt.now); got != tt.want {
@@ -31,6 +35,15 @@ func TestWorthReturning(t *testing.T) {
 // unknown name reads as zero, and zero is never worth returning), and
 // garbage made since a collection shows as objects over live.
 func TestReadHeap(t *testing.T) {
+	known := map[string]bool{}
+	for _, d := range metrics.All() {
+		known[d.Name] = true
+	}
+	for _, name := range heapMetrics {
+		if !known[name] {
+			t.Errorf("runtime/metrics has no %s", name)
+		}
+	}
 	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no collection in between
 	runtime.GC()
 	before := readHeap()
