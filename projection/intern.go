@@ -93,15 +93,20 @@ func (s *State) contentDigest(k UseKey) string {
 	return strings.Clone(k.v)
 }
 
-// contentDigests returns vs as contentDigest gives each, as keys made by
-// key, in a new slice; nil and empty stay as they are.
-func (s *State) contentDigests(vs []string, key func(string) UseKey) []string {
+// configDigest and chainID are contentDigest of a config digest (a CRI
+// image id) and of a chain id.
+func (s *State) configDigest(v string) string { return s.contentDigest(configKey(v)) }
+func (s *State) chainID(v string) string      { return s.contentDigest(chainKey(v)) }
+
+// sharedAll returns vs as find gives each, in a new slice; nil and empty
+// stay as they are.
+func sharedAll(vs []string, find func(string) string) []string {
 	if len(vs) == 0 {
 		return vs
 	}
 	out := make([]string, len(vs))
 	for i, v := range vs {
-		out[i] = s.contentDigest(key(v))
+		out[i] = find(v)
 	}
 	return out
 }

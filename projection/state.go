@@ -333,8 +333,8 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	}
 	if (e.ConfigDigest != "" && e.ConfigDigest != img.ConfigDigest) || (e.ChainID != "" && e.ChainID != img.ChainID) {
 		s.unindex(img)
-		setShared(&img.ConfigDigest, cmp.Or(e.ConfigDigest, img.ConfigDigest), func(v string) string { return s.contentDigest(configKey(v)) })
-		setShared(&img.ChainID, cmp.Or(e.ChainID, img.ChainID), func(v string) string { return s.contentDigest(chainKey(v)) })
+		setShared(&img.ConfigDigest, cmp.Or(e.ConfigDigest, img.ConfigDigest), s.configDigest)
+		setShared(&img.ChainID, cmp.Or(e.ChainID, img.ChainID), s.chainID)
 		s.index(img)
 	}
 	if s.imageInUse(img) && e.At.After(img.LastUsed) {
@@ -382,13 +382,13 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	oldKeys := c.UseKeys()
 	setShared(&c.ImageDigest, digest, s.imageDigest)
 	// Content facts are sticky: a failed lookup does not forget them.
-	setShared(&c.ImageID, cmp.Or(e.ImageID, c.ImageID), func(v string) string { return s.contentDigest(configKey(v)) })
-	setShared(&c.RootChain, cmp.Or(e.RootChain, c.RootChain), func(v string) string { return s.contentDigest(chainKey(v)) })
+	setShared(&c.ImageID, cmp.Or(e.ImageID, c.ImageID), s.configDigest)
+	setShared(&c.RootChain, cmp.Or(e.RootChain, c.RootChain), s.chainID)
 	if e.VolumeImageIDs != nil || c.CRIKind != e.CRIKind {
-		c.VolumeImageIDs = s.contentDigests(e.VolumeImageIDs, configKey)
+		c.VolumeImageIDs = sharedAll(e.VolumeImageIDs, s.configDigest)
 	}
 	if e.VolumeChains != nil {
-		c.VolumeChains = s.contentDigests(e.VolumeChains, chainKey)
+		c.VolumeChains = sharedAll(e.VolumeChains, s.chainID)
 	}
 	c.RootKey = s.rootKey(c) // its digest is one of c's
 	s.rekey(c.ID, oldKeys, c.UseKeys(), e.At)
