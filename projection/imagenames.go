@@ -76,6 +76,20 @@ func (ns *ImageNames) UnmarshalJSON(b []byte) error {
 	for name, labels := range m {
 		*ns = append(*ns, ImageName{name, labels})
 	}
-	slices.SortFunc(*ns, func(a, b ImageName) int { return strings.Compare(a.Name, b.Name) })
+	*ns = ns.sorted()
 	return nil
+}
+
+// sorted returns ns sorted by name, in place; of a name given twice the
+// last stays, as a map's would.
+func (ns ImageNames) sorted() ImageNames {
+	slices.SortStableFunc(ns, func(a, b ImageName) int { return strings.Compare(a.Name, b.Name) })
+	out := ns[:0]
+	for i, n := range ns {
+		if i+1 < len(ns) && ns[i+1].Name == n.Name {
+			continue // a later one of the same name follows
+		}
+		out = append(out, n)
+	}
+	return out
 }

@@ -92,8 +92,11 @@ func imageCurrent(s *State, li events.ImageUpserted) bool {
 		return false
 	}
 	img := s.Images[digest]
+	if img == nil {
+		return false
+	}
 	labels, _ := img.Names.Labels(li.Name)
-	return img != nil && maps.Equal(labels, li.Labels) && (li.Size == 0 || img.Size == li.Size) &&
+	return maps.Equal(labels, li.Labels) && (li.Size == 0 || img.Size == li.Size) &&
 		(li.ConfigDigest == "" || img.ConfigDigest == li.ConfigDigest) && (li.ChainID == "" || img.ChainID == li.ChainID)
 }
 

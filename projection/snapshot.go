@@ -106,8 +106,9 @@ func decodeSnapshot(b []byte) (*State, error) {
 					labels[key] = r.str()
 				}
 			}
-			img.Names.set(name, labels) // sorted: older snapshots wrote a map's order
+			img.Names = append(img.Names, ImageName{name, labels})
 		}
+		img.Names = img.Names.sorted() // older snapshots wrote a map's order
 		img.Size = r.int()
 		img.Created, img.FirstSeen, img.LastUsed = r.time(), r.time(), r.time()
 		img.ConfigDigest, img.ChainID = r.str(), r.str()
