@@ -6,8 +6,7 @@ import "strings"
 // its own, made when the state first holds it: an event's strings were
 // decoded beside the listing's or the message's bytes, and a state holding
 // them would keep those spans of the heap partly used long after the
-// listing is garbage (with its own copies, the idle agent at 10,000 holds
-// 5-7 MiB less: README, Footprint).
+// listing is garbage.
 //
 // A digest or a name is held by its image, by every container that uses it
 // and by the use index, and a busy node has tens of thousands of each: a
