@@ -296,7 +296,14 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 	// FOOTPRINT_BASELINE, another agent binary, is measured on the same
 	// daemon, first (last with FOOTPRINT_BASELINE_LAST), so that the two
 	// are compared side by side.
-	agents := []struct{ label, bin string }{{"this", testenv.AgentBinary(b)}} // built before the clock starts
+	// This agent is built as `make image` builds it, the binary a
+	// DaemonSet runs (static: no libc mapped), with FOOTPRINT_TAGS as its
+	// build tags ("noembeddednats" needs FOOTPRINT_NATS=external).
+	tags := os.Getenv("FOOTPRINT_TAGS")
+	if strings.Contains(tags, "noembeddednats") && os.Getenv("FOOTPRINT_NATS") != "external" {
+		b.Fatal("FOOTPRINT_TAGS=noembeddednats: the agent needs a NATS of its own, set FOOTPRINT_NATS=external")
+	}
+	agents := []struct{ label, bin string }{{"this", testenv.AgentBuild(b, testenv.Build{Tags: tags, Static: true})}} // built before the clock starts
 	if base := os.Getenv("FOOTPRINT_BASELINE"); base != "" {
 		agents = append([]struct{ label, bin string }{{"baseline", base}}, agents...)
 		if os.Getenv("FOOTPRINT_BASELINE_LAST") != "" {

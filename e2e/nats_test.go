@@ -609,3 +609,60 @@ func containerGCRemoved(t testing.TB, a *testenv.Agent) uint64 {
 	}
 	return st.ContainerGC.Removed
 }
+
+// TestSlimBinary: the agent built without the embedded NATS server (-tags
+// noembeddednats, for nodes that publish to a fleet NATS) links none of
+// nats-server's code, refuses to run without --nats-url (status 2, one
+// line, nothing written), and with one prunes a dead container and stores
+// its removal exactly once, on both daemons.
+func TestSlimBinary(t *testing.T) {
+	full, slim := testenv.AgentBinary(t), testenv.AgentBuild(t, testenv.Build{Tags: "noembeddednats"})
+	for bin, want := range map[string]bool{full: true, slim: false} {
+		out, err := exec.Command("go", "version", "-m", bin).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go version -m %s: %v\n%s", bin, err, out)
+		}
+		if got := strings.Contains(string(out), "github.com/nats-io/nats-server/v2"); got != want {
+			t.Errorf("%s links nats-server: %v, want %v", bin, got, want)
+		}
+	}
+	fullSize, slimSize := fileSize(t, full), fileSize(t, slim)
+	t.Logf("binary: %.1f MiB, without the embedded server %.1f MiB", float64(fullSize)/(1<<20), float64(slimSize)/(1<<20))
+
+	state := filepath.Join(t.TempDir(), "state")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a run that starts would never end
+	defer cancel()
+	cmd := exec.CommandContext(ctx, slim, "run", "--state-dir", state)
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	err := cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(stderr.String(), "--nats-url") ||
+		strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
+		t.Errorf("run without --nats-url: %v, status %d, stderr %q; want status 2 and one line naming --nats-url", err, code, stderr.String())
+	}
+	if exists(state) {
+		t.Errorf("run without --nats-url created %s", state)
+	}
+
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v})
+		c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))
+		ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
+		nc := natsConn(t, ns.ClientURL())
+		a := testenv.StartAgentBin(t, slim, c, filepath.Join(t.TempDir(), "state"), nil, "--nats-url", ns.ClientURL(),
+			"--maximum-dead-containers-per-container", "0", "--image-gc-high-threshold", "100")
+		natsWaitSynced(t, a)
+		runDead(t, c, "slim-1")
+		waitRemoved(t, c, "slim-1")
+		waitDelivered(t, a, nc, []string{"slim-1"}, 1)
+	})
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}

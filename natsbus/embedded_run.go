@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
@@ -22,6 +21,15 @@ const (
 // embedded server is not running; nats.go retries it like a refused dial.
 var errEmbeddedDown = errors.New("natsbus: embedded NATS server is not running")
 
+// runningServer is what Embedded needs of a started nats-server
+// (*server.Server), so that a binary without the server builds.
+type runningServer interface {
+	ClientURL() string
+	InProcessConn() (net.Conn, error)
+	Shutdown()
+	WaitForShutdown()
+}
+
 // Embedded keeps the agent's embedded NATS server running. A server that
 // cannot start (its port is taken, most often) must not stop GC: Embedded
 // retries in the background with jittered backoff until it starts or Close.
@@ -31,13 +39,13 @@ var errEmbeddedDown = errors.New("natsbus: embedded NATS server is not running")
 type Embedded struct {
 	o        EmbeddedOptions
 	min, max time.Duration
-	onUp     func(*server.Server)
+	onUp     func(clientURL string)
 	log      zerolog.Logger
 	up       prometheus.Gauge
 	failures prometheus.Counter
 
 	mu      sync.Mutex
-	srv     *server.Server
+	srv     runningServer
 	lastErr error
 	since   time.Time // first failure of the current run of failures
 	stop    chan struct{}
@@ -50,8 +58,9 @@ type EmbeddedRunOptions struct {
 	RetryMin time.Duration
 	// RetryMax is the longest wait between start attempts. Default 10s.
 	RetryMax time.Duration
-	// OnUp is called (in its own goroutine) each time the server starts. Default none.
-	OnUp func(*server.Server)
+	// OnUp is called (in its own goroutine) with the server's client URL
+	// each time the server starts. Default none.
+	OnUp func(clientURL string)
 	// Registerer receives gcagent_natsbus_embedded_up and
 	// gcagent_natsbus_embedded_start_failures_total. Default: not registered.
 	Registerer prometheus.Registerer
@@ -100,7 +109,7 @@ func RunEmbedded(o EmbeddedOptions, ro EmbeddedRunOptions) (*Embedded, error) {
 
 // try makes one start attempt and records its outcome.
 func (e *Embedded) try() bool {
-	s, err := StartEmbedded(e.o)
+	s, err := startServer(e.o)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
@@ -127,7 +136,7 @@ func (e *Embedded) try() bool {
 	e.srv, e.lastErr = s, nil
 	e.up.Set(1)
 	if e.onUp != nil {
-		go e.onUp(s) // not under e.mu: it may connect through InProcessConn
+		go e.onUp(s.ClientURL()) // not under e.mu: it may connect through InProcessConn
 	}
 	return true
 }
@@ -163,11 +172,15 @@ func (e *Embedded) InProcessConn() (net.Conn, error) {
 	return s.InProcessConn()
 }
 
-// Server returns the running server, or nil while it is not running.
-func (e *Embedded) Server() *server.Server {
+// ClientURL returns the running server's client URL, or "" while it is
+// not running.
+func (e *Embedded) ClientURL() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.srv
+	if e.srv == nil {
+		return ""
+	}
+	return e.srv.ClientURL()
 }
 
 // Problem returns why the server is not running and since when ("" when it

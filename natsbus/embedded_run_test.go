@@ -37,23 +37,23 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 	}
 	const maxStore = 8 << 20
 	e, err := RunEmbedded(EmbeddedOptions{StateDir: stateDir, Listen: "127.0.0.1:-1", AuthNkey: pub, MaxStore: maxStore},
-		EmbeddedRunOptions{OnUp: func(s *server.Server) { _ = WriteLocalURL(stateDir, s.ClientURL()) }})
+		EmbeddedRunOptions{OnUp: func(url string) { _ = WriteLocalURL(stateDir, url) }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	s := e.Server()
-	if s == nil || e.Problem() != "" {
+	addr := e.ClientURL()
+	if addr == "" || e.Problem() != "" {
 		t.Fatalf("server not running: %q", e.Problem())
 	}
 
-	if nc, err := nats.Connect(s.ClientURL(), nats.Timeout(2*time.Second)); err == nil {
+	if nc, err := nats.Connect(addr, nats.Timeout(2*time.Second)); err == nil {
 		nc.Close()
 		t.Fatal("an anonymous client connected to the embedded server")
 	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
 		t.Fatalf("anonymous client: %v, want an authorization error", err)
 	}
-	if nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("gcagent", "guess"), nats.Timeout(2*time.Second)); err == nil {
+	if nc, err := nats.Connect(addr, nats.UserInfo("gcagent", "guess"), nats.Timeout(2*time.Second)); err == nil {
 		nc.Close()
 		t.Fatal("a guessed password connected to the embedded server")
 	}
@@ -64,8 +64,8 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 		url, nkeyFile, err = LocalClient(stateDir)
 		return err == nil && url != ""
 	})
-	if url != s.ClientURL() || nkeyFile != seed {
-		t.Fatalf("LocalClient = %q %q, want %q %q", url, nkeyFile, s.ClientURL(), seed)
+	if url != addr || nkeyFile != seed {
+		t.Fatalf("LocalClient = %q %q, want %q %q", url, nkeyFile, addr, seed)
 	}
 	tool, err := Connect(ConnOptions{URL: url, Node: "tool", NkeyFile: nkeyFile})
 	if err != nil {
@@ -98,6 +98,7 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s := e.srv.(*server.Server) // running: ClientURL answered
 	if ai.Limits.MaxStore != maxStore && s.JetStreamConfig().MaxStore != maxStore {
 		t.Errorf("JetStream max store: account %d, server %d, want %d", ai.Limits.MaxStore, s.JetStreamConfig().MaxStore, maxStore)
 	}
@@ -128,13 +129,13 @@ func TestEmbeddedRetriesWhenPortTaken(t *testing.T) {
 	up := make(chan struct{}, 1)
 	e, err := RunEmbedded(EmbeddedOptions{StateDir: stateDir, Listen: addr, AuthNkey: pub},
 		EmbeddedRunOptions{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Registerer: reg,
-			OnUp: func(*server.Server) { up <- struct{}{} }})
+			OnUp: func(string) { up <- struct{}{} }})
 	if err != nil {
 		t.Fatalf("RunEmbedded with its port taken: %v", err)
 	}
 	t.Cleanup(e.Close)
-	if e.Server() != nil || !strings.Contains(e.Problem(), "retrying") {
-		t.Fatalf("server %v, problem %q: want not running, retrying", e.Server(), e.Problem())
+	if e.ClientURL() != "" || !strings.Contains(e.Problem(), "retrying") {
+		t.Fatalf("server %q, problem %q: want not running, retrying", e.ClientURL(), e.Problem())
 	}
 	agent, err := Connect(ConnOptions{URL: "nats://embedded", Cluster: "c1", Node: "node-1", NkeyFile: seed, InProcess: e,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
@@ -166,7 +167,7 @@ func TestEmbeddedRetriesWhenPortTaken(t *testing.T) {
 		t.Errorf("problem %q, up %v after start", e.Problem(), testutil.ToFloat64(e.up))
 	}
 	waitFor(t, 20*time.Second, "the waiting event stored", func() bool { return p.Depth() == 0 })
-	tool := connectNkey(t, e.Server().ClientURL(), seed)
+	tool := connectNkey(t, e.ClientURL(), seed)
 	assertExactlyOnce(t, tool, []string{actionID(1)})
 	if _, err := os.Stat(filepath.Join(stateDir, "nats", "jetstream")); err != nil {
 		t.Errorf("store not under the state dir: %v", err)

@@ -214,7 +214,10 @@ func (c Config) Validate() error {
 			checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 		}
 	}
-	if c.NATSURL == "" {
+	if c.NATSURL == "" && !natsbus.EmbeddedBuilt {
+		checks = append(checks, errors.New("missing --nats-url: this gcagent was built without the embedded NATS server (-tags noembeddednats)"))
+	}
+	if c.NATSURL == "" && natsbus.EmbeddedBuilt {
 		if err := c.embeddedOptions().Validate(); err != nil {
 			checks = append(checks, fmt.Errorf("invalid --embedded-nats-listen or --state-dir: %v", err))
 		}

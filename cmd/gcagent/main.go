@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"runtime"
 	"syscall"
+
+	"github.com/gcagent/gcagent/natsbus"
 )
 
 // version and commit are stamped at build time by `make build` and `make
@@ -81,7 +83,11 @@ func dispatch(ctx context.Context, args []string, env func(string) string, stdou
 	case "ctl":
 		return ctl(ctx, args[1:], env, stdout, stderr)
 	case "version":
-		fmt.Fprintf(stdout, "gcagent %s commit %s %s\n", version, commit, runtime.Version())
+		embedded := "with"
+		if !natsbus.EmbeddedBuilt {
+			embedded = "without"
+		}
+		fmt.Fprintf(stdout, "gcagent %s commit %s %s, %s the embedded NATS server\n", version, commit, runtime.Version(), embedded)
 		return nil
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)

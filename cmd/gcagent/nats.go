@@ -12,7 +12,6 @@ import (
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -87,8 +86,8 @@ func (a *agent) startNATS() (*bus, error) {
 		}
 		eo := cfg.embeddedOptions()
 		eo.Logger, eo.AuthNkey = a.log, pub
-		emb, err := natsbus.RunEmbedded(eo, natsbus.EmbeddedRunOptions{Registerer: a.reg, OnUp: func(s *server.Server) {
-			if err := natsbus.WriteLocalURL(cfg.StateDir, s.ClientURL()); err != nil {
+		emb, err := natsbus.RunEmbedded(eo, natsbus.EmbeddedRunOptions{Registerer: a.reg, OnUp: func(url string) {
+			if err := natsbus.WriteLocalURL(cfg.StateDir, url); err != nil {
 				a.log.Error().Str("component", "natsbus").Err(err).Msg("cannot record the embedded NATS URL for local tools")
 			}
 			if nc := ncReady.Load(); nc != nil && !nc.IsConnected() {

@@ -160,7 +160,7 @@ func TestVersionCommand(t *testing.T) {
 	if err := dispatch(context.Background(), []string{"version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := out.String(), "gcagent v9.8.7 commit 0123abc "+runtime.Version()+"\n"; got != want {
+	if got, want := out.String(), "gcagent v9.8.7 commit 0123abc "+runtime.Version()+", with the embedded NATS server\n"; got != want {
 		t.Errorf("version printed %q, want %q", got, want)
 	}
 }

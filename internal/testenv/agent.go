@@ -18,30 +18,50 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	agentBin  string
-	buildErr  error
+	buildMu sync.Mutex
+	builds  = map[Build]string{}
 )
+
+// Build says how AgentBuild builds cmd/gcagent.
+type Build struct {
+	// Tags are Go build tags, such as "noembeddednats".
+	Tags string
+	// Static builds as `make image` does (CGO_ENABLED=0, -trimpath, no
+	// symbol table): the binary the DaemonSet runs.
+	Static bool
+}
 
 // AgentBinary builds cmd/gcagent once per test process and returns its path.
 func AgentBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "gcagent-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		agentBin = filepath.Join(dir, "gcagent")
-		out, err := exec.Command("go", "build", "-o", agentBin, "github.com/gcagent/gcagent/cmd/gcagent").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	return AgentBuild(t, Build{})
+}
+
+// AgentBuild is AgentBinary built as b says, once per test process and b.
+func AgentBuild(t testing.TB, b Build) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if bin, ok := builds[b]; ok {
+		return bin
 	}
-	return agentBin
+	dir, err := os.MkdirTemp("", "gcagent-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "gcagent")
+	args := []string{"build", "-tags", b.Tags, "-o", bin}
+	cmd := exec.Command("go")
+	if b.Static {
+		args = append(args, "-trimpath", "-ldflags", "-s -w")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
+	cmd.Args = append(cmd.Args, append(args, "github.com/gcagent/gcagent/cmd/gcagent")...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	builds[b] = bin
+	return bin
 }
 
 // Agent is a running gcagent process.
