@@ -70,7 +70,7 @@ func (o EmbeddedOptions) hostPort() (string, int, error) {
 		return "", 0, fmt.Errorf("natsbus: embedded NATS listen address %q: bad port", o.Listen)
 	}
 	if port == 0 {
-		port = -1 // nats-server's RANDOM_PORT: "0" means its default port to it; we mean any
+		port = -1 // nats-server's RANDOM_PORT: to it, 0 means its default port (4222); we mean any
 	}
 	return host, port, nil
 }
