@@ -26,8 +26,9 @@ var (
 type Build struct {
 	// Tags are Go build tags, such as "noembeddednats".
 	Tags string
-	// Static builds as `make image` does (CGO_ENABLED=0, -trimpath, no
-	// symbol table): the binary the DaemonSet runs.
+	// Static builds as `make image` does (CGO_ENABLED=0, -trimpath): the
+	// binary the DaemonSet runs, but with its symbol table, which is never
+	// mapped, so that perf can name its functions (FOOTPRINT_PERF).
 	Static bool
 }
 
@@ -53,7 +54,7 @@ func AgentBuild(t testing.TB, b Build) string {
 	args := []string{"build", "-tags", b.Tags, "-o", bin}
 	cmd := exec.Command("go")
 	if b.Static {
-		args = append(args, "-trimpath", "-ldflags", "-s -w")
+		args = append(args, "-trimpath")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	}
 	cmd.Args = append(cmd.Args, append(args, "github.com/gcagent/gcagent/cmd/gcagent")...)
