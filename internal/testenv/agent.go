@@ -19,8 +19,14 @@ import (
 
 var (
 	buildMu sync.Mutex
-	builds  = map[Build]string{}
+	builds  = map[Build]built{}
 )
+
+// built is one build's binary, or why it failed (not tried again).
+type built struct {
+	bin string
+	err error
+}
 
 // Build says how AgentBuild builds cmd/gcagent.
 type Build struct {
@@ -43,26 +49,35 @@ func AgentBuild(t testing.TB, b Build) string {
 	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	if bin, ok := builds[b]; ok {
-		return bin
+	r, ok := builds[b]
+	if !ok {
+		r = build(b)
+		builds[b] = r
 	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.bin
+}
+
+func build(b Build) built {
 	dir, err := os.MkdirTemp("", "gcagent-bin-")
 	if err != nil {
-		t.Fatal(err)
+		return built{err: err}
 	}
 	bin := filepath.Join(dir, "gcagent")
 	args := []string{"build", "-tags", b.Tags, "-o", bin}
-	cmd := exec.Command("go")
 	if b.Static {
 		args = append(args, "-trimpath")
+	}
+	cmd := exec.Command("go", append(args, "github.com/gcagent/gcagent/cmd/gcagent")...)
+	if b.Static {
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	}
-	cmd.Args = append(cmd.Args, append(args, "github.com/gcagent/gcagent/cmd/gcagent")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		return built{err: fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)}
 	}
-	builds[b] = bin
-	return bin
+	return built{bin: bin}
 }
 
 // Agent is a running gcagent process.
