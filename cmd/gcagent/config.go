@@ -216,8 +216,7 @@ func (c Config) Validate() error {
 	}
 	if c.NATSURL == "" && !natsbus.EmbeddedBuilt {
 		checks = append(checks, errors.New("missing --nats-url: this gcagent was built without the embedded NATS server (-tags noembeddednats)"))
-	}
-	if c.NATSURL == "" && natsbus.EmbeddedBuilt {
+	} else if c.NATSURL == "" {
 		if err := c.embeddedOptions().Validate(); err != nil {
 			checks = append(checks, fmt.Errorf("invalid --embedded-nats-listen or --state-dir: %v", err))
 		}
