@@ -5,8 +5,8 @@ package natsbus
 import "errors"
 
 // EmbeddedBuilt says whether this binary holds the embedded NATS server:
-// built with -tags noembeddednats it does not (its code is most of the
-// binary's resident pages), and needs a NATS of its own (--nats-url).
+// built with -tags noembeddednats it does not (its code is a quarter of the
+// binary), and needs a NATS of its own (--nats-url).
 const EmbeddedBuilt = false
 
 // errNotBuilt is what starting the embedded server says in such a binary.
