@@ -145,6 +145,7 @@ func plan(t *testing.T, sc scenario, s *projection.State) []byte {
 		}
 		plan := PlanImages([]*projection.State{s}, sc.Disk, policy, sc.Now)
 		checkImagePlan(t, s, plan)
+		checkReclaimable(t, s, policy, sc.Now)
 		out.Images = &plan
 	}
 	if p := sc.ContainerPolicy; p != nil {
@@ -193,4 +194,30 @@ func diffLines(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// checkReclaimable asserts that ReclaimableBytes is what a plan on a full
+// disk deletes or finds not needed.
+func checkReclaimable(t *testing.T, s *projection.State, p ImagePolicy, now time.Time) {
+	t.Helper()
+	states := []*projection.State{s}
+	if got, want := ReclaimableBytes(states, p, now), reclaimableByPlan(states, p, now); got != want {
+		t.Errorf("ReclaimableBytes = %d, a plan on a full disk frees %d", got, want)
+	}
+}
+
+// reclaimableByPlan is what a plan on a full disk deletes or finds not
+// needed: what ReclaimableBytes must equal.
+func reclaimableByPlan(states []*projection.State, p ImagePolicy, now time.Time) (n int64) {
+	p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
+	plan := PlanImages(states, DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
+	for _, it := range plan.Delete {
+		n += it.Size
+	}
+	for _, it := range plan.Keep {
+		if it.Reason == ReasonNotNeeded {
+			n += it.Size
+		}
+	}
+	return n
 }

@@ -249,30 +249,53 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 		it.Reason, it.Users = inUseReason(s, img, users), users
 		return it
 	}
+	it.Reason, it.Name, it.Rule, it.EligibleAt = p.rule(img, now)
+	return it
+}
+
+// rule is screen after in-use, without allocating: why an unused image
+// is kept (pinned, sandbox image, keep pattern, too young), the name and
+// the policy entry that matched, and when a too-young image passes MinAge;
+// an empty reason for a candidate.
+func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name, rule string, eligibleAt time.Time) {
 	for _, n := range img.Names {
 		if n.Labels[projection.LabelPinned] == projection.LabelPinnedValue {
-			it.Reason, it.Name = ReasonPinned, n.Name
-			return it
+			return ReasonPinned, n.Name, "", time.Time{}
 		}
 	}
 	for _, ref := range p.SandboxImages {
-		if name, ok := matchRef(ref, it); ok {
-			it.Reason, it.Name, it.Rule = ReasonSandboxImage, name, ref
-			return it
+		if name, ok := matchRef(ref, img); ok {
+			return ReasonSandboxImage, name, ref, time.Time{}
 		}
 	}
 	for _, pattern := range p.KeepPatterns {
-		for _, name := range it.Names {
-			if keepMatch(pattern, name) {
-				it.Reason, it.Name, it.Rule = ReasonKeepPattern, name, pattern
-				return it
+		for _, n := range img.Names { // sorted, as ImageItem.Names
+			if keepMatch(pattern, n.Name) {
+				return ReasonKeepPattern, n.Name, pattern, time.Time{}
 			}
 		}
 	}
 	if eligible := img.FirstSeen.Add(p.MinAge); now.Before(eligible) {
-		it.Reason, it.EligibleAt = ReasonTooYoung, eligible
+		return ReasonTooYoung, "", "", eligible
 	}
-	return it
+	return "", "", "", time.Time{}
+}
+
+// ReclaimableBytes is what image GC could delete now if the disk were full:
+// the sizes of the images no rule protects, which on a full disk are the
+// plan's deletions and its not-needed images. Scrapes and heartbeats ask
+// for it; it builds no plan (a plan of a busy node's images is megabytes
+// of garbage each time) and allocates nothing but what keep patterns take
+// to normalize names.
+func ReclaimableBytes(states []*projection.State, p ImagePolicy, now time.Time) (n int64) {
+	for _, s := range states {
+		for _, img := range s.Images {
+			if r, _, _, _ := p.rule(img, now); r == "" && !s.InUse(img.Digest) {
+				n += img.Size
+			}
+		}
+	}
+	return n
 }
 
 // inUseReason says how the containers in users hold img, the most exact
@@ -322,13 +345,13 @@ func keepMatch(pattern, name string) bool {
 // matchRef reports whether ref names the image: equal to one of its names,
 // or a digest (alone or after an @) equal to its target digest. It returns
 // what matched.
-func matchRef(ref string, it ImageItem) (string, bool) {
-	if slices.Contains(it.Names, ref) {
+func matchRef(ref string, img *projection.Image) (string, bool) {
+	if _, ok := img.Names.Labels(ref); ok {
 		return ref, true
 	}
 	digest := ref[strings.LastIndexByte(ref, '@')+1:]
-	if digest != "" && digest == it.Digest {
-		return it.Digest, true
+	if digest != "" && digest == img.Digest {
+		return img.Digest, true
 	}
 	return "", false
 }

@@ -207,19 +207,8 @@ func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 
 // reclaimableBytes is what image GC could delete now if the disk were full:
 // the sizes of the images no rule protects. Call it inside live.ViewAll.
-func (a *agent) reclaimableBytes(states []*projection.State, now time.Time) (n int64) {
-	p := a.imagePolicy()
-	p.HighThresholdPercent, p.LowThresholdPercent = 0, 0
-	plan := gc.PlanImages(states, gc.DiskStats{CapacityBytes: 1, AvailableBytes: 0}, p, now)
-	for _, it := range plan.Delete {
-		n += it.Size
-	}
-	for _, it := range plan.Keep {
-		if it.Reason == gc.ReasonNotNeeded {
-			n += it.Size
-		}
-	}
-	return n
+func (a *agent) reclaimableBytes(states []*projection.State, now time.Time) int64 {
+	return gc.ReclaimableBytes(states, a.imagePolicy(), now)
 }
 
 // runHeartbeat publishes agent.heartbeat every interval, the first one
