@@ -253,10 +253,11 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 	return it
 }
 
-// rule is screen after in-use, without allocating: why an unused image
-// is kept (pinned, sandbox image, keep pattern, too young), the name and
-// the policy entry that matched, and when a too-young image passes MinAge;
-// an empty reason for a candidate.
+// rule is screen after in-use, allocating nothing (keep patterns aside,
+// which parse names): why an unused image is kept (pinned, sandbox image,
+// keep pattern, too young), the name and the policy entry that matched,
+// and when a too-young image passes MinAge; an empty reason for a
+// candidate.
 func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name, rule string, eligibleAt time.Time) {
 	for _, n := range img.Names {
 		if n.Labels[projection.LabelPinned] == projection.LabelPinnedValue {
