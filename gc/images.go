@@ -291,7 +291,7 @@ func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name,
 func ReclaimableBytes(states []*projection.State, p ImagePolicy, now time.Time) (n int64) {
 	for _, s := range states {
 		for _, img := range s.Images {
-			if r, _, _, _ := p.rule(img, now); r == "" && !s.InUse(img.Digest) {
+			if r, _, _, _ := p.rule(img, now); r == "" && !s.ImageInUse(img) {
 				n += img.Size
 			}
 		}

@@ -233,12 +233,14 @@ func (p *Pod) Alive() bool { return len(p.Sandboxes) > 0 }
 // target digest (or, for a digest no image has, the digest itself).
 func (s *State) InUse(digest string) bool {
 	if img := s.Images[digest]; img != nil {
-		return s.imageInUse(img)
+		return s.ImageInUse(img)
 	}
 	return len(s.Users[targetKey(digest)]) > 0
 }
 
-func (s *State) imageInUse(img *Image) bool {
+// ImageInUse is InUse for an image the caller holds: whether any container
+// holds one of its keys.
+func (s *State) ImageInUse(img *Image) bool {
 	held := false
 	s.eachUse(img, func(ids []string) bool {
 		held = len(ids) > 0
@@ -285,7 +287,7 @@ func (s *State) eachUse(img *Image, f func(ids []string) bool) {
 // LastUsed is now while a container holds the image, else the time the
 // last one let go (zero if none ever did).
 func (s *State) LastUsed(img *Image, now time.Time) time.Time {
-	if s.imageInUse(img) {
+	if s.ImageInUse(img) {
 		return now
 	}
 	return img.LastUsed
@@ -337,7 +339,7 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 		setShared(&img.ChainID, cmp.Or(e.ChainID, img.ChainID), s.chainID)
 		s.index(img)
 	}
-	if s.imageInUse(img) && e.At.After(img.LastUsed) {
+	if s.ImageInUse(img) && e.At.After(img.LastUsed) {
 		img.LastUsed = e.At // held by a container from the moment it appears
 	}
 	name := s.imageName(e.Name)
