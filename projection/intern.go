@@ -1,6 +1,9 @@
 package projection
 
-import "strings"
+import (
+	"cmp"
+	"strings"
+)
 
 // A State keeps one copy of each string its records share, and the copy is
 // its own, made when the state first holds it: an event's strings were
@@ -82,15 +85,17 @@ func (s *State) imageName(n string) string {
 // (a config digest or a chain id): an image's with that content, else a
 // copy of its own.
 func (s *State) contentDigest(k UseKey) string {
-	for _, d := range s.byKey[k] {
+	found := ""
+	s.byKey.each(k, func(d string) bool {
 		if img := s.Images[d]; img != nil {
+			found = img.ConfigDigest
 			if k.kind == byChain {
-				return img.ChainID
+				found = img.ChainID
 			}
-			return img.ConfigDigest
 		}
-	}
-	return strings.Clone(k.v)
+		return found == ""
+	})
+	return cmp.Or(found, strings.Clone(k.v))
 }
 
 // configDigest and chainID are contentDigest of a config digest (a CRI

@@ -140,7 +140,7 @@ func (s *State) Clone() *State {
 		Names:      maps.Clone(s.Names),
 		Containers: make(map[string]*Container, len(s.Containers)),
 		Pods:       make(map[string]*Pod, len(s.Pods)),
-		Users:      make(map[UseKey][]string, len(s.Users)),
+		users:      s.users.clone(),
 		Synced:     s.Synced,
 		Seq:        s.Seq,
 		Namespace:  s.Namespace,
@@ -163,9 +163,6 @@ func (s *State) Clone() *State {
 		cp := *p
 		cp.Sandboxes = maps.Clone(p.Sandboxes)
 		c.Pods[k] = &cp
-	}
-	for k, u := range s.Users {
-		c.Users[k] = slices.Clone(u)
 	}
 	if c.Names == nil {
 		c.Names = map[string]string{}

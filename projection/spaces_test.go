@@ -194,7 +194,7 @@ func TestUsersRebuiltOnLoad(t *testing.T) {
 	} {
 		s.Apply(ev)
 	}
-	if len(s.Users) == 0 {
+	if s.users.len() == 0 {
 		t.Fatal("test setup: no use keys")
 	}
 	if err := st.Snapshot(s); err != nil {
@@ -204,8 +204,8 @@ func TestUsersRebuiltOnLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(res.State.Users, s.Users) {
-		t.Fatalf("restored users %v, want %v", res.State.Users, s.Users)
+	if !reflect.DeepEqual(res.State.users, s.users) {
+		t.Fatalf("restored users %v, want %v", res.State.users, s.users)
 	}
 	if !reflect.DeepEqual(res.State.Names, s.Names) {
 		t.Fatalf("restored names %v, want %v", res.State.Names, s.Names)

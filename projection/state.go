@@ -48,11 +48,10 @@ type State struct {
 	// Container.UseKeys), also for keys no image has (any more, or yet).
 	// Derived from Containers (fill rebuilds it), so never persisted: a
 	// snapshot decodes faster without it. Each list is sorted (see
-	// addSorted): nearly every key has one or two users, and a map per key
-	// would cost several times the memory.
-	Users  map[UseKey][]string `json:"-"`
-	Synced bool                `json:"synced"`
-	Seq    uint64              `json:"seq"` // events applied so far
+	// keySets): nearly every key has one user.
+	users  keySets
+	Synced bool   `json:"synced"`
+	Seq    uint64 `json:"seq"` // events applied so far
 	// Namespace is the containerd namespace this projection is of; set by
 	// its Live (a state restored from a file written before namespaces
 	// were managed has none stored).
@@ -61,7 +60,7 @@ type State struct {
 	// byKey maps config and chain use keys to the digests of the images
 	// they name, sorted. It is derived from Images (reindex), never
 	// persisted.
-	byKey map[UseKey][]string
+	byKey keySets
 	// strs interns the strings the records hold (see interner); never
 	// persisted or cloned.
 	strs interner
@@ -182,8 +181,8 @@ func New() *State {
 		Names:      map[string]string{},
 		Containers: map[string]*Container{},
 		Pods:       map[string]*Pod{},
-		Users:      map[UseKey][]string{},
-		byKey:      map[UseKey][]string{},
+		users:      newKeySets(),
+		byKey:      newKeySets(),
 	}
 }
 
@@ -235,26 +234,21 @@ func (s *State) InUse(digest string) bool {
 	if img := s.Images[digest]; img != nil {
 		return s.ImageInUse(img)
 	}
-	return len(s.Users[targetKey(digest)]) > 0
+	return s.users.has(targetKey(digest))
 }
 
 // ImageInUse is InUse for an image the caller holds: whether any container
 // holds one of its keys.
 func (s *State) ImageInUse(img *Image) bool {
-	held := false
-	s.eachUse(img, func(ids []string) bool {
-		held = len(ids) > 0
-		return !held
-	})
-	return held
+	return !s.eachUse(img, func(string) bool { return false })
 }
 
 // ImageUsers returns the ids of the containers that hold img, sorted; nil
 // when none does.
 func (s *State) ImageUsers(img *Image) []string {
 	var ids []string
-	s.eachUse(img, func(held []string) bool {
-		ids = append(ids, held...)
+	s.eachUse(img, func(id string) bool {
+		ids = append(ids, id)
 		return true
 	})
 	slices.Sort(ids)
@@ -268,20 +262,22 @@ func (s *State) DigestUsers(digest string) []string {
 	if img := s.Images[digest]; img != nil {
 		return s.ImageUsers(img)
 	}
-	return slices.Clone(s.Users[targetKey(digest)])
+	return s.users.members(targetKey(digest))
 }
 
-// eachUse calls f with the containers holding each use key of img (its
-// target, then its content keys) until f returns false.
-func (s *State) eachUse(img *Image, f func(ids []string) bool) {
-	if !f(s.Users[targetKey(img.Digest)]) {
-		return
+// eachUse calls f with each container holding a use key of img (its
+// target, then its content keys; a container may come more than once)
+// until f returns false; it reports whether f never did.
+func (s *State) eachUse(img *Image, f func(id string) bool) bool {
+	if !s.users.each(targetKey(img.Digest), f) {
+		return false
 	}
 	for _, k := range img.contentKeys() {
-		if !k.IsZero() && !f(s.Users[k]) {
-			return
+		if !k.IsZero() && !s.users.each(k, f) {
+			return false
 		}
 	}
+	return true
 }
 
 // LastUsed is now while a container holds the image, else the time the
@@ -342,7 +338,10 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	if s.ImageInUse(img) && e.At.After(img.LastUsed) {
 		img.LastUsed = e.At // held by a container from the moment it appears
 	}
-	name := s.imageName(e.Name)
+	name := img.ConfigDigest // CRI names each image by its id: one string for both
+	if e.Name != name {
+		name = s.imageName(e.Name)
+	}
 	img.Names.set(name, events.ImageLabels(e.Labels))
 	if e.Size > 0 {
 		img.Size = e.Size
@@ -474,18 +473,14 @@ func (s *State) rekey(id string, old, now []UseKey, at time.Time) {
 		if slices.Contains(now, k) {
 			continue
 		}
-		if users := removeSorted(s.Users[k], id); len(users) > 0 {
-			s.Users[k] = users
-		} else {
-			delete(s.Users, k)
-		}
+		s.users.remove(k, id)
 		s.touch(k, at)
 	}
 	for _, k := range now {
 		if slices.Contains(old, k) {
 			continue
 		}
-		s.Users[k] = addSorted(s.Users[k], id)
+		s.users.add(k, id)
 		s.touch(k, at)
 	}
 }
@@ -520,33 +515,30 @@ func (s *State) touch(key UseKey, at time.Time) {
 		bump(s.Images[key.v])
 		return
 	}
-	for _, d := range s.byKey[key] {
+	s.byKey.each(key, func(d string) bool {
 		bump(s.Images[d])
-	}
+		return true
+	})
 }
 
 // index and unindex keep byKey in step with an image's content keys.
 func (s *State) index(img *Image) {
 	for _, k := range img.contentKeys() {
 		if !k.IsZero() {
-			s.byKey[k] = addSorted(s.byKey[k], img.Digest)
+			s.byKey.add(k, img.Digest)
 		}
 	}
 }
 
 func (s *State) unindex(img *Image) {
 	for _, k := range img.contentKeys() {
-		if set := removeSorted(s.byKey[k], img.Digest); len(set) > 0 {
-			s.byKey[k] = set
-		} else {
-			delete(s.byKey, k)
-		}
+		s.byKey.remove(k, img.Digest)
 	}
 }
 
 // reindex rebuilds byKey from Images, after decoding or copying a state.
 func (s *State) reindex() {
-	s.byKey = map[UseKey][]string{}
+	s.byKey = newKeySets()
 	for _, img := range s.Images {
 		s.index(img)
 	}

@@ -285,7 +285,7 @@ func (s *State) fill() {
 	s.reindex()
 	// States written before RootKey existed: the key their Users held.
 	// Then the use index, derived from the containers.
-	s.Users = map[UseKey][]string{}
+	s.users = newKeySets()
 	for id, c := range s.Containers {
 		s.keepUnit(c)
 		if c.RootKey.IsZero() {
@@ -293,11 +293,7 @@ func (s *State) fill() {
 		}
 		c.RootKey.v = c.digestOf(c.RootKey.v)
 		for _, k := range c.UseKeys() {
-			s.Users[k] = append(s.Users[k], id)
+			s.users.add(k, id) // a key a container holds twice is one use
 		}
-	}
-	for k, users := range s.Users {
-		slices.Sort(users)
-		s.Users[k] = slices.Compact(users) // a key a container holds twice
 	}
 }
