@@ -42,7 +42,7 @@ func BenchmarkStartupReconcile(b *testing.B) {
 								return events.ImageFacts{}
 							}
 							opts.KnownContainer = func(_, id string, created time.Time) (events.ContainerFacts, bool) {
-								if c := known.Containers[id]; c != nil && c.Created.Equal(created) {
+								if c := known.Containers[id]; c != nil && c.Created.Time().Equal(created) {
 									return events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: c.VolumeImageIDs}, true
 								}
 								return events.ContainerFacts{}, false

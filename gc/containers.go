@@ -398,7 +398,7 @@ func (p ContainerPolicy) screen(it *ContainerItem, c *projection.Container, now 
 		ContainerName: c.ContainerName,
 		Image:         c.Image,
 		State:         c.State,
-		ExitedAt:      c.ExitedAt,
+		ExitedAt:      c.ExitedAt.Time(),
 	}
 	switch {
 	case c.State == projection.StateRunning:
@@ -425,14 +425,14 @@ func (p ContainerPolicy) screenPlain(c *projection.Container, now time.Time, it 
 		return
 	}
 	done, why := deadSince(c).Add(p.grace()), ReasonAwaitingCollection
-	if !c.CollectedAt.IsZero() && c.CollectedAt.Before(done) {
-		done, why = c.CollectedAt, ReasonTooYoung
+	if collected := c.CollectedAt.Time(); !collected.IsZero() && collected.Before(done) {
+		done, why = collected, ReasonTooYoung
 	}
 	eligible := done.Add(p.MinAge)
 	if p.MinAge > 0 && why == ReasonAwaitingCollection && now.After(done) {
 		why = ReasonTooYoung
 	}
-	if quiet := c.LastOpAt.Add(OwnerQuiet); quiet.After(eligible) {
+	if quiet := c.LastOpAt.Time().Add(OwnerQuiet); quiet.After(eligible) {
 		eligible, why = quiet, ReasonOwnerActive
 	}
 	it.EligibleAt = eligible
@@ -486,25 +486,24 @@ func byCreation(a, b *projection.Container) int {
 // id. Plans sort tens of thousands of them, so it is a compact copy of what
 // a comparison reads.
 type ageKey struct {
-	dead, created     int64 // Unix seconds
-	deadNs, createdNs int32
-	id                string
+	dead, created projection.Stamp
+	id            string
 }
 
-func ageOf(c *projection.Container) ageKey {
-	d := deadSince(c)
-	return ageKey{d.Unix(), c.Created.Unix(), int32(d.Nanosecond()), int32(c.Created.Nanosecond()), c.ID}
-}
+func ageOf(c *projection.Container) ageKey { return ageKey{deadStamp(c), c.Created, c.ID} }
 
 func (a ageKey) compare(b ageKey) int {
-	if o := cmp.Or(cmp.Compare(a.dead, b.dead), cmp.Compare(a.deadNs, b.deadNs),
-		cmp.Compare(a.created, b.created), cmp.Compare(a.createdNs, b.createdNs)); o != 0 {
-		return o
-	}
-	return strings.Compare(a.id, b.id)
+	return cmp.Or(a.dead.Compare(b.dead), a.created.Compare(b.created), strings.Compare(a.id, b.id))
 }
 
 // deadSince is when the container's task exited. Creation bounds it from
 // below, so MinAge never expires earlier than under the kubelet's rule, also
 // when the exit time is unknown.
-func deadSince(c *projection.Container) time.Time { return later(c.ExitedAt, c.Created) }
+func deadSince(c *projection.Container) time.Time { return deadStamp(c).Time() }
+
+func deadStamp(c *projection.Container) projection.Stamp {
+	if c.ExitedAt.After(c.Created) {
+		return c.ExitedAt
+	}
+	return c.Created
+}

@@ -64,7 +64,7 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		case !hasTask && state == StateExited && have.CollectedAt.IsZero():
 			// Its task was deleted while we were not listening: collected.
 			out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: have.Pid,
-				ExitStatus: have.ExitStatus, ExitedAt: have.ExitedAt, Collected: true})
+				ExitStatus: have.ExitStatus, ExitedAt: have.ExitedAt.Time(), Collected: true})
 		}
 	}
 	for _, id := range unlisted(s.Containers, listed) {
@@ -107,7 +107,7 @@ func containerCurrent(c *Container, l events.ContainerUpserted) bool {
 	return c != nil && c.Image == l.Image && (c.ImageDigest != "" || l.ImageDigest == "") &&
 		c.CRIKind == l.CRIKind && c.PodUID == l.PodUID && c.PodName == l.PodName &&
 		c.PodNamespace == l.PodNamespace && c.ContainerName == l.ContainerName &&
-		c.SandboxID == l.SandboxID && c.Created.Equal(l.Created) &&
+		c.SandboxID == l.SandboxID && c.Created == StampOf(l.Created) &&
 		(l.ImageID == "" || c.ImageID == l.ImageID) && (l.RootChain == "" || c.RootChain == l.RootChain) &&
 		slices.Equal(c.VolumeImageIDs, l.VolumeImageIDs) && (l.VolumeChains == nil || slices.Equal(c.VolumeChains, l.VolumeChains)) &&
 		c.RestartManaged == l.RestartManaged

@@ -94,7 +94,7 @@ func (r *Report) add(s *State, now time.Time) {
 		cr := ContainerReport{Namespace: s.Namespace, ID: id, Image: c.Image, ImageDigest: c.ImageDigest, State: c.State,
 			ExitStatus: c.ExitStatus, Kind: kind, PodUID: c.PodUID, SandboxID: c.SandboxID, EvictUnit: c.EvictUnit()}
 		if c.State == StateExited {
-			t := c.ExitedAt
+			t := c.ExitedAt.Time()
 			cr.ExitedAt = &t
 		}
 		r.Containers = append(r.Containers, cr)

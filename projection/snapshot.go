@@ -49,8 +49,8 @@ func encodeSnapshot(s *State) []byte {
 			c.ContainerName, c.SandboxID, string(c.State), c.ImageID, c.RootChain, c.RootKey.String()} {
 			w.str(v)
 		}
-		for _, t := range []time.Time{c.Created, c.FirstSeen, c.StartedAt, c.ExitedAt, c.CollectedAt, c.LastOpAt} {
-			w.time(t)
+		for _, t := range []Stamp{c.Created, c.FirstSeen, c.StartedAt, c.ExitedAt, c.CollectedAt, c.LastOpAt} {
+			w.time(t.Time())
 		}
 		w.uint(uint64(c.Pid))
 		w.uint(uint64(c.ExitStatus))
@@ -121,8 +121,8 @@ func decodeSnapshot(b []byte) (*State, error) {
 			*dst = r.str()
 		}
 		c.RootKey = parseUseKey(r.str())
-		for _, dst := range []*time.Time{&c.Created, &c.FirstSeen, &c.StartedAt, &c.ExitedAt, &c.CollectedAt, &c.LastOpAt} {
-			*dst = r.time()
+		for _, dst := range []*Stamp{&c.Created, &c.FirstSeen, &c.StartedAt, &c.ExitedAt, &c.CollectedAt, &c.LastOpAt} {
+			*dst = StampOf(r.time())
 		}
 		c.Pid, c.ExitStatus = uint32(r.uint()), uint32(r.uint())
 		c.VolumeImageIDs, c.VolumeChains = r.strs(), r.strs()

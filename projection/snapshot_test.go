@@ -21,11 +21,11 @@ func fullState(t *testing.T) *State {
 		Names: ImageNames{{"a:1", map[string]string{LabelPinned: LabelPinnedValue, LabelCRIManaged: "managed"}}, {"a:2", nil}},
 		Size:  -7, Created: at(1).Add(3), FirstSeen: at(2), LastUsed: at(3), ConfigDigest: "sha256:cfg", ChainID: "sha256:chain"}
 	s.Containers["c1"] = &Container{ID: "c1", Image: "a:1", ImageDigest: "sha256:i1", CRIKind: KindContainer, PodUID: "uid",
-		PodName: "pod", PodNamespace: "ns", ContainerName: "app", SandboxID: "sb", Created: at(4), FirstSeen: at(5),
-		State: StateExited, Pid: 99, StartedAt: at(6), ExitedAt: at(7).Add(time.Nanosecond), ExitStatus: 137,
+		PodName: "pod", PodNamespace: "ns", ContainerName: "app", SandboxID: "sb", Created: StampOf(at(4)), FirstSeen: StampOf(at(5)),
+		State: StateExited, Pid: 99, StartedAt: StampOf(at(6)), ExitedAt: StampOf(at(7).Add(time.Nanosecond)), ExitStatus: 137,
 		ImageID: "sha256:cfg", RootChain: "sha256:chain", VolumeImageIDs: []string{"sha256:v1", "sha256:v2"},
-		VolumeChains: []string{}, RootKey: configKey("sha256:cfg"), RestartManaged: true, CollectedAt: at(8), LastOpAt: at(9)}
-	s.Containers["c2"] = &Container{ID: "c2", State: StateCreated, FirstSeen: time.Unix(-5, 0).UTC()} // nil lists, zero times
+		VolumeChains: []string{}, RootKey: configKey("sha256:cfg"), RestartManaged: true, CollectedAt: StampOf(at(8)), LastOpAt: StampOf(at(9))}
+	s.Containers["c2"] = &Container{ID: "c2", State: StateCreated, FirstSeen: StampOf(time.Unix(-5, 0).UTC())} // nil lists, zero times
 	s.Pods["uid"] = &Pod{UID: "uid", Name: "pod", Namespace: "ns", Sandboxes: map[string]struct{}{"sb": {}, "sb2": {}},
 		FirstSeen: at(10), GoneAt: at(11)}
 	for _, v := range []any{*s.Images["sha256:i1"], *s.Containers["c1"], *s.Pods["uid"]} {

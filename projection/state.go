@@ -94,12 +94,12 @@ type Container struct {
 	PodNamespace  string         `json:"podNamespace,omitempty"`
 	ContainerName string         `json:"containerName,omitempty"`
 	SandboxID     string         `json:"sandboxID,omitempty"`
-	Created       time.Time      `json:"created,omitzero"`
-	FirstSeen     time.Time      `json:"firstSeen"`
+	Created       Stamp          `json:"created,omitzero"`
+	FirstSeen     Stamp          `json:"firstSeen"`
 	State         ContainerState `json:"state"`
 	Pid           uint32         `json:"pid,omitempty"` // of the current or last run
-	StartedAt     time.Time      `json:"startedAt,omitzero"`
-	ExitedAt      time.Time      `json:"exitedAt,omitzero"`
+	StartedAt     Stamp          `json:"startedAt,omitzero"`
+	ExitedAt      Stamp          `json:"exitedAt,omitzero"`
 	ExitStatus    uint32         `json:"exitStatus"`
 	// What the container runs, by content (see events.ContainerUpserted).
 	ImageID        string   `json:"imageID,omitempty"`
@@ -113,10 +113,10 @@ type Container struct {
 	RestartManaged bool `json:"restartManaged,omitempty"`
 	// CollectedAt is when the task of the last run was deleted, by its
 	// client or CRI: the owner has its exit status. Zero while not.
-	CollectedAt time.Time `json:"collectedAt,omitzero"`
+	CollectedAt Stamp `json:"collectedAt,omitzero"`
 	// LastOpAt is the time of the last client operation seen on it
 	// (create, update, task start, task delete).
-	LastOpAt time.Time `json:"lastOpAt,omitzero"`
+	LastOpAt Stamp `json:"lastOpAt,omitzero"`
 
 	// evictUnit is EvictUnit, kept (interned: every restart of a pod's
 	// container shares it) because each container GC plan reads it.
@@ -309,8 +309,8 @@ func (s *State) Apply(ev events.Event) {
 		// is unreliable: the pid says which run an event belongs to. A start
 		// of a process already seen exiting is late, not a new run.
 		if c != nil && !(c.State == StateExited && e.Pid != 0 && c.Pid == e.Pid) {
-			c.State, c.Pid, c.StartedAt = StateRunning, e.Pid, e.At
-			c.ExitedAt, c.ExitStatus, c.CollectedAt = time.Time{}, 0, time.Time{}
+			c.State, c.Pid, c.StartedAt = StateRunning, e.Pid, StampOf(e.At)
+			c.ExitedAt, c.ExitStatus, c.CollectedAt = Stamp{}, 0, Stamp{}
 			c.op(e.At)
 		}
 	case events.TaskExited:
@@ -370,7 +370,7 @@ func (s *State) dropName(name string) {
 func (s *State) upsertContainer(e events.ContainerUpserted) {
 	c := s.Containers[e.ID]
 	if c == nil {
-		c = &Container{ID: strings.Clone(e.ID), FirstSeen: e.At, State: StateCreated} // see interner: a copy of its own
+		c = &Container{ID: strings.Clone(e.ID), FirstSeen: StampOf(e.At), State: StateCreated} // see interner: a copy of its own
 		s.Containers[c.ID] = c
 	}
 	digest := e.ImageDigest
@@ -404,7 +404,7 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	s.setInterned(&c.PodName, e.PodName)
 	s.setInterned(&c.ContainerName, e.ContainerName)
 	s.setInterned(&c.SandboxID, e.SandboxID)
-	c.Created = e.Created
+	c.Created = StampOf(e.Created)
 	s.keepUnit(c)
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
 		s.leavePod(oldUID, c.ID, e.At)
@@ -443,7 +443,7 @@ func (s *State) taskExited(e events.TaskExited) {
 	if e.Collected {
 		c.op(e.At)
 		if c.CollectedAt.IsZero() {
-			c.CollectedAt = e.At
+			c.CollectedAt = StampOf(e.At)
 		}
 	}
 	if c.State == StateExited {
@@ -453,7 +453,7 @@ func (s *State) taskExited(e events.TaskExited) {
 	if exitedAt.IsZero() {
 		exitedAt = e.At
 	}
-	c.State, c.ExitedAt, c.ExitStatus = StateExited, exitedAt, e.ExitStatus
+	c.State, c.ExitedAt, c.ExitStatus = StateExited, StampOf(exitedAt), e.ExitStatus
 	if e.Pid != 0 {
 		c.Pid = e.Pid
 	}
@@ -461,7 +461,7 @@ func (s *State) taskExited(e events.TaskExited) {
 
 // op records a client operation on c at at.
 func (c *Container) op(at time.Time) {
-	if at.After(c.LastOpAt) {
+	if at := StampOf(at); at.After(c.LastOpAt) {
 		c.LastOpAt = at
 	}
 }

@@ -105,12 +105,12 @@ func TestContainerLifecycle(t *testing.T) {
 	}
 	s.Apply(events.TaskStarted{At: at(1), ContainerID: "c", Pid: 7})
 	s.Apply(events.TaskExited{At: at(3), ContainerID: "c", Pid: 7, ExitedAt: at(2), ExitStatus: 3})
-	if !c.Dead() || !c.ExitedAt.Equal(at(2)) || c.ExitStatus != 3 {
+	if !c.Dead() || !c.ExitedAt.Time().Equal(at(2)) || c.ExitStatus != 3 {
 		t.Fatalf("exit: %+v", c)
 	}
 	// /tasks/delete repeats the exit: the first exit time stays.
 	s.Apply(events.TaskExited{At: at(4), ContainerID: "c", Pid: 7, ExitedAt: at(4)})
-	if !c.ExitedAt.Equal(at(2)) {
+	if !c.ExitedAt.Time().Equal(at(2)) {
 		t.Fatalf("duplicate exit moved exit time to %v", c.ExitedAt)
 	}
 	// An exit that overtook its own start (shim and daemon clocks differ):
@@ -197,7 +197,7 @@ func TestReconcileRepairsMissedEvents(t *testing.T) {
 		t.Fatalf("reconcile kinds\n got %v\nwant %v", got, want)
 	}
 	apply(s, evs...)
-	if !s.Synced || len(s.Images) != 2 || s.Containers["running"].State != StateExited || !s.Containers["fresh"].ExitedAt.Equal(at(90)) {
+	if !s.Synced || len(s.Images) != 2 || s.Containers["running"].State != StateExited || !s.Containers["fresh"].ExitedAt.Time().Equal(at(90)) {
 		t.Fatalf("after reconcile: %+v", s)
 	}
 	if !s.Images["sha256:k"].FirstSeen.Equal(at(0)) {
