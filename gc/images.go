@@ -239,7 +239,7 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 		Digest:    img.Digest,
 		Names:     img.Names.Strings(),
 		Size:      img.Size,
-		FirstSeen: img.FirstSeen,
+		FirstSeen: img.FirstSeen.Time(),
 		LastUsed:  s.LastUsed(img, now),
 
 		ConfigDigest: img.ConfigDigest,
@@ -276,7 +276,7 @@ func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name,
 			}
 		}
 	}
-	if eligible := img.FirstSeen.Add(p.MinAge); now.Before(eligible) {
+	if eligible := img.FirstSeen.Time().Add(p.MinAge); now.Before(eligible) {
 		return ReasonTooYoung, "", "", eligible
 	}
 	return "", "", "", time.Time{}

@@ -92,7 +92,7 @@ func TestLastUsedFollowsContent(t *testing.T) {
 		t.Fatalf("image that appears while held: in use %v, last used %v", s.InUse(old), s.LastUsed(img, at(time.Hour)))
 	}
 	s.Apply(remove(3*time.Minute, "n1"))
-	if s.InUse(old) || !img.LastUsed.Equal(at(3*time.Minute)) {
+	if s.InUse(old) || !img.LastUsed.Time().Equal(at(3*time.Minute)) {
 		t.Fatalf("after its container went: in use %v, last used %v, want %v", s.InUse(old), img.LastUsed, at(3*time.Minute))
 	}
 }

@@ -81,7 +81,7 @@ func (r *Report) add(s *State, now time.Time) {
 		img := s.Images[d]
 		r.Images = append(r.Images, ImageReport{
 			Namespace: s.Namespace, Digest: d, Names: img.Names.Strings(), Size: img.Size,
-			FirstSeen: img.FirstSeen, LastUsed: s.LastUsed(img, now),
+			FirstSeen: img.FirstSeen.Time(), LastUsed: s.LastUsed(img, now),
 			Users: append([]string{}, s.ImageUsers(img)...), Pinned: img.Pinned(), ID: img.ConfigDigest, ChainID: img.ChainID,
 		})
 	}

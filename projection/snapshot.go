@@ -37,9 +37,9 @@ func encodeSnapshot(s *State) []byte {
 			}
 		}
 		w.int(img.Size)
-		w.time(img.Created)
-		w.time(img.FirstSeen)
-		w.time(img.LastUsed)
+		w.time(img.Created.Time())
+		w.time(img.FirstSeen.Time())
+		w.time(img.LastUsed.Time())
 		w.str(img.ConfigDigest)
 		w.str(img.ChainID)
 	}
@@ -110,7 +110,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 		}
 		img.Names = img.Names.sorted() // older snapshots wrote a map's order
 		img.Size = r.int()
-		img.Created, img.FirstSeen, img.LastUsed = r.time(), r.time(), r.time()
+		img.Created, img.FirstSeen, img.LastUsed = StampOf(r.time()), StampOf(r.time()), StampOf(r.time())
 		img.ConfigDigest, img.ChainID = r.str(), r.str()
 		s.Images[img.Digest] = img
 	}

@@ -19,7 +19,7 @@ func fullState(t *testing.T) *State {
 	s.Synced, s.Seq, s.Namespace = true, 42, "buildkit"
 	s.Images["sha256:i1"] = &Image{Digest: "sha256:i1",
 		Names: ImageNames{{"a:1", map[string]string{LabelPinned: LabelPinnedValue, LabelCRIManaged: "managed"}}, {"a:2", nil}},
-		Size:  -7, Created: at(1).Add(3), FirstSeen: at(2), LastUsed: at(3), ConfigDigest: "sha256:cfg", ChainID: "sha256:chain"}
+		Size:  -7, Created: StampOf(at(1).Add(3)), FirstSeen: StampOf(at(2)), LastUsed: StampOf(at(3)), ConfigDigest: "sha256:cfg", ChainID: "sha256:chain"}
 	s.Containers["c1"] = &Container{ID: "c1", Image: "a:1", ImageDigest: "sha256:i1", CRIKind: KindContainer, PodUID: "uid",
 		PodName: "pod", PodNamespace: "ns", ContainerName: "app", SandboxID: "sb", Created: StampOf(at(4)), FirstSeen: StampOf(at(5)),
 		State: StateExited, Pid: 99, StartedAt: StampOf(at(6)), ExitedAt: StampOf(at(7).Add(time.Nanosecond)), ExitStatus: 137,

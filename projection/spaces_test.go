@@ -174,7 +174,7 @@ func TestLargeBatchWrittenAsSnapshot(t *testing.T) {
 		t.Fatalf("journal holds %d entries after one more event, want 1 (%v)", n, err)
 	}
 	res, err := st.Load()
-	if err != nil || len(res.State.Images) != 21 || !res.State.Images["sha256:3"].FirstSeen.Equal(t0) {
+	if err != nil || len(res.State.Images) != 21 || !res.State.Images["sha256:3"].FirstSeen.Time().Equal(t0) {
 		t.Fatalf("restored %d images, %v", len(res.State.Images), err)
 	}
 }

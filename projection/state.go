@@ -71,11 +71,11 @@ type Image struct {
 	Digest    string     `json:"digest"`
 	Names     ImageNames `json:"names"`
 	Size      int64      `json:"size"`
-	Created   time.Time  `json:"created,omitzero"`
-	FirstSeen time.Time  `json:"firstSeen"`
+	Created   Stamp      `json:"created,omitzero"`
+	FirstSeen Stamp      `json:"firstSeen"`
 	// LastUsed is when a container last started or stopped referencing the
 	// image; while any does, the image counts as used now (see State.LastUsed).
-	LastUsed time.Time `json:"lastUsed"`
+	LastUsed Stamp `json:"lastUsed"`
 	// ConfigDigest (the CRI image id) and ChainID (of the top layer) say
 	// what content the image is, so containers are matched to it by what
 	// they run, not by a name that may have moved.
@@ -286,7 +286,7 @@ func (s *State) LastUsed(img *Image, now time.Time) time.Time {
 	if s.ImageInUse(img) {
 		return now
 	}
-	return img.LastUsed
+	return img.LastUsed.Time()
 }
 
 // Apply folds one event into the state. It is deterministic and does no I/O;
@@ -326,7 +326,7 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	}
 	img := s.Images[e.Digest]
 	if img == nil {
-		img = &Image{Digest: strings.Clone(e.Digest), FirstSeen: e.At, Created: e.Created} // see interner: a copy of its own
+		img = &Image{Digest: strings.Clone(e.Digest), FirstSeen: StampOf(e.At), Created: StampOf(e.Created)} // see interner: a copy of its own
 		s.Images[img.Digest] = img
 	}
 	if (e.ConfigDigest != "" && e.ConfigDigest != img.ConfigDigest) || (e.ChainID != "" && e.ChainID != img.ChainID) {
@@ -335,8 +335,8 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 		setShared(&img.ChainID, cmp.Or(e.ChainID, img.ChainID), s.chainID)
 		s.index(img)
 	}
-	if s.ImageInUse(img) && e.At.After(img.LastUsed) {
-		img.LastUsed = e.At // held by a container from the moment it appears
+	if at := StampOf(e.At); s.ImageInUse(img) && at.After(img.LastUsed) {
+		img.LastUsed = at // held by a container from the moment it appears
 	}
 	name := img.ConfigDigest // CRI names each image by its id: one string for both
 	if e.Name != name {
@@ -346,8 +346,8 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 	if e.Size > 0 {
 		img.Size = e.Size
 	}
-	if img.Created.IsZero() || (!e.Created.IsZero() && e.Created.Before(img.Created)) {
-		img.Created = e.Created
+	if created := StampOf(e.Created); img.Created.IsZero() || (!created.IsZero() && created.Before(img.Created)) {
+		img.Created = created
 	}
 	s.Names[name] = img.Digest
 }
@@ -505,7 +505,8 @@ func removeSorted(set []string, v string) []string {
 
 // touch moves LastUsed of the images named by key forward only, so late
 // events cannot rewind history.
-func (s *State) touch(key UseKey, at time.Time) {
+func (s *State) touch(key UseKey, t time.Time) {
+	at := StampOf(t)
 	bump := func(img *Image) {
 		if img != nil && at.After(img.LastUsed) {
 			img.LastUsed = at

@@ -30,12 +30,12 @@ func TestImageNamesShareOneTarget(t *testing.T) {
 	if img == nil || len(s.Images) != 1 || len(img.Names) != 2 {
 		t.Fatalf("want one image with two names, got %+v", s.Images)
 	}
-	if !img.FirstSeen.Equal(at(0)) || img.Size != 100 || !img.Pinned() {
+	if !img.FirstSeen.Time().Equal(at(0)) || img.Size != 100 || !img.Pinned() {
 		t.Fatalf("first seen %v size %d pinned %v", img.FirstSeen, img.Size, img.Pinned())
 	}
 	// Retag one name elsewhere: the image keeps the other name and its history.
 	s.Apply(events.ImageUpserted{At: at(10), Name: "example.test/app:1", Digest: "sha256:b"})
-	if got := s.Images["sha256:a"]; got == nil || len(got.Names) != 1 || !got.FirstSeen.Equal(at(0)) {
+	if got := s.Images["sha256:a"]; got == nil || len(got.Names) != 1 || !got.FirstSeen.Time().Equal(at(0)) {
 		t.Fatalf("after retag: %+v", got)
 	}
 	s.Apply(events.ImageDeleted{At: at(11), Name: "sha256:cfg"})
@@ -92,7 +92,7 @@ func TestLastUsedFollowsUsers(t *testing.T) {
 	}
 	// A late duplicate delete cannot rewind history.
 	s.Apply(events.ContainerDeleted{At: at(45), ID: "c2"})
-	if !img.LastUsed.Equal(at(50)) {
+	if !img.LastUsed.Time().Equal(at(50)) {
 		t.Fatalf("last used rewound to %v", img.LastUsed)
 	}
 }
@@ -200,7 +200,7 @@ func TestReconcileRepairsMissedEvents(t *testing.T) {
 	if !s.Synced || len(s.Images) != 2 || s.Containers["running"].State != StateExited || !s.Containers["fresh"].ExitedAt.Time().Equal(at(90)) {
 		t.Fatalf("after reconcile: %+v", s)
 	}
-	if !s.Images["sha256:k"].FirstSeen.Equal(at(0)) {
+	if !s.Images["sha256:k"].FirstSeen.Time().Equal(at(0)) {
 		t.Fatal("reconcile must keep first seen")
 	}
 	// Reconciling the same listing again changes nothing but Synced.
