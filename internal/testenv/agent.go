@@ -28,9 +28,13 @@ type built struct {
 	err error
 }
 
-// Build says how AgentBuild builds cmd/gcagent.
+// ShippedTags are the build tags of every gcagent the Makefile builds
+// (BUILD_TAGS): tests run the binary operators get.
+const ShippedTags = "grpcnotrace"
+
+// Build says how AgentBuild builds cmd/gcagent (with ShippedTags).
 type Build struct {
-	// Tags are Go build tags, such as "noembeddednats".
+	// Tags are Go build tags beside ShippedTags, such as "noembeddednats".
 	Tags string
 	// Static builds as `make image` does (CGO_ENABLED=0, -trimpath): the
 	// binary the DaemonSet runs, but with its symbol table, which is never
@@ -66,7 +70,7 @@ func build(b Build) built {
 		return built{err: err}
 	}
 	bin := filepath.Join(dir, "gcagent")
-	args := []string{"build", "-tags", b.Tags, "-o", bin}
+	args := []string{"build", "-tags", ShippedTags + "," + b.Tags, "-o", bin}
 	if b.Static {
 		args = append(args, "-trimpath")
 	}

@@ -1,0 +1,42 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gcagent/gcagent/internal/testenv"
+)
+
+// TestShippedBinaryLeavesOutTracing: the binary in the image `make image`
+// builds, and the one the tests run, are built with grpcnotrace and hold
+// none of golang.org/x/net/trace and html/template. Those parse templates
+// when the process starts, and a reflect method lookup reachable from the
+// binary keeps every exported method of every type: 6 MiB more, resident
+// on every node.
+func TestShippedBinaryLeavesOutTracing(t *testing.T) {
+	testenv.AgentImage(t) // make image: writes bin/gcagent-static
+	shipped := filepath.Join(testenv.RepoRoot(t), "bin", "gcagent-static")
+	for _, bin := range []string{shipped, testenv.AgentBinary(t)} {
+		out, err := exec.Command("go", "version", "-m", bin).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go version -m %s: %v\n%s", bin, err, out)
+		}
+		if !strings.Contains(string(out), "-tags="+testenv.ShippedTags) {
+			t.Errorf("%s was not built with %s:\n%s", bin, testenv.ShippedTags, out)
+		}
+		b, err := os.ReadFile(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pkg := range []string{"golang.org/x/net/trace.", "html/template."} {
+			if bytes.Contains(b, []byte(pkg)) {
+				t.Errorf("%s (%.1f MiB) holds code of %s", bin, float64(len(b))/(1<<20), strings.TrimSuffix(pkg, "."))
+			}
+		}
+		t.Logf("%s: %.1f MiB", bin, float64(len(b))/(1<<20))
+	}
+}
