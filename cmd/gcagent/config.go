@@ -318,7 +318,7 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.DurationVar(&cfg.OutboxMaxAge, "outbox-max-age", cfg.OutboxMaxAge, "unacked events older than this are dropped (and logged)")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "period of agent.heartbeat events")
 	fs.BoolVar(&cfg.AllowRemoteGC, "allow-remote-gc", cfg.AllowRemoteGC, "let NATS control requests run GC")
-	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "serve Go's profiles (heap, CPU) under /debug/pprof/ on the metrics address")
+	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "serve Go's profiles (heap, CPU) under /debug/pprof/ on the metrics address; without it allocations are not sampled")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "address of /metrics, /healthz, /readyz and /status")
 	fs.BoolVar(&cfg.DryRun, "dry-run", cfg.DryRun, "plan, log and publish, but delete nothing")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "json or console")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"time"
@@ -31,6 +32,17 @@ const (
 	// 25 MiB in about 10 ms, for 3 MiB returned).
 	returnShare = 8
 )
+
+// sampleAllocations keeps Go's allocation sampling (heap profiles) for
+// --profiling only. The runtime samples an allocation in every 512 KiB by
+// default, and the table of sampled call stacks it keeps stays resident:
+// 1.2 MiB of an idle agent at 10,000 images and containers, a thirtieth of
+// its memory, on every node, for profiles nobody asked for.
+func sampleAllocations(profiling bool) {
+	if !profiling {
+		runtime.MemProfileRate = 0
+	}
+}
 
 // heapSample is what returnWhenQuiet reads of the heap.
 type heapSample struct {

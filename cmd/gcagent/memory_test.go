@@ -61,3 +61,19 @@ func TestReadHeap(t *testing.T) {
 	}
 	runtime.KeepAlive(keep)
 }
+
+// TestSampleAllocations: allocations are sampled (heap profiles) with
+// --profiling and not without.
+func TestSampleAllocations(t *testing.T) {
+	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
+	const rate = 512 << 10
+	runtime.MemProfileRate = rate
+	sampleAllocations(true)
+	if runtime.MemProfileRate != rate {
+		t.Fatalf("with --profiling the rate is %d, want %d", runtime.MemProfileRate, rate)
+	}
+	sampleAllocations(false)
+	if runtime.MemProfileRate != 0 {
+		t.Fatalf("without --profiling the rate is %d, want 0", runtime.MemProfileRate)
+	}
+}

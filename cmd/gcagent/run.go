@@ -78,6 +78,7 @@ type agent struct {
 
 // run is the daemon: it returns when ctx ends or a part fails for good.
 func run(ctx context.Context, cfg Config, logOut io.Writer) error {
+	sampleAllocations(cfg.Profiling)
 	log := newLogger(cfg, logOut)
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
