@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -24,18 +22,7 @@ import (
 )
 
 // readyz returns the agent's /readyz status and body.
-func readyz(a *testenv.Agent) (int, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+"/readyz", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
+func readyz(a *testenv.Agent) (int, string, error) { return a.GetText("/readyz") }
 
 // localTool runs `gcagent <args>` as a local operator would on the node: no
 // NATS flags; only GCAGENT_STATE_DIR says where the agent keeps its state

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,16 +189,11 @@ func deliveredStream(t testing.TB, a *testenv.Agent, nc *nats.Conn) (evs []store
 // metricsText fetches the agent's /metrics; an agent that is still
 // starting is an error, not a failure.
 func metricsText(a *testenv.Agent) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
+	_, text, err := a.GetText("/metrics")
 	if err != nil {
 		return "", fmt.Errorf("metrics: %w", err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return string(b), err
+	return text, nil
 }
 
 // checkTypes counts events by kind.action.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -238,6 +239,21 @@ func (a *Agent) Get(path string, v any) (int, error) {
 		return resp.StatusCode, json.NewDecoder(resp.Body).Decode(v)
 	}
 	return resp.StatusCode, nil
+}
+
+// GetText fetches path from the agent's HTTP server and returns the status
+// code and the body.
+func (a *Agent) GetText(path string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.Addr+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }
 
 // Eventually polls cond every 50ms until it returns "" or the deadline
