@@ -18,7 +18,8 @@ TAGS ?=
 # lookup reachable from a binary keeps every exported method of every type
 # in it: 6 MiB of code and tables, resident on every node. grpc traces only
 # with grpc.EnableTracing, which gcagent never sets.
-BUILD_TAGS := grpcnotrace,$(TAGS)
+comma := ,
+BUILD_TAGS := grpcnotrace$(if $(TAGS),$(comma)$(TAGS))
 export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 
 .PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz

@@ -71,7 +71,11 @@ func build(b Build) built {
 		return built{err: err}
 	}
 	bin := filepath.Join(dir, "gcagent")
-	args := []string{"build", "-tags", ShippedTags + "," + b.Tags, "-o", bin}
+	tags := ShippedTags
+	if b.Tags != "" {
+		tags += "," + b.Tags
+	}
+	args := []string{"build", "-tags", tags, "-o", bin}
 	if b.Static {
 		args = append(args, "-trimpath")
 	}
