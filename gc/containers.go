@@ -147,8 +147,9 @@ func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, p
 
 // planContainers plans; without all, Keep leaves out the containers that
 // are plainly not dead (running, never started) or that the prune mode
-// excludes, which on a busy node are nearly all: a GC pass then costs a
-// look at each container, not an item, a map entry and a sort. Remove and
+// excludes, which on a busy node are nearly all: a GC pass then looks at
+// the dead containers only (State.DeadContainers), and gives each an item
+// only when the prune mode may remove it. Remove and
 // NextEligible are the same either way.
 func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool, all bool) ContainerPlan {
 	plan := ContainerPlan{Now: now}
@@ -164,9 +165,21 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 	var units [][]int                              // indexes into list, by evict unit
 	unitOf := map[string]int{}                     // evict unit -> its index in units
 	var sandboxes []int
-	for _, c := range s.Containers {
+	// A pass looks only at the dead: the rest are settled (running, never
+	// started), and a busy node has thousands of them.
+	each := s.DeadContainers
+	if all {
+		each = func(f func(*projection.Container) bool) {
+			for _, c := range s.Containers {
+				if !f(c) {
+					return
+				}
+			}
+		}
+	}
+	each(func(c *projection.Container) bool {
 		if !all && p.settled(c) {
-			continue
+			return true
 		}
 		i := len(list)
 		list, ctrs, ages = append(list, ContainerItem{}), append(ctrs, c), append(ages, ageOf(c))
@@ -189,7 +202,8 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 			}
 			units[u] = append(units[u], i)
 		}
-	}
+		return true
+	})
 	oldestFirst := func(a, b int) int { return ages[a].compare(ages[b]) }
 	newestFirst := func(a, b int) int { return oldestFirst(b, a) }
 	for _, u := range units {

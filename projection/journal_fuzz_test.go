@@ -55,6 +55,7 @@ func FuzzJournalReplay(f *testing.F) {
 				continue // Load skips what it cannot decode
 			}
 			s.Apply(ev)
+			checkDeadIndex(t, s)
 			if img := s.Images[s.Names[nameOf(ev)]]; img != nil {
 				_ = s.LastUsed(img, at)
 			}
@@ -68,6 +69,8 @@ func FuzzJournalReplay(f *testing.F) {
 			t.Fatalf("snapshot does not decode: %v\n%s", err, b)
 		}
 		back.fill()
+		checkDeadIndex(t, back)
+		checkDeadIndex(t, s.Clone())
 		again, err := json.Marshal(back)
 		if err != nil {
 			t.Fatal(err)
@@ -76,6 +79,24 @@ func FuzzJournalReplay(f *testing.F) {
 			t.Fatalf("snapshot round trip changed the state:\n%s\n%s", b, again)
 		}
 	})
+}
+
+// checkDeadIndex fails unless the dead index holds exactly the dead
+// containers.
+func checkDeadIndex(t *testing.T, s *State) {
+	t.Helper()
+	n := 0
+	for id, c := range s.Containers {
+		if got, ok := s.dead[id]; ok != c.Dead() || ok && got != c {
+			t.Fatalf("container %s (%s): in the dead index %v, as %p (the container is %p)", id, c.State, ok, got, c)
+		}
+		if c.Dead() {
+			n++
+		}
+	}
+	if len(s.dead) != n {
+		t.Fatalf("the dead index holds %d containers, %d are dead", len(s.dead), n)
+	}
 }
 
 func nameOf(ev events.Event) string {

@@ -168,5 +168,6 @@ func (s *State) Clone() *State {
 		c.Names = map[string]string{}
 	}
 	c.reindex()
+	c.indexDead()
 	return c
 }

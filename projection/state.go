@@ -64,6 +64,10 @@ type State struct {
 	// strs interns the strings the records hold (see interner); never
 	// persisted or cloned.
 	strs interner
+	// dead holds the containers whose task exited (Dead), so that a
+	// container GC pass looks at those, not at every container of a busy
+	// node on every change. Derived (indexDead), never persisted.
+	dead map[string]*Container
 }
 
 // Image is one target digest with all the names that point at it.
@@ -183,6 +187,7 @@ func New() *State {
 		Pods:       map[string]*Pod{},
 		users:      newKeySets(),
 		byKey:      newKeySets(),
+		dead:       map[string]*Container{},
 	}
 }
 
@@ -224,6 +229,28 @@ func (c *Container) unit() string {
 
 // Dead reports whether the container's task has exited.
 func (c *Container) Dead() bool { return c.State == StateExited }
+
+// DeadContainers calls f with each dead container (see Dead), in no
+// order, until f returns false: a look at the dead ones costs nothing per
+// live container.
+func (s *State) DeadContainers(f func(*Container) bool) {
+	for _, c := range s.dead {
+		if !f(c) {
+			return
+		}
+	}
+}
+
+// indexDead rebuilds dead from Containers, after decoding or copying a
+// state.
+func (s *State) indexDead() {
+	s.dead = map[string]*Container{}
+	for id, c := range s.Containers {
+		if c.Dead() {
+			s.dead[id] = c
+		}
+	}
+}
 
 // Alive reports whether a sandbox of the pod exists.
 func (p *Pod) Alive() bool { return len(p.Sandboxes) > 0 }
@@ -311,6 +338,7 @@ func (s *State) Apply(ev events.Event) {
 		if c != nil && !(c.State == StateExited && e.Pid != 0 && c.Pid == e.Pid) {
 			c.State, c.Pid, c.StartedAt = StateRunning, e.Pid, StampOf(e.At)
 			c.ExitedAt, c.ExitStatus, c.CollectedAt = Stamp{}, 0, Stamp{}
+			delete(s.dead, c.ID)
 			c.op(e.At)
 		}
 	case events.TaskExited:
@@ -426,6 +454,7 @@ func (s *State) deleteContainer(e events.ContainerDeleted) {
 		return
 	}
 	delete(s.Containers, e.ID)
+	delete(s.dead, e.ID)
 	s.rekey(c.ID, c.UseKeys(), nil, e.At)
 	if c.CRIKind == KindSandbox {
 		s.leavePod(c.PodUID, c.ID, e.At)
@@ -454,6 +483,7 @@ func (s *State) taskExited(e events.TaskExited) {
 		exitedAt = e.At
 	}
 	c.State, c.ExitedAt, c.ExitStatus = StateExited, StampOf(exitedAt), e.ExitStatus
+	s.dead[c.ID] = c
 	if e.Pid != 0 {
 		c.Pid = e.Pid
 	}

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"math/rand/v2"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -321,4 +322,37 @@ func TestReconcileDeletesInOrder(t *testing.T) {
 	if len(containers) != len(ids) || !slices.IsSorted(containers) || len(images) != len(ids) || !slices.IsSorted(images) {
 		t.Fatalf("deletions %v, %v: want all, sorted", images, containers)
 	}
+}
+
+// TestDeadIndexFollowsContainers: through random creates, starts, exits
+// (of this run and of earlier ones), deletes and re-creates of a few
+// containers, the dead index holds exactly the dead ones, also in a clone
+// and in a state restored from its snapshot.
+func TestDeadIndexFollowsContainers(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	s := New()
+	ids := []string{"a", "b", "c", "d"}
+	for i := range 3000 {
+		id, pid, now := ids[r.IntN(len(ids))], uint32(1+r.IntN(3)), at(i)
+		switch r.IntN(5) {
+		case 0:
+			s.Apply(events.ContainerUpserted{At: now, ID: id, Image: "x:1"})
+		case 1:
+			s.Apply(events.TaskStarted{At: now, ContainerID: id, Pid: pid})
+		case 2:
+			s.Apply(events.TaskExited{At: now, ContainerID: id, Pid: pid, ExitedAt: now})
+		case 3:
+			s.Apply(events.TaskExited{At: now, ContainerID: id, Pid: pid, ExitedAt: now, Collected: true})
+		case 4:
+			s.Apply(events.ContainerDeleted{At: now, ID: id})
+		}
+		checkDeadIndex(t, s)
+	}
+	checkDeadIndex(t, s.Clone())
+	back, err := decodeSnapshot(encodeSnapshot(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back.fill()
+	checkDeadIndex(t, back)
 }
