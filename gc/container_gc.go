@@ -174,11 +174,15 @@ func (g *ContainerGC) Run(ctx context.Context) error {
 	timer := g.opts.Clock.NewTimer(0) // the first pass now
 	defer timer.Stop()
 	var last, next time.Time // the last pass; when the timer fires
+	// changes is nil while the timer is armed to fire by the gap's end: that
+	// pass covers every change meanwhile, and a burst of events would
+	// otherwise wake this loop once per batch for nothing.
+	changes := g.changes
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-g.changes:
+		case <-changes:
 			if gapEnd := last.Add(g.opts.MinGap); g.opts.Clock.Now().Before(gapEnd) {
 				// Too soon after the last pass: the timer, armed no later
 				// than the gap's end, makes the pass for every change since.
@@ -187,9 +191,14 @@ func (g *ContainerGC) Run(ctx context.Context) error {
 					timer.Stop()
 					timer.Reset(max(gapEnd.Sub(g.opts.Clock.Now()), 0))
 				}
+				changes = nil
 				continue
 			}
 		case <-timer.C():
+		}
+		if changes == nil {
+			changes = g.changes
+			drain(changes) // applied before this pass reads the state
 		}
 		var err error
 		last = g.opts.Clock.Now()

@@ -68,6 +68,14 @@ func InUseReason(r Reason) bool {
 	return false
 }
 
+// drain takes a pending signal off c, if there is one.
+func drain(c <-chan struct{}) {
+	select {
+	case <-c:
+	default:
+	}
+}
+
 // later returns the later of two instants.
 func later(a, b time.Time) time.Time {
 	if a.After(b) {

@@ -222,6 +222,10 @@ func (g *ImageGC) Run(ctx context.Context) error {
 	wake.Stop()
 	defer wake.Stop()
 	var debounce <-chan time.Time
+	// changes is nil while a debounce is armed: the evaluation it leads to
+	// covers every change meanwhile, and a burst of events would otherwise
+	// wake this loop once per batch for nothing.
+	changes := g.changes
 	g.learn(ctx, g.o.Now())
 	g.evaluate(ctx)
 	for {
@@ -234,13 +238,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 			reply <- g.Pass(ctx, "manual")
 		case <-tick.C:
 		case <-wake.C:
-		case <-g.changes:
-			if debounce == nil {
-				debounce = time.After(g.o.Debounce)
-			}
+		case <-changes:
+			debounce, changes = time.After(g.o.Debounce), nil
 			continue
 		case <-debounce:
-			debounce = nil
+			debounce, changes = nil, g.changes
+			drain(changes) // applied before this evaluation reads the state
 		}
 		g.evaluate(ctx)
 		wake.Stop()

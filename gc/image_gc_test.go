@@ -3,10 +3,12 @@ package gc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -638,5 +640,68 @@ func TestImageGCPolicy(t *testing.T) {
 	got.SandboxImages[0] = "changed"
 	if g.Policy().SandboxImages[0] != "cfg.test/pause:1" {
 		t.Error("Policy shares its slice with the caller")
+	}
+}
+
+// countingDisk is a fakeDisk that counts its samples: each evaluation of
+// the triggers takes one.
+type countingDisk struct {
+	fakeDisk
+	samples atomic.Int64
+}
+
+func (d *countingDisk) Disk() (DiskStats, error) {
+	d.samples.Add(1)
+	return d.fakeDisk.Disk()
+}
+
+// TestImageGCRunCoalescesChanges: a burst of projection changes within
+// the debounce leads to one evaluation, not one per change nor one more
+// for the changes the evaluation already covered; a change after it leads
+// to the next.
+func TestImageGCRunCoalescesChanges(t *testing.T) {
+	live, err := projection.NewLive(projection.LiveOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &countingDisk{fakeDisk: fakeDisk{capacity: 100 * mib, available: 90 * mib}}
+	const debounce = 300 * time.Millisecond // the burst below takes microseconds
+	g := NewImageGC(ImageGCOptions{Projection: live, Runtime: newFakeRuntime(&d.fakeDisk), Disk: d, Policy: policy8070,
+		Debounce: debounce, DiskInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	settled := func(want string) int64 {
+		t.Helper()
+		// Quiet for three debounces: no evaluation is pending.
+		n, since := d.samples.Load(), time.Now()
+		deadline := since.Add(guard)
+		for time.Since(since) < 3*debounce {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: disk sampled %d times and still going", want, n)
+			}
+			time.Sleep(10 * time.Millisecond)
+			if m := d.samples.Load(); m != n {
+				n, since = m, time.Now()
+			}
+		}
+		return n
+	}
+	start := settled("start")
+	for i := range 20 {
+		live.Apply(pull(time.Duration(i), fmt.Sprintf("example.test/burst-%d:1", i), digestOf(fmt.Sprint(i)), mib))
+	}
+	if n := settled("burst") - start; n != 1 {
+		t.Fatalf("a burst of 20 changes took %d evaluations, want 1", n)
+	}
+	live.Apply(pull(time.Minute, "example.test/later:1", digestOf("l"), mib))
+	if n := settled("later") - start; n != 2 {
+		t.Fatalf("a change after the burst's evaluation: %d evaluations in all, want 2", n)
 	}
 }
