@@ -1,9 +1,6 @@
 package projection
 
-import (
-	"cmp"
-	"strings"
-)
+import "strings"
 
 // A State keeps one copy of each string its records share, and the copy is
 // its own, made when the state first holds it: an event's strings were
@@ -95,7 +92,10 @@ func (s *State) contentDigest(k UseKey) string {
 		}
 		return found == ""
 	})
-	return cmp.Or(found, strings.Clone(k.v))
+	if found != "" {
+		return found
+	}
+	return strings.Clone(k.v)
 }
 
 // configDigest and chainID are contentDigest of a config digest (a CRI
