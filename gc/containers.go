@@ -515,6 +515,7 @@ func (a ageKey) compare(b ageKey) int {
 // when the exit time is unknown.
 func deadSince(c *projection.Container) time.Time { return deadStamp(c).Time() }
 
+// deadStamp is deadSince as the projection holds it (plans sort by it).
 func deadStamp(c *projection.Container) projection.Stamp {
 	if c.ExitedAt.After(c.Created) {
 		return c.ExitedAt
