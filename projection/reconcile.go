@@ -168,6 +168,5 @@ func (s *State) Clone() *State {
 		c.Names = map[string]string{}
 	}
 	c.reindex()
-	c.indexDead()
 	return c
 }

@@ -44,10 +44,10 @@ type State struct {
 	Names      map[string]string     `json:"-"`          // image name -> target digest; derived from Images (fill)
 	Containers map[string]*Container `json:"containers"` // by id
 	Pods       map[string]*Pod       `json:"pods"`       // by pod uid
-	// Users indexes containers by the use keys they hold (see
+	// users indexes containers by the use keys they hold (see
 	// Container.UseKeys), also for keys no image has (any more, or yet).
 	// Derived from Containers (fill rebuilds it), so never persisted: a
-	// snapshot decodes faster without it. Each list is sorted (see
+	// snapshot decodes faster without it. Each set is sorted (see
 	// keySets): nearly every key has one user.
 	users  keySets
 	Synced bool   `json:"synced"`
@@ -66,7 +66,7 @@ type State struct {
 	strs interner
 	// dead holds the containers whose task exited (Dead), so that a
 	// container GC pass looks at those, not at every container of a busy
-	// node on every change. Derived (indexDead), never persisted.
+	// node on every change. Derived (reindex), never persisted.
 	dead map[string]*Container
 }
 
@@ -237,17 +237,6 @@ func (s *State) DeadContainers(f func(*Container) bool) {
 	for _, c := range s.dead {
 		if !f(c) {
 			return
-		}
-	}
-}
-
-// indexDead rebuilds dead from Containers, after decoding or copying a
-// state.
-func (s *State) indexDead() {
-	s.dead = map[string]*Container{}
-	for id, c := range s.Containers {
-		if c.Dead() {
-			s.dead[id] = c
 		}
 	}
 }
@@ -567,11 +556,18 @@ func (s *State) unindex(img *Image) {
 	}
 }
 
-// reindex rebuilds byKey from Images, after decoding or copying a state.
+// reindex rebuilds byKey from Images and dead from Containers, after
+// decoding or copying a state.
 func (s *State) reindex() {
 	s.byKey = newKeySets()
 	for _, img := range s.Images {
 		s.index(img)
+	}
+	s.dead = map[string]*Container{}
+	for id, c := range s.Containers {
+		if c.Dead() {
+			s.dead[id] = c
+		}
 	}
 }
 

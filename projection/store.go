@@ -285,7 +285,6 @@ func (s *State) fill() {
 	s.reindex()
 	// States written before RootKey existed: the key their Users held.
 	// Then the use index, derived from the containers.
-	s.indexDead()
 	s.users = newKeySets()
 	for id, c := range s.Containers {
 		s.keepUnit(c)
