@@ -15,6 +15,7 @@ import (
 
 	apievents "github.com/containerd/containerd/api/events"
 	containersapi "github.com/containerd/containerd/api/services/containers/v1"
+	eventsapi "github.com/containerd/containerd/api/services/events/v1"
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/client"
@@ -22,6 +23,7 @@ import (
 	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/typeurl/v2"
@@ -197,9 +199,16 @@ func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) 
 		return fmt.Errorf("containerd version: %w", err)
 	}
 	// Subscribe first, then list: nothing that happens in between is lost.
-	envs, errs := s.o.Client.Subscribe(ctx, Filters(s.o.Namespaces)...)
+	conn, ok := s.o.Client.Conn().(grpc.ClientConnInterface)
+	if !ok {
+		return errors.New("containerd client is not a gRPC client")
+	}
+	stream, err := eventsapi.NewEventsClient(conn).Subscribe(ctx, &eventsapi.SubscribeRequest{Filters: Filters(s.o.Namespaces)})
+	if err != nil {
+		return fmt.Errorf("subscribe: %w", errgrpc.ToNative(err))
+	}
 	q := newQueue(s.o.QueueSize)
-	go s.pump(ctx, envs, errs, q)
+	go s.receive(stream, q)
 
 	relist := func(reason string) error {
 		names, err := s.Managed(ctx)
@@ -284,23 +293,23 @@ func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) 
 	}
 }
 
-// pump moves envelopes into the queue; it never blocks on the consumer.
-func (s *Source) pump(ctx context.Context, envs <-chan *cdevents.Envelope, errs <-chan error, q *queue) {
+// receive moves envelopes from the stream into the queue; it never blocks
+// on the consumer. It reads the stream itself (not the client's Subscribe,
+// which hands each envelope over one more goroutine) and ends with it.
+func (s *Source) receive(stream eventsapi.Events_SubscribeClient, q *queue) {
 	for {
-		select {
-		case env := <-envs:
-			s.m.received.WithLabelValues(topicLabel(env.Topic)).Inc()
-			if !q.push(env, s.o.Now()) {
-				s.m.dropped.Inc()
-			}
-		case err := <-errs:
-			if err == nil {
+		env, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
 				err = errors.New("subscription closed")
 			}
-			q.close(err)
+			q.close(errgrpc.ToNative(err))
 			return
-		case <-ctx.Done():
-			return
+		}
+		s.m.received.WithLabelValues(topicLabel(env.Topic)).Inc()
+		if !q.push(&cdevents.Envelope{Timestamp: protobuf.FromTimestamp(env.Timestamp), Namespace: env.Namespace,
+			Topic: env.Topic, Event: env.Event}, s.o.Now()) {
+			s.m.dropped.Inc()
 		}
 	}
 }
