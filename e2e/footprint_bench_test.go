@@ -151,6 +151,15 @@ func mustCPU(b *testing.B, a *testenv.Agent) time.Duration {
 	return d
 }
 
+func mustSwitches(b *testing.B, a *testenv.Agent) int64 {
+	b.Helper()
+	n, err := testenv.ReadProcSwitches(a.Pid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
 func mustMetricsText(b *testing.B, a *testenv.Agent) string {
 	b.Helper()
 	text, err := metricsText(a)
@@ -209,6 +218,7 @@ type churnResult struct {
 	received, dropped float64
 	took, cpu         time.Duration
 	cpuPerEventMs     float64
+	switchesPerEvent  float64
 }
 
 // churn creates and deletes count containers (seed's records n+first ...,
@@ -224,6 +234,7 @@ func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.S
 	deleted0 := deletes(text)
 	received0 := metricSum(text, "gcagent_events_received_total")
 	dropped0 := metricSum(text, "gcagent_events_dropped_total")
+	switches0 := mustSwitches(b, a)
 	cpu0, start := mustCPU(b, a), time.Now()
 	if err := testenv.Parallel(c.Ctx(), count, workers, func(ctx context.Context, i int) error {
 		rec, err := seed.SeedContainer(n + first + i)
@@ -260,6 +271,7 @@ func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.S
 	})
 	r.took, r.cpu = time.Since(start), mustCPU(b, a)-cpu0
 	r.cpuPerEventMs = ms(r.cpu) / float64(r.events)
+	r.switchesPerEvent = float64(mustSwitches(b, a)-switches0) / float64(r.events)
 	return r
 }
 
@@ -432,9 +444,9 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 		plans = fmt.Sprintf("; plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (--prune-containers=all) %s",
 			imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
 	}
-	b.Logf("%s: churn burst (8 at a time) %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event; serial %d events in %s, agent cpu %s = %.3f ms/event%s",
-		label, burst.events, burst.received, burst.dropped, burst.took.Round(time.Millisecond), burst.cpu, burst.cpuPerEventMs,
-		serial.events, serial.took.Round(time.Millisecond), serial.cpu, serial.cpuPerEventMs, plans)
+	b.Logf("%s: churn burst (8 at a time) %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event (%.1f thread switches/event); serial %d events in %s, agent cpu %s = %.3f ms/event (%.1f switches/event)%s",
+		label, burst.events, burst.received, burst.dropped, burst.took.Round(time.Millisecond), burst.cpu, burst.cpuPerEventMs, burst.switchesPerEvent,
+		serial.events, serial.took.Round(time.Millisecond), serial.cpu, serial.cpuPerEventMs, serial.switchesPerEvent, plans)
 }
 
 // saveHeap writes the agent's heap profile into FOOTPRINT_HEAP (a dir),

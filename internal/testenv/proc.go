@@ -88,3 +88,32 @@ func ReadProcCPU(pid int) (time.Duration, error) {
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
+
+// ReadProcSwitches returns how many times pid's threads have left the CPU
+// so far (voluntary and not, over /proc/<pid>/task/*/status): each
+// hand-off between goroutines that wakes a thread costs one or two.
+func ReadProcSwitches(pid int) (int64, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread exited
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			key, val, ok := strings.Cut(l, ":")
+			if !ok || (key != "voluntary_ctxt_switches" && key != "nonvoluntary_ctxt_switches") {
+				continue
+			}
+			v, err := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/%d/task/%s/status: %q", pid, t.Name(), l)
+			}
+			n += v
+		}
+	}
+	return n, nil
+}
