@@ -43,7 +43,7 @@ func BenchmarkStartupReconcile(b *testing.B) {
 							}
 							opts.KnownContainer = func(_, id string, created time.Time) (events.ContainerFacts, bool) {
 								if c := known.Containers[id]; c != nil && c.Created.Time().Equal(created) {
-									return events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: c.VolumeImageIDs}, true
+									return events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: c.VolumeImageIDs()}, true
 								}
 								return events.ContainerFacts{}, false
 							}

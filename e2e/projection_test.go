@@ -32,7 +32,7 @@ func projected(rep projection.Report) testenv.Truth {
 		tr.Images[img.Digest] = img.Names
 	}
 	for _, c := range rep.Containers {
-		tc := testenv.TruthContainer{Image: c.Image, Kind: c.Kind, State: string(c.State)}
+		tc := testenv.TruthContainer{Image: c.Image, Kind: c.Kind, State: c.State.String()}
 		if c.State == projection.StateExited {
 			tc.ExitStatus = c.ExitStatus
 		}

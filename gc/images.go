@@ -316,7 +316,7 @@ func inUseReason(s *projection.State, img *projection.Image, users []string) Rea
 			r = ReasonInUseByID
 		case img.ChainID != "" && c.RootChain == img.ChainID:
 			r = ReasonInUseBySnap
-		case slices.Contains(c.VolumeImageIDs, img.ConfigDigest) || slices.Contains(c.VolumeChains, img.ChainID):
+		case slices.Contains(c.VolumeImageIDs(), img.ConfigDigest) || slices.Contains(c.VolumeChains(), img.ChainID):
 			r = ReasonImageVolume
 		}
 		if rank[r] > rank[best] {

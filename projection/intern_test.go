@@ -77,7 +77,7 @@ func TestStateOwnsItsStrings(t *testing.T) {
 		"kind": {c1.CRIKind, e1.CRIKind}, "pod uid": {c1.PodUID, e1.PodUID}, "pod name": {c1.PodName, e1.PodName},
 		"pod namespace": {c1.PodNamespace, e1.PodNamespace}, "container name": {c1.ContainerName, e1.ContainerName},
 		"sandbox": {c1.SandboxID, e1.SandboxID}, "image id": {c1.ImageID, e1.ImageID}, "root chain": {c1.RootChain, e1.RootChain},
-		"volume image": {c1.VolumeImageIDs[0], e1.VolumeImageIDs[0]}, "volume chain": {c1.VolumeChains[0], e1.VolumeChains[0]},
+		"volume image": {c1.VolumeImageIDs()[0], e1.VolumeImageIDs[0]}, "volume chain": {c1.VolumeChains()[0], e1.VolumeChains[0]},
 		"image name": {s.Images[img.Digest].Names[0].Name, img.Name}, "image digest": {s.Images[img.Digest].Digest, img.Digest},
 		"config": {s.Images[img.Digest].ConfigDigest, img.ConfigDigest}, "chain": {s.Images[img.Digest].ChainID, img.ChainID},
 	}

@@ -325,7 +325,7 @@ func (l *Live) collect(ch chan<- prometheus.Metric) {
 			byState[c.State]++
 		}
 		for st, n := range byState {
-			ch <- prometheus.MustNewConstMetric(descContainers, prometheus.GaugeValue, float64(n), ns, string(st))
+			ch <- prometheus.MustNewConstMetric(descContainers, prometheus.GaugeValue, float64(n), ns, st.String())
 		}
 		live := 0
 		for _, p := range s.Pods {

@@ -109,7 +109,7 @@ func containerCurrent(c *Container, l events.ContainerUpserted) bool {
 		c.PodNamespace == l.PodNamespace && c.ContainerName == l.ContainerName &&
 		c.SandboxID == l.SandboxID && c.Created == StampOf(l.Created) &&
 		(l.ImageID == "" || c.ImageID == l.ImageID) && (l.RootChain == "" || c.RootChain == l.RootChain) &&
-		slices.Equal(c.VolumeImageIDs, l.VolumeImageIDs) && (l.VolumeChains == nil || slices.Equal(c.VolumeChains, l.VolumeChains)) &&
+		slices.Equal(c.VolumeImageIDs(), l.VolumeImageIDs) && (l.VolumeChains == nil || slices.Equal(c.VolumeChains(), l.VolumeChains)) &&
 		c.RestartManaged == l.RestartManaged
 }
 
@@ -155,8 +155,7 @@ func (s *State) Clone() *State {
 	}
 	for k, ct := range s.Containers {
 		cp := *ct
-		cp.VolumeImageIDs = slices.Clone(ct.VolumeImageIDs)
-		cp.VolumeChains = slices.Clone(ct.VolumeChains)
+		cp.setVolumes(slices.Clone(ct.VolumeImageIDs()), slices.Clone(ct.VolumeChains()))
 		c.Containers[k] = &cp
 	}
 	for k, p := range s.Pods {

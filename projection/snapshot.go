@@ -46,7 +46,7 @@ func encodeSnapshot(s *State) []byte {
 	w.uint(uint64(len(s.Containers)))
 	for _, c := range s.Containers {
 		for _, v := range []string{c.ID, c.Image, c.ImageDigest, c.CRIKind, c.PodUID, c.PodName, c.PodNamespace,
-			c.ContainerName, c.SandboxID, string(c.State), c.ImageID, c.RootChain, c.RootKey.String()} {
+			c.ContainerName, c.SandboxID, c.State.String(), c.ImageID, c.RootChain, c.RootKey.String()} {
 			w.str(v)
 		}
 		for _, t := range []Stamp{c.Created, c.FirstSeen, c.StartedAt, c.ExitedAt, c.CollectedAt, c.LastOpAt} {
@@ -54,8 +54,8 @@ func encodeSnapshot(s *State) []byte {
 		}
 		w.uint(uint64(c.Pid))
 		w.uint(uint64(c.ExitStatus))
-		w.strs(c.VolumeImageIDs)
-		w.strs(c.VolumeChains)
+		w.strs(c.VolumeImageIDs())
+		w.strs(c.VolumeChains())
 		w.bool(c.RestartManaged)
 	}
 	w.uint(uint64(len(s.Pods)))
@@ -115,17 +115,22 @@ func decodeSnapshot(b []byte) (*State, error) {
 		s.Images[img.Digest] = img
 	}
 	for n := r.count(); n > 0 && r.err == nil; n-- {
-		c := &Container{}
+		c, state := &Container{}, ""
 		for _, dst := range []*string{&c.ID, &c.Image, &c.ImageDigest, &c.CRIKind, &c.PodUID, &c.PodName, &c.PodNamespace,
-			&c.ContainerName, &c.SandboxID, (*string)(&c.State), &c.ImageID, &c.RootChain} {
+			&c.ContainerName, &c.SandboxID, &state, &c.ImageID, &c.RootChain} {
 			*dst = r.str()
+		}
+		if st, ok := parseState(state); ok {
+			c.State = st
+		} else {
+			r.fail(fmt.Errorf("container %q: unknown state %q", c.ID, state))
 		}
 		c.RootKey = parseUseKey(r.str())
 		for _, dst := range []*Stamp{&c.Created, &c.FirstSeen, &c.StartedAt, &c.ExitedAt, &c.CollectedAt, &c.LastOpAt} {
 			*dst = StampOf(r.time())
 		}
 		c.Pid, c.ExitStatus = uint32(r.uint()), uint32(r.uint())
-		c.VolumeImageIDs, c.VolumeChains = r.strs(), r.strs()
+		c.setVolumes(r.strs(), r.strs())
 		c.RestartManaged = r.bool()
 		s.Containers[c.ID] = c
 	}

@@ -148,7 +148,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 				if l := live.Live(ns); l != nil {
 					l.View(func(s *projection.State) {
 						if c := s.Containers[id]; c != nil && c.Created == projection.StampOf(created) {
-							f, ok = events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs)}, true
+							f, ok = events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs())}, true
 						}
 					})
 				}
