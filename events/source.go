@@ -247,8 +247,34 @@ func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) 
 		case <-q.ready:
 			batch, overflowed, done, qerr := q.take()
 			needList := overflowed
+			// Envelopes are decoded (and their lookups made) together, in
+			// order of emission, up to the next that needs a listing.
+			var run []received
+			flush := func() error {
+				evs, errs := s.decodeAll(ctx, run)
+				for i, r := range run {
+					if errs[i] != nil {
+						s.m.lookupErrors.Inc()
+						s.o.Log.Warn().Err(errs[i]).Str("namespace", r.env.Namespace).Str("topic", r.env.Topic).Msg("event lookup failed; will relist")
+						needList = true
+						continue
+					}
+					if evs[i] != nil {
+						if err := send(ctx, out, Scoped{Namespace: r.env.Namespace, Event: evs[i]}); err != nil {
+							return err
+						}
+					}
+				}
+				run = run[:0]
+				return nil
+			}
 			for _, r := range batch {
 				env := r.env
+				if strings.HasPrefix(env.Topic, "/namespaces/") || (s.o.Namespaces.Match(env.Namespace) && !s.listed[env.Namespace]) {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
 				if nerr := s.namespaceChange(ctx, out, env); nerr != errNotNamespace {
 					if nerr != nil {
 						return nerr
@@ -268,18 +294,10 @@ func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) 
 					s.listed[env.Namespace] = true
 					continue
 				}
-				ev, err := s.decode(namespaces.WithNamespace(ctx, env.Namespace), env, r.at)
-				if err != nil {
-					s.m.lookupErrors.Inc()
-					s.o.Log.Warn().Err(err).Str("namespace", env.Namespace).Str("topic", env.Topic).Msg("event lookup failed; will relist")
-					needList = true
-					continue
-				}
-				if ev != nil {
-					if err := send(ctx, out, Scoped{Namespace: env.Namespace, Event: ev}); err != nil {
-						return err
-					}
-				}
+				run = append(run, r)
+			}
+			if err := flush(); err != nil {
+				return err
 			}
 			if done {
 				return qerr
@@ -292,6 +310,34 @@ func (s *Source) session(ctx context.Context, out chan<- Scoped, reason string) 
 		}
 	}
 }
+
+// decodeAll decodes run, the envelopes whose events need lookups
+// (lookedUp) up to listingLookups at a time: a burst's lookups share the
+// connection's writes and reads instead of taking turns, which halves the
+// agent's thread switches per event. Each envelope's event or error is at
+// its index.
+func (s *Source) decodeAll(ctx context.Context, run []received) ([]Event, []error) {
+	evs, errs := make([]Event, len(run)), make([]error, len(run))
+	var g errgroup.Group
+	g.SetLimit(listingLookups)
+	for i, r := range run {
+		decode := func() error {
+			evs[i], errs[i] = s.decode(namespaces.WithNamespace(ctx, r.env.Namespace), r.env, r.at)
+			return nil
+		}
+		if len(run) > 1 && lookedUp[r.env.Topic] {
+			g.Go(decode)
+		} else {
+			_ = decode()
+		}
+	}
+	_ = g.Wait()
+	return evs, errs
+}
+
+// lookedUp are the topics whose events decode asks containerd about (the
+// payload decides: a topic that lies only costs a lookup its turn).
+var lookedUp = map[string]bool{"/containers/create": true, "/containers/update": true, "/images/create": true, "/images/update": true}
 
 // receive moves envelopes from the stream into the queue; it never blocks
 // on the consumer. It reads the stream itself (not the client's Subscribe,
