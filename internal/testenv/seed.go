@@ -58,6 +58,11 @@ type Seed struct {
 	// each container it loads created and not started, which lets tens of
 	// thousands of them fit the open-file limit of this sandbox.
 	Terminal bool
+	// RootfsKeys gives each container the rootfs snapshot key CRI gives
+	// its own (the container's id, on overlayfs), of a snapshot never
+	// prepared: whoever follows the container asks for that snapshot, as
+	// for a real one, and hears it is not there.
+	RootfsKeys bool
 }
 
 func (s Seed) prefix() string {
@@ -105,6 +110,9 @@ func (s Seed) SeedContainer(i int) (containers.Container, error) {
 	rec := containers.Container{
 		ID: s.ContainerID(i), Image: s.ImageName(i % max(s.Images, 1)), Labels: labels,
 		Runtime: containers.RuntimeInfo{Name: "io.containerd.runc.v2"}, Spec: a,
+	}
+	if s.RootfsKeys {
+		rec.Snapshotter, rec.SnapshotKey = "overlayfs", rec.ID
 	}
 	if i%2 == 0 {
 		meta, err := json.Marshal(map[string]any{"Version": "v1", "Metadata": map[string]any{
