@@ -3,6 +3,7 @@ package projection
 import (
 	"encoding/json"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -72,5 +73,27 @@ func TestContainerStateText(t *testing.T) {
 	want := map[string]float64{"created": 1, "running": 1, "exited": 0}
 	if !maps.Equal(got, want) {
 		t.Errorf("gcagent_projection_containers by state %v, want %v", got, want)
+	}
+}
+
+// TestContainerJSONKeepsVolumes: a container's image volumes, behind a
+// pointer, are written and read as the two fields they were, whether the
+// record is held by pointer or by value.
+func TestContainerJSONKeepsVolumes(t *testing.T) {
+	c := &Container{ID: "c1", State: StateRunning}
+	c.setVolumes([]string{"sha256:v1"}, []string{"sha256:vc"})
+	for _, v := range []any{c, *c} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Container
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		if back.ID != "c1" || back.State != StateRunning || !slices.Equal(back.VolumeImageIDs(), []string{"sha256:v1"}) ||
+			!slices.Equal(back.VolumeChains(), []string{"sha256:vc"}) {
+			t.Errorf("%T: %s read back as %+v", v, b, back)
+		}
 	}
 }

@@ -210,8 +210,10 @@ type containerJSON struct {
 
 type containerFields Container // without Container's methods
 
-func (c *Container) MarshalJSON() ([]byte, error) {
-	return json.Marshal(containerJSON{(*containerFields)(c), c.VolumeImageIDs(), c.VolumeChains()})
+// MarshalJSON is on the value, so that a Container held by value writes its
+// volumes too.
+func (c Container) MarshalJSON() ([]byte, error) {
+	return json.Marshal(containerJSON{(*containerFields)(&c), c.VolumeImageIDs(), c.VolumeChains()})
 }
 
 func (c *Container) UnmarshalJSON(b []byte) error {
