@@ -10,6 +10,7 @@ import (
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/node"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -84,10 +85,16 @@ func TestCRIListingAt30000(t *testing.T) {
 				want = append(want, seed.ContainerID(i))
 			}
 			slices.Sort(want)
-			rt := gc.Runtime{Client: c.Client, CRI: cri, Namespace: events.CRINamespace}
-			users, err := rt.ImageUsers(ctx, nil, config, "")
+			rt := node.NewRuntime(c.Client, cri, nil)
+			holders, err := rt.ImageHolders(ctx, events.CRINamespace, gc.ImageRef{Config: config})
 			if err != nil {
 				t.Fatalf("image users of %s: %v", config, err)
+			}
+			var users []string
+			for _, h := range holders {
+				if h.Kind == gc.HolderCRI {
+					users = append(users, h.ID)
+				}
 			}
 			if !slices.Equal(users, want) {
 				t.Fatalf("image users of %s: %d, want the %d loaded CRI containers of %s", config, len(users), len(want), seed.ImageName(0))
@@ -108,9 +115,9 @@ func TestCRIListingAt30000(t *testing.T) {
 			if n := stoppedIn(t, ctx, source); n != criContainers {
 				t.Fatalf("listing, all exited: %d stopped CRI containers, want %d", n, criContainers)
 			}
-			users, err = rt.ImageUsers(ctx, nil, config, "")
+			holders, err = rt.ImageHolders(ctx, events.CRINamespace, gc.ImageRef{Config: config})
 			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max_send_message_size") {
-				t.Fatalf("image users with 30,000 exited: %d users, err %v; want ResourceExhausted naming max_send_message_size", len(users), err)
+				t.Fatalf("image users with 30,000 exited: %d users, err %v; want ResourceExhausted naming max_send_message_size", len(holders), err)
 			}
 		})
 	}

@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
@@ -201,9 +204,14 @@ func benchThroughput(b *testing.B, c *testenv.Containerd) {
 		b.Fatal(err)
 	}
 	live.Apply(l)
+	nrt := node.NewRuntime(c.Client, rt, ri)
+	deletes, err := deletion.New(deletion.Deps{Journal: memJournal{}, Checker: nrt}, deletion.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
 	g := gc.NewImageGC(gc.ImageGCOptions{
-		Projection: live, Runtime: gc.Runtime{Client: c.Client, CRI: rt, CRIImages: ri, Namespace: testenv.Namespace},
-		Disk: gc.Statfs{Path: c.Root}, Log: zerolog.Nop(),
+		Projection: live, Runtime: nrt, Deletes: deletes,
+		Disk: node.Statfs{Path: c.Root}, Log: zerolog.Nop(),
 		Policy: gc.ImagePolicy{HighThresholdPercent: 0, LowThresholdPercent: 0, KeepPatterns: []string{"bench.test/react/*"}},
 	})
 	began := time.Now()
@@ -238,3 +246,13 @@ func benchThroughput(b *testing.B, c *testenv.Containerd) {
 	b.Logf("%s: %d images (2 names each): executor %s (%.0f/s, with re-check and statfs per image), ctr images rm --sync loop %s (%.0f/s): ratio %.1f",
 		c.Version, n, execTook.Round(time.Millisecond), execRate, ctrTook.Round(time.Millisecond), ctrRate, execRate/ctrRate)
 }
+
+// memJournal keeps no intents: a benchmark has no crash to survive.
+type memJournal struct{}
+
+func (memJournal) Intend(ns string, a schema.Action) (deletion.Intent, error) {
+	return deletion.Intent{Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key}, nil
+}
+func (memJournal) Complete(deletion.Intent, any) error { return nil }
+func (memJournal) Abandon(deletion.Intent) error       { return nil }
+func (memJournal) Pending() ([]deletion.Intent, error) { return nil, nil }

@@ -10,20 +10,24 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
 // nativeContainers reads and deletes plain containerd containers (no
-// io.cri-containerd.kind): Runtime talks to containerd.
+// io.cri-containerd.kind) of any namespace: the node adapter talks to
+// containerd.
 type nativeContainers interface {
 	// NativeLiveness re-reads the container's task; LiveGone if the
 	// container is not found.
-	NativeLiveness(ctx context.Context, id string) (Liveness, error)
+	NativeLiveness(ctx context.Context, ns, id string) (Liveness, error)
 	// DeleteNative deletes the stopped task and the container with its
-	// snapshot. It must never kill a task; NotFound is success.
-	DeleteNative(ctx context.Context, id string) error
+	// snapshot. It must never kill a task; NotFound is success;
+	// ErrOwnerWon when its owner deleted it first.
+	DeleteNative(ctx context.Context, ns, id string) error
 }
 
 // criContainers reads and deletes CRI containers and sandboxes, only
@@ -40,14 +44,12 @@ type criContainers interface {
 	RemoveCRISandbox(ctx context.Context, id string) error
 }
 
-// containerRuntime is what the container executor needs; Runtime is the
-// real one.
+// containerRuntime is what the container executor needs; the node
+// adapter is the real one.
 type containerRuntime interface {
 	nativeContainers
 	criContainers
 }
-
-var _ containerRuntime = Runtime{}
 
 // Container kinds as logged, published and used as metric labels.
 const (
@@ -205,6 +207,9 @@ type ContainerExecutorOptions struct {
 	Metrics   *ContainerMetrics // nil: nothing recorded
 	Logger    zerolog.Logger    // the zero Logger logs nothing
 	Now       func() time.Time  // nil: time.Now
+	// Deletes begins each delete's transaction (a *deletion.Manager); nil:
+	// a dry run only.
+	Deletes deleteLog
 	// Parallelism is how many removals run at once. Default 4: deletes
 	// wait on the shim and the snapshotter, and a burst of exits must not
 	// queue behind one another.
@@ -317,8 +322,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	e.mu.Lock()
 	r := ContainerResult{ContainerItem: it, Kind: kind, EligibleAt: e.eligibleAt(plan, policy, it)}
 	e.mu.Unlock()
-	ctx = inNamespace(ctx, it.Namespace) // re-read and delete in its own namespace
-	live, err := e.liveness(ctx, kind, it.ID)
+	live, err := e.liveness(ctx, kind, it.Namespace, it.ID)
 	if err != nil {
 		e.opts.Metrics.error("recheck")
 		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.opts.Now()
@@ -346,89 +350,114 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	}
 
 	key := scopedKey(it.Namespace, ContainerRemovalKey(it.ID, it.ExitedAt))
-	if e.opts.DryRun {
-		r.Outcome, r.At = ContainerWouldRemove, e.opts.Now()
-		key += "#dry-run"
-		e.mu.Lock()
-		reported := e.dryRuns[key]
-		e.dryRuns[key] = true
-		e.mu.Unlock()
-		if reported {
-			return r, nil
-		}
-	} else {
-		// Intent before action: a crash after the delete still gets its event.
-		intent := Action{Kind: "container", Action: "removed", Subject: it.ID, Key: key, Data: ContainerRemoval{
-			Namespace: it.Namespace, ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
-			PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image, ExitedAt: it.ExitedAt,
-			EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.opts.Now(),
-		}}
-		intended := intendDelete(e.opts.Publisher, intent, e.log)
-		var err error
-		switch kind {
-		case ContainerKindNative:
-			err = e.rt.DeleteNative(ctx, it.ID)
-		case ContainerKindSandbox:
-			err = e.rt.RemoveCRISandbox(ctx, it.ID)
-		default:
-			err = e.rt.RemoveCRIContainer(ctx, it.ID)
-		}
-		r.At = e.opts.Now()
-		if errors.Is(err, errOwnerWon) {
-			// The owner deleted it between our re-check and our delete:
-			// counted, never an error, never retried, and not our removal.
-			abandonDelete(e.opts.Publisher, intent, intended, e.log)
-			e.opts.Metrics.ownerWon(kind)
-			e.event(e.log.Debug(), it, kind).Msg("owner deleted it first")
-			r.Outcome = ContainerGone
-			return r, nil
-		}
-		if err != nil {
-			abandonDelete(e.opts.Publisher, intent, intended, e.log)
+	removal := ContainerRemoval{
+		Namespace: it.Namespace, ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
+		PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image, ExitedAt: it.ExitedAt,
+		EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.opts.Now(),
+	}
+	if e.opts.DryRun || e.opts.Deletes == nil {
+		return e.dryRun(it, kind, key, removal, r), nil
+	}
+	// The delete transaction: a crash or an unknown outcome after the
+	// delete still gets exactly its event, and nothing else's.
+	tx, err := e.opts.Deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal})
+	if err != nil {
+		e.opts.Metrics.error("intent")
+		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.opts.Now()
+		return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
+	}
+	switch kind {
+	case ContainerKindNative:
+		err = e.rt.DeleteNative(ctx, it.Namespace, it.ID)
+	case ContainerKindSandbox:
+		err = e.rt.RemoveCRISandbox(ctx, it.ID)
+	default:
+		err = e.rt.RemoveCRIContainer(ctx, it.ID)
+	}
+	r.At = e.opts.Now()
+	if errors.Is(err, ErrOwnerWon) {
+		// The owner deleted it between our re-check and our delete:
+		// counted, never an error, never retried, and not our removal.
+		_ = tx.Abort()
+		e.opts.Metrics.ownerWon(kind)
+		e.event(e.log.Debug(), it, kind).Msg("owner deleted it first")
+		r.Outcome = ContainerGone
+		return r, nil
+	}
+	if err != nil {
+		// Did the delete happen? containerd says, before anything else
+		// is deleted.
+		switch out, serr := tx.Settle(ctx); out {
+		case deletion.Happened:
+			e.event(e.log.Warn(), it, kind).Err(err).Msg("the delete reported an error but happened")
+		case deletion.NotHappened:
 			e.opts.Metrics.error("remove")
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
-		}
-		r.Outcome = ContainerRemoved
-		if kind == ContainerKindContainer && it.PodUID != "" {
-			e.mu.Lock()
-			e.emptied[it.PodUID] = r.At
-			e.mu.Unlock()
+		default:
+			e.opts.Metrics.error("remove")
+			r.Outcome, r.Error = ContainerFailed, err.Error()
+			return r, fmt.Errorf("remove %s %s: outcome unknown (%w): %w", kind, it.ID, serr, err)
 		}
 	}
-
+	r.Outcome = ContainerRemoved
+	if kind == ContainerKindContainer && it.PodUID != "" {
+		e.mu.Lock()
+		e.emptied[it.PodUID] = r.At
+		e.mu.Unlock()
+	}
 	latency := r.At.Sub(r.EligibleAt)
-	ev := e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Dur("latency", latency)
-	if e.opts.DryRun {
-		ev.Bool("dryRun", true).Msg("would remove")
-	} else {
-		if m := e.opts.Metrics; m != nil {
-			m.removed.WithLabelValues(it.Namespace, kind, string(it.Reason)).Inc()
-			if !r.EligibleAt.IsZero() {
-				m.latency.WithLabelValues(kind).Observe(max(latency, 0).Seconds())
-			}
+	if m := e.opts.Metrics; m != nil {
+		m.removed.WithLabelValues(it.Namespace, kind, string(it.Reason)).Inc()
+		if !r.EligibleAt.IsZero() {
+			m.latency.WithLabelValues(kind).Observe(max(latency, 0).Seconds())
 		}
-		ev.Msg("removed")
 	}
-	if err := e.opts.Publisher.Publish(Action{
-		Kind: "container", Action: "removed", Subject: it.ID, Key: key,
-		Data: ContainerRemoval{
-			Namespace: it.Namespace, ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
-			PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image,
-			ExitedAt: it.ExitedAt, EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy),
-			At: r.At, LatencySecs: latency.Seconds(), DryRun: e.opts.DryRun,
-		},
-	}); err != nil {
+	e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Float64("latency_s", latency.Seconds()).Msg("removed")
+	removal.At, removal.LatencySecs = r.At, latency.Seconds()
+	if err := tx.Commit(removal); err != nil {
 		e.opts.Metrics.error("publish")
-		e.log.Warn().Str("container", it.ID).Err(err).Msg("publish removal")
+		e.log.Warn().Str("container", it.ID).Err(err).Msg("store the removal's event")
 	}
 	return r, nil
 }
 
-func (e *ContainerExecutor) liveness(ctx context.Context, kind, id string) (Liveness, error) {
+// dryRun reports, once per container and exit, that a dry run would
+// remove it: logged, and published as container.skipped with reason
+// dry-run, never on the removal subject.
+func (e *ContainerExecutor) dryRun(it ContainerItem, kind, key string, removal ContainerRemoval, r ContainerResult) ContainerResult {
+	r.Outcome, r.At = ContainerWouldRemove, e.opts.Now()
+	key += "#dry-run"
+	e.mu.Lock()
+	reported := e.dryRuns[key]
+	e.dryRuns[key] = true
+	e.mu.Unlock()
+	if reported {
+		return r
+	}
+	latency := r.At.Sub(r.EligibleAt)
+	e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Float64("latency_s", latency.Seconds()).
+		Bool("dryRun", true).Msg("would remove")
+	removal.At, removal.LatencySecs, removal.DryRun = r.At, latency.Seconds(), true
+	if err := e.opts.Publisher.Publish(Action{Kind: "container", Action: ActionSkipped, Subject: it.ID, Key: key,
+		Data: ContainerSkip{ContainerRemoval: removal, SkipReason: schema.ReasonDryRun}}); err != nil {
+		e.opts.Metrics.error("publish")
+		e.log.Warn().Str("container", it.ID).Err(err).Msg("publish dry run")
+	}
+	return r
+}
+
+// ContainerSkip is the data of a published container.skipped action: the
+// removal that was not made, and why.
+type ContainerSkip struct {
+	ContainerRemoval
+	SkipReason string `json:"skipReason"`
+}
+
+func (e *ContainerExecutor) liveness(ctx context.Context, kind, ns, id string) (Liveness, error) {
 	switch kind {
 	case ContainerKindNative:
-		return e.rt.NativeLiveness(ctx, id)
+		return e.rt.NativeLiveness(ctx, ns, id)
 	case ContainerKindSandbox:
 		return e.rt.CRISandboxLiveness(ctx, id)
 	case ContainerKindContainer:

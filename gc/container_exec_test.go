@@ -32,6 +32,9 @@ type fakeContainerRuntime struct {
 	deleted chan string      // every successful delete, if non-nil
 	// violations are deletes asked for objects the runtime calls alive.
 	violations []string
+	// afterCall, if set, runs (under the lock) after each call, also a
+	// failing one.
+	afterCall func(op, id string)
 }
 
 func newFakeContainerRuntime() *fakeContainerRuntime {
@@ -73,6 +76,9 @@ func (f *fakeContainerRuntime) Deletes() []string {
 func (f *fakeContainerRuntime) call(op, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.afterCall != nil {
+		defer f.afterCall(op, id)
+	}
 	if err, ok := f.errs[op+" "+id]; ok {
 		delete(f.errs, op+" "+id)
 		f.calls = append(f.calls, op+" "+id+" !")
@@ -114,10 +120,10 @@ func (f *fakeContainerRuntime) remove(op, id string) error {
 	return nil
 }
 
-func (f *fakeContainerRuntime) NativeLiveness(_ context.Context, id string) (Liveness, error) {
+func (f *fakeContainerRuntime) NativeLiveness(_ context.Context, _, id string) (Liveness, error) {
 	return f.liveness("native-liveness", id)
 }
-func (f *fakeContainerRuntime) DeleteNative(_ context.Context, id string) error {
+func (f *fakeContainerRuntime) DeleteNative(_ context.Context, _, id string) error {
 	return f.remove("delete-native", id)
 }
 func (f *fakeContainerRuntime) CRIContainerLiveness(_ context.Context, id string) (Liveness, error) {
@@ -239,7 +245,7 @@ func TestContainerExecutorApply(t *testing.T) {
 				t.Fatal(err)
 			}
 			// One worker: the order of deletes and errors is the plan's.
-			e := NewContainerExecutor(f, ContainerExecutorOptions{Publisher: pub, Metrics: m, Parallelism: 1,
+			e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub, Metrics: m, Parallelism: 1,
 				Now: func() time.Time { return at(time.Minute) }})
 			res, err := e.Apply(context.Background(), plan, allPolicy)
 			if got := errString(err); got != tc.wantErr {
@@ -306,7 +312,7 @@ func TestContainerExecutorNeverTouchesTheLiving(t *testing.T) {
 		{ID: "weird", CRIKind: "something-new", Reason: ReasonGlobalCap},
 	}}
 	pub := &fakePublisher{}
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Publisher: pub})
+	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub})
 	res, err := e.Apply(context.Background(), plan, allPolicy)
 	if err != nil {
 		t.Fatal(err)
@@ -325,7 +331,8 @@ func TestContainerExecutorPublishesDeterministicKeys(t *testing.T) {
 	exited := at(3 * time.Second)
 	plan := ContainerPlan{Remove: []ContainerItem{{ID: "c1", EvictUnit: "c1", ExitedAt: exited, State: projection.StateExited, Reason: ReasonGlobalCap}}}
 	pub := &fakePublisher{}
-	e := NewContainerExecutor(newFakeContainerRuntime(), ContainerExecutorOptions{Publisher: pub, Now: func() time.Time { return at(5 * time.Second) }})
+	f := newFakeContainerRuntime()
+	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub, Now: func() time.Time { return at(5 * time.Second) }})
 	if _, err := e.Apply(context.Background(), plan, ContainerPolicy{MinAge: time.Second, MaxContainers: 0, MaxPerEvictUnit: -1, Prune: PruneNative}); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +375,10 @@ func TestContainerExecutorDryRun(t *testing.T) {
 		t.Fatalf("%d actions over two dry passes, want %d (once each)", len(acts), len(plan.Remove))
 	}
 	for _, a := range acts {
-		if !a.Data.(ContainerRemoval).DryRun || !strings.HasSuffix(a.Key, "#dry-run") {
+		// A dry run is container.skipped with reason dry-run (issue 25,
+		// finding 8), never on the removal subject.
+		d, ok := a.Data.(ContainerSkip)
+		if !ok || a.Action != ActionSkipped || !d.DryRun || d.SkipReason != "dry-run" || !strings.HasSuffix(a.Key, "#dry-run") {
 			t.Errorf("dry-run action %+v", a)
 		}
 	}
@@ -387,7 +397,8 @@ func TestContainerExecutorEligibility(t *testing.T) {
 	)...)
 	p := ContainerPolicy{MinAge: 10 * time.Second, MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll}
 	plan := PlanContainers(s, p, at(20*time.Second))
-	e := NewContainerExecutor(newFakeContainerRuntime(), ContainerExecutorOptions{Now: func() time.Time { return at(20 * time.Second) }})
+	f := newFakeContainerRuntime()
+	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f), Now: func() time.Time { return at(20 * time.Second) }})
 	res, err := e.Apply(context.Background(), plan, p)
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +422,7 @@ func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
 	s := nodeState()
 	plan := PlanContainers(s, p, at(time.Minute))
 	f := newFakeContainerRuntime()
-	e := NewContainerExecutor(f, ContainerExecutorOptions{})
+	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f)})
 	if _, err := e.Apply(context.Background(), plan, p); err != nil {
 		t.Fatal(err)
 	}
@@ -447,8 +458,8 @@ func TestContainerExecutorOwnerWon(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFakeContainerRuntime()
-	f.InjectError("delete-native", "n-dead", fmt.Errorf("delete container: %w", errOwnerWon))
-	res, err := NewContainerExecutor(f, ContainerExecutorOptions{Metrics: m}).Apply(context.Background(), plan, p)
+	f.InjectError("delete-native", "n-dead", fmt.Errorf("delete container: %w", ErrOwnerWon))
+	res, err := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f), Metrics: m}).Apply(context.Background(), plan, p)
 	if err != nil {
 		t.Fatalf("owner won is not an error: %v", err)
 	}
@@ -461,7 +472,7 @@ func TestContainerExecutorOwnerWon(t *testing.T) {
 
 	f = newFakeContainerRuntime()
 	f.Set("n-dead", LiveLeased)
-	res, _ = NewContainerExecutor(f, ContainerExecutorOptions{}).Apply(context.Background(), plan, p)
+	res, _ = NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f)}).Apply(context.Background(), plan, p)
 	if len(res) != 1 || res[0].Outcome != ContainerKept || res[0].Live != LiveLeased || len(f.Deletes()) != 0 {
 		t.Errorf("leased: results %+v, deletes %v", res, f.Deletes())
 	}

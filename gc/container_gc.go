@@ -72,6 +72,9 @@ type ContainerGCOptions struct {
 	Metrics   *ContainerMetrics // nil: nothing recorded
 	Logger    zerolog.Logger    // the zero Logger logs nothing
 	Clock     ContainerClock    // nil: the real clock
+	// Deletes begins each delete's transaction (a *deletion.Manager);
+	// nil: nothing is deleted (a dry run).
+	Deletes deleteLog
 	// MaxRetry caps the backoff after failed deletes. Default 1m.
 	MaxRetry time.Duration
 	// MinGap spaces passes woken by projection changes: a change within
@@ -145,7 +148,7 @@ func NewContainerGC(st containerState, changes <-chan struct{}, rt containerRunt
 		opts.MaxRetry = time.Minute
 	}
 	exec := NewContainerExecutor(rt, ContainerExecutorOptions{
-		DryRun: opts.DryRun, Publisher: opts.Publisher, Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Clock.Now,
+		DryRun: opts.DryRun, Publisher: opts.Publisher, Deletes: opts.Deletes, Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Clock.Now,
 	})
 	return &ContainerGC{
 		st: st, changes: changes, exec: exec, opts: opts,

@@ -183,6 +183,9 @@ func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gc
 	changes := live.Subscribe()
 	live.Apply(evs...)
 	opts.Clock, opts.Publisher = h.clock, h.pub
+	if !opts.DryRun {
+		opts.Deletes = testDeletes1(t, h.pub, h.rt)
+	}
 	h.gc, err = NewContainerGC(live, changes, h.rt, opts)
 	if err != nil {
 		t.Fatal(err)

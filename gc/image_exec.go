@@ -7,9 +7,9 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/rs/zerolog"
 )
@@ -24,6 +24,7 @@ const (
 	ReasonDeleteFailed Reason = "error"                 // the delete failed; see Detail
 	ReasonCanceled     Reason = "canceled"              // the agent is stopping
 	ReasonInFlightPull Reason = "in-flight-pull"        // a containerd lease holds its target: a pull or import is writing it
+	ReasonUnsettled    Reason = "unsettled"             // an earlier delete's outcome is not known yet: nothing goes until containerd says
 )
 
 // Image outcome actions, as published.
@@ -32,32 +33,10 @@ const (
 	ActionSkipped = "skipped"
 )
 
-// imageRuntime is what the image executor needs from the node: read the
-// image and its users again right before a delete, and delete all its names.
-type imageRuntime interface {
-	// ImageNames returns every name pointing at the target digest now.
-	ImageNames(ctx context.Context, digest string) ([]ImageName, error)
-	// ImageUsers returns what holds the image now: containers whose image
-	// is one of names, snapshots prepared from chain, CRI containers whose
-	// image id is config.
-	ImageUsers(ctx context.Context, names []string, config, chain string) ([]string, error)
-	// RemoveImage deletes all names (of one digest), synchronously, and
-	// says how (cri or native); errImageChanged when a name moved.
-	RemoveImage(ctx context.Context, digest string, names []ImageName) (string, error)
-	// LeasedContent returns the digests of the content that a lease (an
-	// in-flight pull or import) holds now.
-	LeasedContent(ctx context.Context) (map[string]bool, error)
-}
-
 // diskMeter measures the image filesystem.
 type diskMeter interface {
 	Disk() (DiskStats, error)
 }
-
-var (
-	_ imageRuntime = Runtime{}
-	_ diskMeter    = Statfs{}
-)
 
 // ImageOutcome is what a pass did with one image the plan named: removed,
 // or skipped with the reason.
@@ -97,9 +76,10 @@ type imageExecResult struct {
 
 // imageExecutor applies image plans: it re-checks each image against
 // containerd and the projection right before deleting it, deletes all its
-// names, measures the disk after each one and stops at the low threshold.
+// names inside a delete transaction, measures the disk after each one and
+// stops at the low threshold.
 type imageExecutor struct {
-	rt     imageRuntime
+	rt     imageNode
 	disk   diskMeter
 	users  func(ns, digest string) []string // the projection's users of digest in namespace ns now
 	synced func() bool
@@ -107,20 +87,24 @@ type imageExecutor struct {
 	dryRun bool
 	now    func() time.Time
 	// emit, if set, is called with each outcome as it happens (for logs,
-	// metrics and events), before execute returns.
+	// metrics and the events of skips), before execute returns.
 	emit func(ImageOutcome)
-	// pub, when it is an Intender, records an intent before each delete; the
-	// removal's Publish (through emit) completes it. log notes intent errors.
-	pub Publisher
-	log zerolog.Logger
+	// deletes begins each delete's transaction; its commit stores the
+	// removal's event. beforeDelete, if set, runs right before each
+	// transaction begins (the pass's report goes out first).
+	deletes      deleteLog
+	beforeDelete func()
+	log          zerolog.Logger
 }
 
 // execute applies plan. Max-age images are all deleted; space images are
 // deleted least recently used first until the measured disk is at or below
 // the low threshold, going on past the plan's estimate when shared layers
 // made it too optimistic. Without a measurement (dry run, statfs failing)
-// the estimate decides. Per-image errors are joined into Err; the other
-// images are still processed.
+// the estimate decides, and nothing goes past the plan. A delete whose
+// outcome containerd cannot tell ends the pass: nothing more is deleted
+// until it is settled and the disk measured again (the next pass). Per-image
+// errors are joined into Err; the other images are still processed.
 func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecResult {
 	res := imageExecResult{Disk: plan.Disk, Measured: !plan.InvalidCapacity}
 	queue := slices.Clone(plan.Delete)
@@ -133,11 +117,9 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 		}
 	}
 	synced := x.synced()
-	// Leases are read once per pass and namespace, on the first re-check
-	// that needs them.
-	leases := map[string]func() (map[string]bool, error){}
 	var errs []error
 	estimated := int64(0) // bytes the plan's estimate counts as freed so far
+	unsettled := ""       // why the pass stopped deleting: an unknown outcome
 	for i, it := range queue {
 		beyond := i >= planned
 		rule := it.Reason
@@ -150,6 +132,9 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			}
 			res.add(x, x.outcome(it, rule, ActionSkipped, r, detail))
 		}
+		if beyond && !res.Measured {
+			break // past the plan only on a fresh measurement
+		}
 		if rule == ReasonSpace && x.enough(plan, res, estimated) {
 			skip(ReasonLowReached, "")
 			continue
@@ -161,15 +146,11 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 		case !synced:
 			skip(ReasonNotSynced, "")
 			continue
+		case unsettled != "":
+			skip(ReasonUnsettled, unsettled)
+			continue
 		}
-		// Each image is re-read and deleted in its own namespace.
-		ctx := inNamespace(ctx, it.Namespace)
-		leased, ok := leases[it.Namespace]
-		if !ok {
-			leased = sync.OnceValues(func() (map[string]bool, error) { return x.rt.LeasedContent(ctx) })
-			leases[it.Namespace] = leased
-		}
-		names, why, detail, err := x.recheck(ctx, it, leased)
+		names, why, detail, err := x.recheck(ctx, it)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("re-check image %s: %w", it.Digest, err))
 			skip(ReasonDeleteFailed, err.Error())
@@ -179,39 +160,27 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			skip(why, detail)
 			continue
 		}
-		if x.dryRun {
+		if x.dryRun || x.deletes == nil {
 			estimated += it.Size
 			skip(ReasonDryRun, "would remove ("+string(rule)+")")
 			continue
 		}
-		// Intent before action: a crash after the delete still gets its event.
-		intent := Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest, Key: imageRemovalKey(it.Namespace, it.Digest, it.FirstSeen),
-			Data: imageData{ImageOutcome: x.outcome(it, rule, ActionRemoved, rule, "")}}
-		intended := intendDelete(x.pub, intent, x.log)
-		via, err := x.rt.RemoveImage(ctx, it.Digest, names)
-		if err != nil {
-			abandonDelete(x.pub, intent, intended, x.log)
-		}
-		if errors.Is(err, errImageChanged) {
+		o, err := x.remove(ctx, it, names, rule, &res)
+		switch {
+		case errors.Is(err, deletion.ErrUnsettled):
+			unsettled = err.Error()
+			errs = append(errs, err)
+			skip(ReasonUnsettled, unsettled)
+			continue
+		case errors.Is(err, ErrImageChanged):
 			skip(ReasonChanged, err.Error())
 			continue
-		}
-		if err != nil {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("remove image %s %v: %w", it.Digest, it.Names, err))
 			skip(ReasonDeleteFailed, err.Error())
 			continue
 		}
-		o := x.outcome(it, rule, ActionRemoved, rule, "")
-		o.Via, o.Beyond = via, beyond
-		if res.FirstDelete.IsZero() {
-			res.FirstDelete = o.At
-		}
-		if d, err := x.disk.Disk(); err == nil && res.Measured {
-			o.Freed = int64(d.AvailableBytes) - int64(res.Disk.AvailableBytes)
-			res.Disk = d
-		} else {
-			res.Measured = false
-		}
+		o.Beyond = beyond
 		estimated += it.Size
 		res.Removed++
 		res.EstimatedBytes += it.Size
@@ -220,6 +189,54 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 	}
 	res.Err = errors.Join(errs...)
 	return res
+}
+
+// remove deletes image it (its names now are names) in a delete
+// transaction and measures the disk after it. It returns the removal's
+// outcome, whose event its commit stored; ErrImageChanged (nothing deleted);
+// an error wrapping deletion.ErrUnsettled when the delete's outcome is not
+// known (the pass must stop deleting); any other error when it did not
+// happen.
+func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageName, rule Reason, res *imageExecResult) (ImageOutcome, error) {
+	o := x.outcome(it, rule, ActionRemoved, rule, "")
+	if x.beforeDelete != nil {
+		x.beforeDelete()
+	}
+	tx, err := x.deletes.Begin(ctx, it.Namespace, Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest,
+		Key: imageRemovalKey(it.Namespace, it.Digest, it.FirstSeen), Data: imageData{ImageOutcome: o}})
+	if err != nil {
+		return o, err
+	}
+	via, err := x.rt.RemoveImage(ctx, it.Namespace, it.Digest, names)
+	if errors.Is(err, ErrImageChanged) {
+		_ = tx.Abort()
+		return o, err
+	}
+	if err != nil {
+		// Did containerd commit the delete? Ask before anything else goes.
+		switch out, serr := tx.Settle(ctx); out {
+		case deletion.NotHappened:
+			return o, err
+		case deletion.Unknown:
+			res.Measured = false
+			return o, fmt.Errorf("%w: image %s: %w (after: %w)", deletion.ErrUnsettled, it.Digest, serr, err)
+		}
+		o.Detail = "the delete reported an error but happened: " + err.Error()
+	}
+	o.Via, o.At = via, x.now()
+	if res.FirstDelete.IsZero() {
+		res.FirstDelete = o.At
+	}
+	if d, err := x.disk.Disk(); err == nil && res.Measured {
+		o.Freed = int64(d.AvailableBytes) - int64(res.Disk.AvailableBytes)
+		res.Disk = d
+	} else {
+		res.Measured = false
+	}
+	if err := tx.Commit(imageData{ImageOutcome: o}); err != nil {
+		x.log.Warn().Err(err).Str("digest", it.Digest).Msg("store the removal's event")
+	}
+	return o, nil
 }
 
 func (res *imageExecResult) add(x *imageExecutor, o ImageOutcome) {
@@ -254,12 +271,12 @@ func usagePercent(d DiskStats) (int, bool) {
 	return 100 - int(mulDiv(min(d.AvailableBytes, d.CapacityBytes), 100, d.CapacityBytes)), true
 }
 
-// recheck reads the image from containerd, its users from containerd and
-// the projection, and whether a lease holds its target (leased, read once
-// per pass), right before the delete. It returns the names to delete, or
-// why not to; an error when it cannot tell.
-func (x *imageExecutor) recheck(ctx context.Context, it ImageItem, leased func() (map[string]bool, error)) ([]ImageName, Reason, string, error) {
-	names, err := x.rt.ImageNames(ctx, it.Digest)
+// recheck reads the image from containerd, and what holds it from the
+// projection and the node (containers, snapshots, CRI, leases: one
+// answer), right before the delete. It returns the names to delete, or why
+// not to; an error when it cannot tell.
+func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName, Reason, string, error) {
+	names, err := x.rt.ImageNames(ctx, it.Namespace, it.Digest)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -279,23 +296,23 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem, leased func()
 	if users := x.users(it.Namespace, it.Digest); len(users) > 0 {
 		return nil, ReasonInUse, "projection users: " + strings.Join(users, ","), nil
 	}
-	users, err := x.rt.ImageUsers(ctx, now, it.ConfigDigest, it.ChainID)
+	holders, err := x.rt.ImageHolders(ctx, it.Namespace, ImageRef{Digest: it.Digest, Names: now, Config: it.ConfigDigest, Chain: it.ChainID})
 	if err != nil {
 		return nil, "", "", err
 	}
-	if len(users) > 0 {
-		return nil, ReasonInUse, "containerd users: " + strings.Join(users, ","), nil
+	if len(holders) == 0 {
+		return names, "", "", nil
+	}
+	ids := make([]string, len(holders))
+	for i, h := range holders {
+		ids[i] = h.Kind + ":" + h.ID
 	}
 	// A pull of a name whose target is this image writes under a lease and
 	// creates its record early (native pulls before unpacking).
-	held, err := leased()
-	if err != nil {
-		return nil, "", "", err
+	if !slices.ContainsFunc(holders, func(h Holder) bool { return h.Kind != HolderLease }) {
+		return nil, ReasonInFlightPull, "a lease holds " + it.Digest + ": " + strings.Join(ids, ","), nil
 	}
-	if held[it.Digest] {
-		return nil, ReasonInFlightPull, "a lease holds " + it.Digest, nil
-	}
-	return names, "", "", nil
+	return nil, ReasonInUse, "containerd users: " + strings.Join(ids, ","), nil
 }
 
 func namesDiff(was, now []string) string {

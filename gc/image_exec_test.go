@@ -11,8 +11,7 @@ import (
 	"testing"
 	"time"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
+	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/projection"
 )
@@ -34,11 +33,14 @@ type fakeRuntime struct {
 	removed []string // digests, in order
 	// beforeRemove runs right before a removal, to race the executor.
 	beforeRemove func(digest string)
+	// failAfterRemove makes a removal of a digest return its error after
+	// it happened (containerd committed it; the reply was lost).
+	failAfterRemove map[string]error
 }
 
 var (
-	_ imageRuntime = (*fakeRuntime)(nil)
-	_ diskMeter    = (*fakeDisk)(nil)
+	_ imageNode = (*fakeRuntime)(nil)
+	_ diskMeter = (*fakeDisk)(nil)
 )
 
 func newFakeRuntime(d *fakeDisk) *fakeRuntime {
@@ -58,7 +60,7 @@ func (f *fakeRuntime) Add(digest string, frees uint64, names ...string) {
 			k, v, _ := strings.Cut(kv, "=")
 			labels[k] = v
 		}
-		f.names[digest] = append(f.names[digest], ImageName{Name: name, Target: ocispec.Descriptor{}, Labels: labels})
+		f.names[digest] = append(f.names[digest], ImageName{Name: name, Labels: labels})
 	}
 	slices.SortFunc(f.names[digest], func(a, b ImageName) int { return strings.Compare(a.Name, b.Name) })
 	f.frees[digest] = frees
@@ -105,7 +107,7 @@ func (f *fakeRuntime) Removed() []string {
 	return slices.Clone(f.removed)
 }
 
-func (f *fakeRuntime) ImageNames(_ context.Context, digest string) ([]ImageName, error) {
+func (f *fakeRuntime) ImageNames(_ context.Context, _, digest string) ([]ImageName, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, "names "+digest)
@@ -115,31 +117,30 @@ func (f *fakeRuntime) ImageNames(_ context.Context, digest string) ([]ImageName,
 	return slices.Clone(f.names[digest]), nil
 }
 
-func (f *fakeRuntime) ImageUsers(_ context.Context, names []string, config, chain string) ([]string, error) {
+func (f *fakeRuntime) ImageHolders(_ context.Context, _ string, img ImageRef) ([]Holder, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var ids []string
-	for _, n := range append(slices.Clone(names), "config:"+config, "chain:"+chain) {
+	var out []Holder
+	for _, n := range append(slices.Clone(img.Names), "config:"+img.Config, "chain:"+img.Chain) {
 		if err := f.errs["users "+n]; err != nil {
 			return nil, err
 		}
-		ids = append(ids, f.users[n]...)
+		for _, id := range f.users[n] {
+			out = append(out, Holder{Kind: HolderContainer, ID: id})
+		}
 	}
-	slices.Sort(ids)
-	return ids, nil
-}
-
-func (f *fakeRuntime) LeasedContent(context.Context) (map[string]bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.calls = append(f.calls, "leases")
 	if err := f.errs["leases "]; err != nil {
 		return nil, err
 	}
-	return maps.Clone(f.leased), nil
+	if f.leased[img.Digest] {
+		out = append(out, Holder{Kind: HolderLease, ID: "lease-of-" + img.Digest})
+	}
+	slices.SortFunc(out, func(a, b Holder) int { return strings.Compare(a.Kind+a.ID, b.Kind+b.ID) })
+	return out, nil
 }
 
-func (f *fakeRuntime) RemoveImage(_ context.Context, digest string, names []ImageName) (string, error) {
+func (f *fakeRuntime) RemoveImage(_ context.Context, _, digest string, names []ImageName) (string, error) {
 	if f.beforeRemove != nil {
 		f.beforeRemove(digest)
 	}
@@ -147,15 +148,18 @@ func (f *fakeRuntime) RemoveImage(_ context.Context, digest string, names []Imag
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, "remove "+digest)
 	if err := f.errs["remove "+digest]; err != nil {
-		return viaNative, err
+		return "native", err
 	}
 	if len(names) != len(f.names[digest]) {
-		return viaNative, fmt.Errorf("asked to remove %d names of %s, it has %d", len(names), digest, len(f.names[digest]))
+		return "native", fmt.Errorf("asked to remove %d names of %s, it has %d", len(names), digest, len(f.names[digest]))
 	}
 	delete(f.names, digest)
 	f.removed = append(f.removed, digest)
 	f.disk.Free(f.frees[digest])
-	return viaNative, nil
+	if err := f.failAfterRemove[digest]; err != nil {
+		return "native", err
+	}
+	return "native", nil
 }
 
 // fakeDisk is a filesystem of fixed capacity.
@@ -221,11 +225,23 @@ func (n *node) plan(p ImagePolicy, now time.Time) ImagePlan {
 }
 
 func (n *node) executor(p ImagePolicy) *imageExecutor {
-	return &imageExecutor{
+	deletes, err := deletion.New(deletion.Deps{Journal: &memJournal{}, Checker: n.rt}, deletion.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return &imageExecutor{deletes: deletes,
 		rt: n.rt, disk: n.disk, policy: p, now: func() time.Time { return at(time.Hour) },
 		synced: func() bool { return n.state.Synced },
 		users:  func(_, d string) []string { return n.state.DigestUsers(d) },
 	}
+}
+
+// executorPublishing is executor with delete transactions whose commits are
+// published to pub.
+func (n *node) executorPublishing(t testing.TB, p ImagePolicy, pub Publisher) *imageExecutor {
+	x := n.executor(p)
+	x.deletes = testDeletes1(t, pub, n.rt)
+	return x
 }
 
 var policy8070 = ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80, MinAge: 2 * m}
@@ -324,7 +340,7 @@ func TestImageExecutorNeverDeletesWhatIsNoLongerACandidate(t *testing.T) {
 		{"deleted by someone else", func(n *node) { delete(n.rt.names, a) }, ReasonGone},
 		{"a pull of its target is in flight (lease)", func(n *node) { n.rt.Lease(a, true) }, ReasonInFlightPull},
 		{"name moved to another target during the delete", func(n *node) {
-			n.rt.InjectError("remove", a, fmt.Errorf("image %q: %w", "example.test/a:1", errImageChanged))
+			n.rt.InjectError("remove", a, fmt.Errorf("image %q: %w", "example.test/a:1", ErrImageChanged))
 		}, ReasonChanged},
 	}
 	for _, tt := range tests {
@@ -350,7 +366,9 @@ func TestImageExecutorNeverDeletesWhatIsNoLongerACandidate(t *testing.T) {
 }
 
 func TestImageExecutorLeases(t *testing.T) {
-	t.Run("listed once per pass; held image skipped, the next one goes", func(t *testing.T) {
+	// Leases are read when each delete is decided, not once per pass
+	// (issue 25, Deliver 2): a pull that starts during a pass is seen.
+	t.Run("read at each decision; held image skipped, the next one goes", func(t *testing.T) {
 		n := newNode()
 		n.rt.Lease(digestOf("a"), true)
 		n.rt.Lease("sha256:some-layer", true)
@@ -362,8 +380,8 @@ func TestImageExecutorLeases(t *testing.T) {
 		if got, want := n.rt.Removed(), []string{digestOf("b"), digestOf("c")}; !slices.Equal(got, want) {
 			t.Errorf("removed %v, want %v", got, want)
 		}
-		if got := n.rt.Calls("leases"); got != 1 {
-			t.Errorf("leases listed %d times in one pass, want once", got)
+		if got, want := n.rt.Calls("leases"), 3; got != want {
+			t.Errorf("leases read %d times in one pass, want %d (once per image decided)", got, want)
 		}
 		if res.Err != nil {
 			t.Errorf("a lease is not an error: %v", res.Err)
@@ -380,8 +398,8 @@ func TestImageExecutorLeases(t *testing.T) {
 		if !slices.Contains(n.rt.Removed(), digestOf("a")) {
 			t.Errorf("a not removed once its lease ended: %v", n.rt.Removed())
 		}
-		if got := n.rt.Calls("leases"); got != 2 {
-			t.Errorf("leases listed %d times in two passes, want twice", got)
+		if got := n.rt.Calls("leases"); got < 2 {
+			t.Errorf("leases read %d times in two passes, want at least once a pass", got)
 		}
 	})
 	t.Run("leases unknown: nothing deleted", func(t *testing.T) {
@@ -401,8 +419,23 @@ func TestImageExecutorLeases(t *testing.T) {
 				t.Errorf("%s: skip reason %q, want %q", d, got, ReasonDeleteFailed)
 			}
 		}
-		if got := n.rt.Calls("leases"); got != 1 {
-			t.Errorf("leases listed %d times in one pass, want once", got)
+		if got := n.rt.Calls("leases"); got < 3 {
+			t.Errorf("leases read %d times in one pass, want once per image decided (3 planned)", got)
+		}
+	})
+	t.Run("a pull that starts during the pass is seen at its decision", func(t *testing.T) {
+		n := newNode()
+		n.rt.beforeRemove = func(d string) {
+			if d == digestOf("a") {
+				n.rt.Lease(digestOf("b"), true) // a pull of b starts while a is deleted
+			}
+		}
+		res := n.executor(policy8070).execute(context.Background(), n.plan(policy8070, at(time.Hour)))
+		if slices.Contains(n.rt.Removed(), digestOf("b")) {
+			t.Errorf("b removed though a lease held it when its delete was decided: %v", n.rt.Removed())
+		}
+		if got := reasons(res.Outcomes)[digestOf("b")]; got != ReasonInFlightPull {
+			t.Errorf("b: skip reason %q, want %q", got, ReasonInFlightPull)
 		}
 	})
 }
@@ -541,28 +574,5 @@ func TestLowReached(t *testing.T) {
 		if got := lowReached(DiskStats{CapacityBytes: tt.capacity, AvailableBytes: tt.available}, tt.low); got != tt.want {
 			t.Errorf("lowReached(%d/%d, %d) = %v, want %v", tt.available, tt.capacity, tt.low, got, tt.want)
 		}
-	}
-}
-
-func TestSandboxImagesFromConfig(t *testing.T) {
-	tests := []struct {
-		name, config string
-		want         []string
-	}{
-		{"containerd 1.6", `{"containerd":{"snapshotter":"overlayfs"},"sandboxImage":"registry.k8s.io/pause:3.6","maxConcurrentDownloads":3}`,
-			[]string{"registry.k8s.io/pause:3.6"}},
-		{"pinned images map", `{"imageConfig":{"pinnedImages":{"sandbox":"registry.k8s.io/pause:3.10","other":"x/y:1"}}}`,
-			[]string{"registry.k8s.io/pause:3.10", "x/y:1"}},
-		{"snake case", `{"sandbox_image":"p:1","pinned_images":{"sandbox":"p:1"}}`, []string{"p:1"}},
-		{"containerd 2.3 runtime config: none", `{"containerd":{"defaultRuntimeName":"runc"},"enableCDI":true}`, nil},
-		{"not json", `{`, nil},
-		{"empty", ``, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := sandboxImagesFromConfig(tt.config); !slices.Equal(got, tt.want) {
-				t.Errorf("got %v, want %v", got, tt.want)
-			}
-		})
 	}
 }

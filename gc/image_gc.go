@@ -30,8 +30,12 @@ type ImageGCOptions struct {
 	// Projection is the live projection (a *projection.Live); NewImageGC
 	// subscribes to it, so it must be called before the projection runs.
 	Projection imageProjection
-	// Runtime re-reads and deletes images (a Runtime).
-	Runtime imageRuntime
+	// Runtime re-reads and deletes images (the node adapter).
+	Runtime imageNode
+	// Deletes begins each delete's transaction (a *deletion.Manager),
+	// whose commit stores the removal's event; nil: nothing is deleted
+	// (a dry run).
+	Deletes deleteLog
 	// Disk measures the image filesystem (a Statfs).
 	Disk diskMeter
 	// Policy is the image policy; it must pass Validate. Sandbox images
@@ -172,7 +176,7 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 	g.trig = imageTrigger{policy: o.Policy, retry: o.Retry, minGap: o.DiskInterval, dryRun: o.DryRun}
 	g.exec = &imageExecutor{
 		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
-		synced: o.Projection.Synced, pub: o.Publisher, log: o.Log,
+		synced: o.Projection.Synced, deletes: o.Deletes, log: o.Log,
 		users: func(ns, digest string) (ids []string) {
 			o.Projection.ViewAll(func(states []*projection.State) {
 				for _, s := range states {
@@ -350,8 +354,11 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	}
 
 	g.exec.emit = func(o ImageOutcome) { g.handle(o, &pass, rep, log) }
+	// A delete makes the pass news: its start goes out before the
+	// removal's event, which the delete's transaction stores.
+	g.exec.beforeDelete = func() { rep.flush(false) }
 	res := g.exec.execute(ctx, plan)
-	g.exec.emit = nil
+	g.exec.emit, g.exec.beforeDelete = nil, nil
 
 	pass.End = g.o.Now()
 	pass.EstimatedBytes, pass.FreedBytes = res.EstimatedBytes, res.FreedBytes
@@ -428,7 +435,8 @@ func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log z
 		ev.Str("namespace", o.Namespace).Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("bytes", o.Size).
 			Int64("freed", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
 			Msg("image " + o.Action)
-		if !quiet {
+		// A removal's event was stored by its delete transaction.
+		if !quiet && o.Action != ActionRemoved {
 			g.publish(Action{Kind: "image", Action: o.Action, Subject: o.Digest, Key: key, Data: imageData{ImageOutcome: o, DryRun: g.o.DryRun}}, log)
 		}
 	})

@@ -80,6 +80,9 @@ func newImageGC(t *testing.T, n *node, p ImagePolicy, mod func(*ImageGCOptions))
 	if mod != nil {
 		mod(&o)
 	}
+	if !o.DryRun && o.Deletes == nil {
+		o.Deletes = testDeletes1(t, o.Publisher, n.rt)
+	}
 	return NewImageGC(o), pub, clk, reg
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gcagent/gcagent/schema"
 	"github.com/nats-io/nats.go"
 )
 
@@ -78,23 +79,8 @@ type CloudEvent struct {
 }
 
 // Action is one thing the agent did or decided, to be published as one
-// CloudEvent; its fields match gc.Action, so natsbus.Action(a) converts one.
-type Action struct {
-	// Kind is the object kind: image, container, log, gc, agent.
-	Kind string
-	// Action is what happened to it: removed, skipped, started, completed, failed, heartbeat.
-	Action string
-	// Subject names the object in the CloudEvent (image digest, container id, path); never put into a NATS subject.
-	Subject string
-	// Key identifies this action among all actions of the same node, kind and
-	// action, and must be the same if the caller submits the same action again
-	// (for example "sha256:…/cycle-42"): the event id is derived from it. An
-	// empty Key gets a random one, so the event is still exactly-once from the
-	// outbox on, but a re-submission by the caller is a second event.
-	Key string
-	// Data is marshalled to JSON as the event's data; nil means no data.
-	Data any
-}
+// CloudEvent (schema.Action).
+type Action = schema.Action
 
 // EventID returns the deterministic event id of an action: the first 128 bits
 // of sha256("<cluster>/<node>/<kind>/<action>/<key>") in hex. The same inputs

@@ -7,9 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/gcagent/gcagent/deletion"
 )
 
 var (
@@ -19,28 +20,14 @@ var (
 )
 
 // Intent is a delete the agent is about to make, recorded durably before
-// it. After the delete the caller completes it (its event goes into the
-// outbox in the same transaction that drops the intent) or abandons it (the
-// delete did not happen). An intent left by a crash is found by Pending at
-// the next start, and resolved by asking whether the object still exists.
-type Intent struct {
-	// Seq numbers the intent in this outbox; part of the event key.
-	Seq uint64 `json:"seq"`
-	// At is when the intent was recorded (the delete came after).
-	At time.Time `json:"at"`
-	// Kind, Action and Subject are the action's; Key is the final one
-	// (the caller's key plus the outbox epoch and Seq).
-	Kind    string `json:"kind"`
-	Action  string `json:"action"`
-	Subject string `json:"subject"`
-	Key     string `json:"key"`
-	// Data is the action's data as planned, published if the intent is
-	// completed after a crash.
-	Data json.RawMessage `json:"data,omitempty"`
-}
+// it (deletion.Intent). After the delete the caller completes it (its event
+// goes into the outbox in the same transaction that drops the intent) or
+// abandons it (the delete did not happen). An intent left by a crash is
+// found by Pending at the next start.
+type Intent = deletion.Intent
 
-// action returns the intent's action with data d (nil: the recorded data).
-func (in Intent) action(d any) Action {
+// intentAction returns the intent's action with data d (nil: the recorded data).
+func intentAction(in Intent, d any) Action {
 	a := Action{Kind: in.Kind, Action: in.Action, Subject: in.Subject, Key: in.Key, Data: d}
 	if d == nil && len(in.Data) > 0 {
 		a.Data = in.Data
@@ -48,14 +35,16 @@ func (in Intent) action(d any) Action {
 	return a
 }
 
-// Intend records that the agent is about to do a (a delete) and returns the
-// intent. The event key becomes a.Key + "/" + the outbox's epoch + "." + a
+var _ deletion.Journal = (*Publisher)(nil)
+
+// Intend records that the agent is about to do a (a delete of an object of
+// containerd namespace ns) and returns the intent. The event key becomes a.Key + "/" + the outbox's epoch + "." + a
 // sequence number persisted with the intent: unique per action even when
 // the caller's key repeats (an image re-pulled and deleted again, a
 // container id reused), and the same for the event of this action however
 // often it is retried. It fails when the action is invalid or the outbox
 // cannot be written; the caller may then delete without an intent.
-func (p *Publisher) Intend(a Action) (Intent, error) {
+func (p *Publisher) Intend(ns string, a Action) (Intent, error) {
 	select {
 	case <-p.closing:
 		return Intent{}, ErrClosed
@@ -64,7 +53,7 @@ func (p *Publisher) Intend(a Action) (Intent, error) {
 	if a.Kind == "" || a.Action == "" || a.Key == "" {
 		return Intent{}, errors.New("natsbus: an intent needs a kind, an action and a key")
 	}
-	in := Intent{At: p.opts.Now().UTC(), Kind: a.Kind, Action: a.Action, Subject: a.Subject}
+	in := Intent{At: p.opts.Now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject}
 	if a.Data != nil {
 		d, err := json.Marshal(a.Data)
 		if err != nil {
@@ -118,7 +107,7 @@ func (p *Publisher) Complete(in Intent, d any) error {
 		return ErrClosed
 	default:
 	}
-	a := in.action(d)
+	a := intentAction(in, d)
 	now := p.opts.Now()
 	ev, payload, err := p.encode(a, now)
 	if err != nil {

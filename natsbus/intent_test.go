@@ -37,7 +37,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// C: intent, delete, complete, all before the crash.
-	inC, err := p1.Intend(removal(objC))
+	inC, err := p1.Intend("k8s.io", removal(objC))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A: intent and delete, then the crash.
-	inA, err := p1.Intend(removal(objA))
+	inA, err := p1.Intend("k8s.io", removal(objA))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// B: intent, then the crash before the delete.
-	inB, err := p1.Intend(removal(objB))
+	inB, err := p1.Intend("k8s.io", removal(objB))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 	assertExactlyOnce(t, nc, []string{idC, idA})
 
 	// The epoch and sequence persist: a new intent after the restart gets a new key.
-	inD, err := p2.Intend(removal(objB))
+	inD, err := p2.Intend("k8s.io", removal(objB))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,7 @@ func (a *agent) setupContainerGC() error {
 		Policy:    a.cfg.containerPolicy(),
 		DryRun:    a.cfg.DryRun,
 		Publisher: a.pub,
+		Deletes:   a.deletes,
 		Metrics:   m,
 		Logger:    a.log,
 		PodKept:   podLogDirExists(a.cfg.PodLogDir),

@@ -17,6 +17,7 @@ func (a *agent) setupImageGC() error {
 	a.imageGC = gc.NewImageGC(gc.ImageGCOptions{
 		Projection:         a.live,
 		Runtime:            a.runtime,
+		Deletes:            a.deletes,
 		Disk:               a.imageFS,
 		Policy:             p,
 		LearnSandboxImages: a.runtime.SandboxImages,

@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
-	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
 	"golang.org/x/sync/errgroup"
@@ -120,23 +118,6 @@ func (s logsState) criHasSandbox(uid string) (bool, error) {
 	return len(resp.Items) > 0, nil
 }
 
-// logsPublisher publishes each log removal as one log.removed action.
-type logsPublisher struct{ pub gc.Publisher }
-
-var _ logs.Publisher = logsPublisher{}
-
-// PublishRemoval hands r to the agent's publisher (the durable outbox); the
-// key is derived from the entry and the removal time, so the same removal
-// always has the same event id.
-func (p logsPublisher) PublishRemoval(_ context.Context, r logs.Removal) error {
-	path := filepath.Join(r.Dir, r.Name)
-	key := string(r.Kind) + ":" + path + "@" + strconv.FormatInt(r.At.UnixNano(), 10)
-	if r.DryRun {
-		key += "#dry-run"
-	}
-	return p.pub.Publish(gc.Action{Kind: "log", Action: "removed", Subject: path, Key: key, Data: r})
-}
-
 func (c Config) logsConfig() logs.Config {
 	return logs.Config{LogDir: c.LogDir, PodLogDir: c.PodLogDir, PodLogGrace: c.PodLogGrace, DryRun: c.DryRun}
 }
@@ -157,7 +138,7 @@ func (a *agent) setupLogs() error {
 		return nil
 	}
 	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live, a.runtime.CRI), logs.Options{
-		Publisher: logsPublisher{a.pub}, Metrics: m, Logger: a.log, Now: a.clock.Now,
+		Publisher: &logsDeletes{d: a.deletes, pub: a.pub, txs: map[string]*deletion.Tx{}}, Metrics: m, Logger: a.log, Now: a.clock.Now,
 	})
 	if err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
+	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -164,13 +165,13 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	}
 
 	p := cfg.imagePolicy()
-	learned, err := gc.Runtime{CRI: cri}.SandboxImages(ctx)
+	learned, err := (&node.Runtime{CRI: cri}).SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
 	}
 	p.SandboxImages = gc.SandboxImageSet(p.SandboxImages, learned, gc.SandboxImagesOf(states...))
 	doc.SandboxImages = p.SandboxImages
-	fs := gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, runtimeapi.NewImageServiceClient(conn))
+	fs := node.NewImageFS(cfg.ImageFS, defaultContainerdRoot, runtimeapi.NewImageServiceClient(conn))
 	disk, err := fs.Disk()
 	doc.ImageFS = fs.Chosen()
 	if note := fs.Note(); note != "" {

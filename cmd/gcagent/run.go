@@ -17,11 +17,13 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -51,12 +53,14 @@ type agent struct {
 	// live is the projection of every managed namespace.
 	live    *projection.Spaces
 	source  *events.Source
-	runtime gc.Runtime
+	runtime *node.Runtime
+	// deletes begins every delete's transaction and settles unknown outcomes.
+	deletes *deletion.Manager
 	// version asks containerd for its version: the /readyz probe that it
 	// answers, not only that its socket is open.
 	version func(context.Context) (client.Version, error)
 	// imageFS is the filesystem image GC measures (--image-fs, or CRI's).
-	imageFS *gc.ImageFS
+	imageFS *node.ImageFS
 	pub     gc.Publisher
 	bus     *bus
 	// lastGC, set by the image GC component, reports its last pass for
@@ -175,16 +179,19 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	close(restored)
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
-		runtime: gc.Runtime{Client: cl, CRI: cri, CRIImages: runtimeapi.NewImageServiceClient(criConn)}}
+		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.version = cl.Version
-	a.imageFS = gc.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
+	a.imageFS = node.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
 
 	b, err := a.startNATS()
 	if err != nil {
 		return err
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
-	a.bus, a.pub = b, newNATSPublisher(b.pub)
+	a.bus, a.pub = b, b.pub
+	if a.deletes, err = newDeletes(b.pub, a.runtime, log); err != nil {
+		return err
+	}
 	a.reportStateReset(reset)
 	// Components that subscribe to the projection are set up before it runs.
 	if err := a.setupImageGC(); err != nil {
@@ -227,9 +234,9 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
 		})
 	}
-	// Delete intents a crash left are resolved before anything deletes.
+	// Deletes a crash left are settled before anything deletes.
 	resolved := make(chan struct{})
-	g.Go(func() error { defer close(resolved); return resolveIntents(gctx, b.pub, nodeObjects{cl}, log) })
+	g.Go(func() error { defer close(resolved); return settleAtStart(gctx, a.deletes, log) })
 	afterIntents := func(run func(context.Context) error) func() error {
 		return func() error {
 			select {

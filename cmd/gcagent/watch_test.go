@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-	"github.com/gcagent/gcagent/gc"
 	"io"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -232,7 +232,7 @@ func TestCtlCommand(t *testing.T) {
 	}
 	a := &agent{cfg: DefaultConfig(), live: live}
 	a.cfg.Cluster, a.cfg.NodeName, a.cfg.ImageFS = "c1", "n1", t.TempDir()
-	a.imageFS = gc.NewImageFS(a.cfg.ImageFS, "", nil)
+	a.imageFS = node.NewImageFS(a.cfg.ImageFS, "", nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

@@ -1,4 +1,4 @@
-package gc
+package node
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/gcagent/gcagent/gc"
 )
 
 // imageFsInfoer is the one CRI call ImageFS needs.
@@ -43,7 +45,7 @@ func NewImageFS(path, fallback string, cri runtime.ImageServiceClient) *ImageFS 
 }
 
 // Disk statfs-es the chosen filesystem.
-func (f *ImageFS) Disk() (DiskStats, error) {
+func (f *ImageFS) Disk() (gc.DiskStats, error) {
 	return Statfs{Path: f.Chosen()}.Disk()
 }
 

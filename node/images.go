@@ -1,37 +1,23 @@
-package gc
+package node
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/projection"
 )
-
-// ImageName is one name of an image as containerd holds it right now.
-type ImageName struct {
-	Name   string
-	Target ocispec.Descriptor
-	Labels map[string]string
-}
-
-// errImageChanged says a name moved to another target between the re-check
-// and the delete: the image is not deleted, and the next pass decides anew.
-var errImageChanged = errors.New("image name points at another target now")
 
 // Image removal paths, as reported by RemoveImage.
 const (
@@ -39,120 +25,29 @@ const (
 	viaNative = "native"
 )
 
-// ImageNames returns every name that points at target digest now, sorted by
-// name; none when the image is gone.
-func (r Runtime) ImageNames(ctx context.Context, digest string) ([]ImageName, error) {
-	imgs, err := r.Client.ImageService().List(r.ctx(ctx), "target.digest=="+strconv.Quote(digest))
+var _ interface {
+	ImageNames(ctx context.Context, ns, digest string) ([]gc.ImageName, error)
+	ImageHolders(ctx context.Context, ns string, img gc.ImageRef) ([]gc.Holder, error)
+	RemoveImage(ctx context.Context, ns, digest string, names []gc.ImageName) (string, error)
+} = (*Runtime)(nil)
+
+// ImageNames returns every name of namespace ns that points at target
+// digest now, sorted by name; none when the image is gone.
+func (r *Runtime) ImageNames(ctx context.Context, ns, digest string) ([]gc.ImageName, error) {
+	imgs, err := r.Client.ImageService().List(in(ctx, ns), "target.digest=="+strconv.Quote(digest))
 	if err != nil {
 		return nil, fmt.Errorf("list names of image %s: %w", digest, err)
 	}
-	out := make([]ImageName, 0, len(imgs))
+	out := make([]gc.ImageName, 0, len(imgs))
 	for _, img := range imgs {
 		if img.Target.Digest.String() != digest { // the filter is the daemon's; trust but verify
 			continue
 		}
-		out = append(out, ImageName{Name: img.Name, Target: img.Target, Labels: img.Labels})
+		out = append(out, gc.ImageName{Name: img.Name, Labels: img.Labels})
 	}
-	slices.SortFunc(out, func(a, b ImageName) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b gc.ImageName) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
-
-// ImageUsers returns what holds the image right now, sorted: containers of
-// the namespace whose image is one of names and that have no rootfs
-// snapshot to tell by content (or the image's chain is unknown); active or
-// view snapshots
-// prepared from its top layer (chain), which is every container rootfs, image
-// volume and mounted view made from it whatever its name says now; and CRI
-// containers whose image id is its config digest. It is the executor's
-// re-check, the same rule the projection plans with.
-func (r Runtime) ImageUsers(ctx context.Context, names []string, config, chain string) ([]string, error) {
-	ctx = r.ctx(ctx)
-	var ids []string
-	if len(names) > 0 {
-		filters := make([]string, len(names))
-		for i, n := range names {
-			filters[i] = "image==" + strconv.Quote(n)
-		}
-		ctrs, err := r.Client.ContainerService().List(ctx, filters...)
-		if err != nil {
-			return nil, fmt.Errorf("list containers of images %v: %w", names, err)
-		}
-		for _, c := range ctrs {
-			// A container with a rootfs snapshot is matched by content below:
-			// its image name may point at another image by now.
-			if slices.Contains(names, c.Image) && (c.SnapshotKey == "" || chain == "") {
-				ids = append(ids, c.ID)
-			}
-		}
-	}
-	if chain != "" {
-		for _, sn := range r.snapshotters() {
-			err := r.Client.SnapshotService(sn).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-				if info.Parent == chain && info.Kind != snapshots.KindCommitted {
-					ids = append(ids, "snapshot:"+info.Name)
-				}
-				return nil
-			}, "parent=="+strconv.Quote(chain))
-			if err != nil {
-				return nil, fmt.Errorf("snapshots of %s in %s: %w", chain, sn, err)
-			}
-		}
-	}
-	if config != "" && r.CRI != nil && r.criIn(ctx) {
-		ctrs, err := events.CRIContainers(ctx, r.CRI, nil)
-		if err != nil {
-			return nil, fmt.Errorf("cri list containers: %w", err)
-		}
-		for _, c := range ctrs {
-			if c.ImageRef == config || c.ImageId == config {
-				ids = append(ids, c.Id)
-			}
-		}
-	}
-	slices.Sort(ids)
-	return slices.Compact(ids), nil
-}
-
-// snapshotters are the snapshotters whose snapshots may hold images.
-func (r Runtime) snapshotters() []string {
-	if len(r.Snapshotters) == 0 {
-		return []string{"overlayfs"}
-	}
-	return r.Snapshotters
-}
-
-// LeasedContent returns the digests of the content resources held by a
-// lease of the namespace now: what an in-flight pull or import is writing
-// (it leases the manifest before it creates the image record). A lease that
-// ends between the listing and the read of its resources is ignored.
-func (r Runtime) LeasedContent(ctx context.Context) (map[string]bool, error) {
-	ctx = r.ctx(ctx)
-	ls := r.Client.LeasesService()
-	all, err := ls.List(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("list leases: %w", err)
-	}
-	held := map[string]bool{}
-	for _, l := range all {
-		res, err := ls.ListResources(ctx, l)
-		if errdefs.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list resources of lease %s: %w", l.ID, err)
-		}
-		for _, rs := range res {
-			if rs.Type == leaseContent {
-				held[rs.ID] = true
-			}
-		}
-	}
-	return held, nil
-}
-
-// leaseContent is the lease resource type of a content blob, whose ID is
-// its digest.
-const leaseContent = "content"
 
 // RemoveImage deletes every name of one image (names all point at digest)
 // and reports how: "cri" when CRI manages the image and knows exactly these
@@ -160,14 +55,16 @@ const leaseContent = "content"
 // synchronously, and keeps CRI's cache right), "native" otherwise (each name
 // guarded by its target, the last one synchronously, so containerd's GC has
 // freed the blobs and snapshots when it returns). Names already gone count
-// as deleted. It returns an error wrapping errImageChanged when a name was
-// re-pointed at another target meanwhile.
-func (r Runtime) RemoveImage(ctx context.Context, digest string, names []ImageName) (string, error) {
+// as deleted. It returns an error wrapping gc.ErrImageChanged when a name was
+// re-pointed at another target meanwhile (nothing more was deleted); any
+// other error leaves the outcome for the delete transaction to settle.
+func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc.ImageName) (string, error) {
+	ctx = in(ctx, ns)
 	if len(names) == 0 {
 		return viaNative, nil
 	}
 	via := viaNative
-	if r.CRIImages != nil && r.criIn(ctx) && criManaged(names) {
+	if r.CRIImages != nil && criIn(ns) && criManaged(names) {
 		ok, err := r.removeImageCRI(ctx, names)
 		if err != nil {
 			return viaCRI, err
@@ -175,7 +72,7 @@ func (r Runtime) RemoveImage(ctx context.Context, digest string, names []ImageNa
 		if ok {
 			via = viaCRI
 			// Names CRI did not know (a name created natively since) remain.
-			left, err := r.ImageNames(ctx, digest)
+			left, err := r.ImageNames(ctx, ns, digest)
 			if err != nil {
 				return via, err
 			}
@@ -185,7 +82,7 @@ func (r Runtime) RemoveImage(ctx context.Context, digest string, names []ImageNa
 	return via, r.removeImageNative(ctx, digest, names)
 }
 
-func criManaged(names []ImageName) bool {
+func criManaged(names []gc.ImageName) bool {
 	for _, n := range names {
 		if n.Labels[projection.LabelCRIManaged] != "" {
 			return true
@@ -198,7 +95,7 @@ func criManaged(names []ImageName) bool {
 // exactly these names: CRI groups images by config digest, so another target
 // with the same config would lose its names too. It reports false (and does
 // nothing) when CRI does not know the image or knows other names for it.
-func (r Runtime) removeImageCRI(ctx context.Context, names []ImageName) (bool, error) {
+func (r *Runtime) removeImageCRI(ctx context.Context, names []gc.ImageName) (bool, error) {
 	id := names[0].Name
 	for _, n := range names {
 		if strings.HasPrefix(n.Name, "sha256:") { // CRI's image id ref
@@ -235,8 +132,7 @@ func (r Runtime) removeImageCRI(ctx context.Context, names []ImageName) (bool, e
 // removeImageNative deletes each name guarded by the target: a 2.x daemon
 // honours DeleteTarget; a 1.x daemon ignores it, so each name is read back
 // first and compared (a window of one round trip remains there).
-func (r Runtime) removeImageNative(ctx context.Context, digest string, names []ImageName) error {
-	ctx = r.ctx(ctx)
+func (r *Runtime) removeImageNative(ctx context.Context, digest string, names []gc.ImageName) error {
 	is := r.Client.ImageService()
 	for i, n := range names {
 		cur, err := is.Get(ctx, n.Name)
@@ -247,7 +143,7 @@ func (r Runtime) removeImageNative(ctx context.Context, digest string, names []I
 			return fmt.Errorf("get image %q: %w", n.Name, err)
 		}
 		if cur.Target.Digest.String() != digest {
-			return fmt.Errorf("image %q: %w (%s)", n.Name, errImageChanged, cur.Target.Digest)
+			return fmt.Errorf("image %q: %w (%s)", n.Name, gc.ErrImageChanged, cur.Target.Digest)
 		}
 		target := cur.Target
 		opts := []images.DeleteOpt{images.DeleteTarget(&target)}
@@ -258,7 +154,7 @@ func (r Runtime) removeImageNative(ctx context.Context, digest string, names []I
 		if errdefs.IsNotFound(err) {
 			// Gone, or (2.x) re-pointed since the Get: tell them apart.
 			if cur, gerr := is.Get(ctx, n.Name); gerr == nil && cur.Target.Digest.String() != digest {
-				return fmt.Errorf("image %q: %w (%s)", n.Name, errImageChanged, cur.Target.Digest)
+				return fmt.Errorf("image %q: %w (%s)", n.Name, gc.ErrImageChanged, cur.Target.Digest)
 			}
 			continue
 		}
@@ -275,7 +171,7 @@ func (r Runtime) removeImageNative(ctx context.Context, digest string, names []I
 // images ("pinnedImages", e.g. {"sandbox": ...}) those count too; 2.x keeps
 // them out of Status but labels them pinned instead. It returns none, without
 // error, when the config does not say.
-func (r Runtime) SandboxImages(ctx context.Context) ([]string, error) {
+func (r *Runtime) SandboxImages(ctx context.Context) ([]string, error) {
 	if r.CRI == nil {
 		return nil, nil
 	}
@@ -333,11 +229,11 @@ func sandboxImagesFromConfig(config string) []string {
 type Statfs struct{ Path string }
 
 // Disk returns the filesystem's capacity and available bytes.
-func (f Statfs) Disk() (DiskStats, error) {
+func (f Statfs) Disk() (gc.DiskStats, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(f.Path, &st); err != nil {
-		return DiskStats{}, fmt.Errorf("statfs %s: %w", f.Path, err)
+		return gc.DiskStats{}, fmt.Errorf("statfs %s: %w", f.Path, err)
 	}
 	bs := uint64(st.Bsize)
-	return DiskStats{CapacityBytes: st.Blocks * bs, AvailableBytes: st.Bavail * bs}, nil
+	return gc.DiskStats{CapacityBytes: st.Blocks * bs, AvailableBytes: st.Bavail * bs}, nil
 }

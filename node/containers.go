@@ -1,45 +1,34 @@
-package gc
+package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/gc"
 )
 
-// Liveness is what the runtime says of a container right before it would
-// be deleted. Only LiveDead may be deleted; LiveGone needs nothing.
-type Liveness string
-
-// Liveness values; all but LiveGone and LiveDead keep the container, and
-// serve as the reason it was kept.
-const (
-	LiveGone          Liveness = "gone"           // not found: already deleted
-	LiveDead          Liveness = "dead"           // task stopped or deleted after its exit; CRI exited; sandbox not ready and empty
-	LiveRunning       Liveness = "running"        // task running or paused; CRI running; sandbox ready
-	LiveCreated       Liveness = "created"        // task or CRI container created, not started
-	LiveUnknown       Liveness = "unknown"        // the runtime cannot tell
-	LiveHasContainers Liveness = "has-containers" // a sandbox that still holds containers
-	LiveLeased        Liveness = "leased"         // a containerd lease (a client at work) holds its snapshot
-)
-
-// errOwnerWon says the container's owner deleted it (or its task) between
-// the re-check and our delete: not an error, the owner was first.
-var errOwnerWon = errors.New("owner deleted it first")
+var _ interface {
+	NativeLiveness(ctx context.Context, ns, id string) (gc.Liveness, error)
+	DeleteNative(ctx context.Context, ns, id string) error
+	CRIContainerLiveness(ctx context.Context, id string) (gc.Liveness, error)
+	RemoveCRIContainer(ctx context.Context, id string) error
+	CRISandboxLiveness(ctx context.Context, id string) (gc.Liveness, error)
+	RemoveCRISandbox(ctx context.Context, id string) error
+} = (*Runtime)(nil)
 
 // NativeLiveness re-reads the task of plain container id from containerd. A
 // container without a task counts as dead: the caller asks only about
 // containers the projection saw exit, and a new run would have a task.
-func (r Runtime) NativeLiveness(ctx context.Context, id string) (Liveness, error) {
-	ctx = r.ctx(ctx)
+func (r *Runtime) NativeLiveness(ctx context.Context, ns, id string) (gc.Liveness, error) {
+	ctx = in(ctx, ns)
 	ctr, err := r.Client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		return LiveGone, nil
+		return gc.LiveGone, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("load container %q: %w", id, err)
@@ -50,37 +39,37 @@ func (r Runtime) NativeLiveness(ctx context.Context, id string) (Liveness, error
 			return "", err
 		}
 		if held {
-			return LiveLeased, nil
+			return gc.LiveLeased, nil
 		}
 	}
 	task, err := ctr.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {
-		return LiveDead, nil
+		return gc.LiveDead, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("task of container %q: %w", id, err)
 	}
 	st, err := task.Status(ctx)
 	if errdefs.IsNotFound(err) {
-		return LiveDead, nil
+		return gc.LiveDead, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("task status of container %q: %w", id, err)
 	}
 	switch st.Status {
 	case client.Stopped:
-		return LiveDead, nil
+		return gc.LiveDead, nil
 	case client.Running, client.Paused, client.Pausing:
-		return LiveRunning, nil
+		return gc.LiveRunning, nil
 	case client.Created:
-		return LiveCreated, nil
+		return gc.LiveCreated, nil
 	}
-	return LiveUnknown, nil
+	return gc.LiveUnknown, nil
 }
 
 // leasedSnapshot reports whether a lease of the namespace holds the
 // snapshot key of snapshotter sn: a client (ctr run, a build) is at work.
-func (r Runtime) leasedSnapshot(ctx context.Context, sn, key string) (bool, error) {
+func (r *Runtime) leasedSnapshot(ctx context.Context, sn, key string) (bool, error) {
 	if sn == "" {
 		sn = "overlayfs"
 	}
@@ -112,8 +101,8 @@ func (r Runtime) leasedSnapshot(ctx context.Context, sn, key string) (bool, erro
 // container already gone is success; a task or container that vanishes
 // between our reads and our delete means its owner deleted it first, and
 // returns errOwnerWon.
-func (r Runtime) DeleteNative(ctx context.Context, id string) error {
-	ctx = r.ctx(ctx)
+func (r *Runtime) DeleteNative(ctx context.Context, ns, id string) error {
+	ctx = in(ctx, ns)
 	ctr, err := r.Client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -126,7 +115,7 @@ func (r Runtime) DeleteNative(ctx context.Context, id string) error {
 	case err == nil:
 		if _, err := task.Delete(ctx); err != nil {
 			if errdefs.IsNotFound(err) {
-				return errOwnerWon
+				return gc.ErrOwnerWon
 			}
 			return fmt.Errorf("delete task of container %q: %w", id, err)
 		}
@@ -135,7 +124,7 @@ func (r Runtime) DeleteNative(ctx context.Context, id string) error {
 	}
 	if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil {
 		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) || errdefs.IsConflict(err) {
-			return errOwnerWon
+			return gc.ErrOwnerWon
 		}
 		return fmt.Errorf("delete container %q: %w", id, err)
 	}
@@ -143,33 +132,35 @@ func (r Runtime) DeleteNative(ctx context.Context, id string) error {
 }
 
 // CRIContainerLiveness asks CRI for the state of container id.
-func (r Runtime) CRIContainerLiveness(ctx context.Context, id string) (Liveness, error) {
-	resp, err := r.CRI.ContainerStatus(r.ctx(ctx), &runtime.ContainerStatusRequest{ContainerId: id})
+func (r *Runtime) CRIContainerLiveness(ctx context.Context, id string) (gc.Liveness, error) {
+	ctx = in(ctx, events.CRINamespace)
+	resp, err := r.CRI.ContainerStatus(ctx, &runtime.ContainerStatusRequest{ContainerId: id})
 	if ctrNotFound(err) {
-		return LiveGone, nil
+		return gc.LiveGone, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("cri container status %q: %w", id, err)
 	}
 	if resp.GetStatus() == nil {
-		return LiveUnknown, nil
+		return gc.LiveUnknown, nil
 	}
 	switch resp.Status.State {
 	case runtime.ContainerState_CONTAINER_EXITED:
-		return LiveDead, nil
+		return gc.LiveDead, nil
 	case runtime.ContainerState_CONTAINER_RUNNING:
-		return LiveRunning, nil
+		return gc.LiveRunning, nil
 	case runtime.ContainerState_CONTAINER_CREATED:
-		return LiveCreated, nil
+		return gc.LiveCreated, nil
 	}
-	return LiveUnknown, nil
+	return gc.LiveUnknown, nil
 }
 
 // RemoveCRIContainer removes container id through CRI, so that CRI keeps no
 // stale entry. Call it only for an exited container: CRI force-stops a
 // running one. NotFound is success.
-func (r Runtime) RemoveCRIContainer(ctx context.Context, id string) error {
-	_, err := r.CRI.RemoveContainer(r.ctx(ctx), &runtime.RemoveContainerRequest{ContainerId: id})
+func (r *Runtime) RemoveCRIContainer(ctx context.Context, id string) error {
+	ctx = in(ctx, events.CRINamespace)
+	_, err := r.CRI.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id})
 	if err != nil && !ctrNotFound(err) {
 		return fmt.Errorf("cri remove container %q: %w", id, err)
 	}
@@ -179,20 +170,20 @@ func (r Runtime) RemoveCRIContainer(ctx context.Context, id string) error {
 // CRISandboxLiveness asks CRI whether sandbox id may go: it must not be
 // ready and must hold no container, in any state (CRI's RemovePodSandbox
 // would remove them along).
-func (r Runtime) CRISandboxLiveness(ctx context.Context, id string) (Liveness, error) {
-	ctx = r.ctx(ctx)
+func (r *Runtime) CRISandboxLiveness(ctx context.Context, id string) (gc.Liveness, error) {
+	ctx = in(ctx, events.CRINamespace)
 	resp, err := r.CRI.PodSandboxStatus(ctx, &runtime.PodSandboxStatusRequest{PodSandboxId: id})
 	if ctrNotFound(err) {
-		return LiveGone, nil
+		return gc.LiveGone, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("cri sandbox status %q: %w", id, err)
 	}
 	if resp.GetStatus() == nil {
-		return LiveUnknown, nil
+		return gc.LiveUnknown, nil
 	}
 	if resp.Status.State == runtime.PodSandboxState_SANDBOX_READY {
-		return LiveRunning, nil
+		return gc.LiveRunning, nil
 	}
 	ctrs, err := r.CRI.ListContainers(ctx, &runtime.ListContainersRequest{
 		Filter: &runtime.ContainerFilter{PodSandboxId: id},
@@ -202,16 +193,16 @@ func (r Runtime) CRISandboxLiveness(ctx context.Context, id string) (Liveness, e
 	}
 	for _, c := range ctrs.Containers {
 		if c.PodSandboxId == id {
-			return LiveHasContainers, nil
+			return gc.LiveHasContainers, nil
 		}
 	}
-	return LiveDead, nil
+	return gc.LiveDead, nil
 }
 
 // RemoveCRISandbox stops sandbox id (which releases its network and mounts)
 // and removes it, both through CRI. NotFound is success.
-func (r Runtime) RemoveCRISandbox(ctx context.Context, id string) error {
-	ctx = r.ctx(ctx)
+func (r *Runtime) RemoveCRISandbox(ctx context.Context, id string) error {
+	ctx = in(ctx, events.CRINamespace)
 	if _, err := r.CRI.StopPodSandbox(ctx, &runtime.StopPodSandboxRequest{PodSandboxId: id}); err != nil && !ctrNotFound(err) {
 		return fmt.Errorf("cri stop sandbox %q: %w", id, err)
 	}
@@ -219,9 +210,4 @@ func (r Runtime) RemoveCRISandbox(ctx context.Context, id string) error {
 		return fmt.Errorf("cri remove sandbox %q: %w", id, err)
 	}
 	return nil
-}
-
-// ctrNotFound reports a NotFound from containerd or from a raw CRI call.
-func ctrNotFound(err error) bool {
-	return err != nil && (errdefs.IsNotFound(err) || status.Code(err) == codes.NotFound)
 }

@@ -1,0 +1,272 @@
+// Package deletion is the delete transaction: every delete the agent makes
+// is begun as a durable intent, then the call is made, then the intent is
+// committed (its event is stored for NATS in the same write that drops it)
+// or aborted. A call whose outcome is not known (a timeout, the daemon
+// stopped mid-call, a follow-up lookup failing) is settled at once against
+// the node's truth, exactly as a restart settles a leftover intent: object
+// gone, the removal is committed; object there, the intent is aborted. While
+// containerd cannot say, the intent stays pending and no other delete may
+// begin (Begin fails with ErrUnsettled): invariant 6 of
+// docs/architecture.md.
+//
+// Each delete holds its own *Tx, so an event can never be matched to
+// another delete's intent, in another namespace or of another object.
+package deletion
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gcagent/gcagent/schema"
+)
+
+// Intent is a delete the agent is about to make, recorded durably before
+// it. It is keyed by Namespace, Kind, Subject (the object's id) and Seq.
+type Intent struct {
+	// Seq numbers the intent in its journal; part of the event key.
+	Seq uint64 `json:"seq"`
+	// At is when the intent was recorded (the delete came after).
+	At time.Time `json:"at"`
+	// Namespace is the containerd namespace of the object (empty for a
+	// log, which lives on the filesystem).
+	Namespace string `json:"namespace,omitempty"`
+	// Kind, Action and Subject are the action's; Key is the final one
+	// (the caller's key plus the journal's epoch and Seq).
+	Kind    string `json:"kind"`
+	Action  string `json:"action"`
+	Subject string `json:"subject"`
+	Key     string `json:"key"`
+	// Data is the action's data as planned, published if the intent is
+	// committed after a crash or an unknown outcome.
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// Journal durably records intents and turns them into events; the outbox
+// (natsbus.Publisher) is one.
+type Journal interface {
+	// Intend records that the agent is about to do a to an object of
+	// namespace ns and returns the intent, with a key unique to it.
+	Intend(ns string, a schema.Action) (Intent, error)
+	// Complete drops the intent and stores its event (data d, or the
+	// recorded data when d is nil) in one write; completing an intent that
+	// is no longer pending stores nothing and returns nil.
+	Complete(in Intent, d any) error
+	// Abandon drops the intent without an event.
+	Abandon(in Intent) error
+	// Pending returns the intents neither completed nor abandoned, oldest
+	// first.
+	Pending() ([]Intent, error)
+}
+
+// Checker asks the node whether the object of an intent is gone.
+type Checker interface {
+	// Gone reports whether the object in was about to delete no longer
+	// exists as it did then (deleted, or deleted and made again after
+	// in.At); an error when the node cannot tell now.
+	Gone(ctx context.Context, in Intent) (bool, error)
+}
+
+// ErrUnsettled says a delete's outcome is not known yet and the node
+// cannot say what happened: nothing else may be deleted until it can.
+var ErrUnsettled = errors.New("an earlier delete's outcome is not known yet")
+
+// Deps are what a Manager works through.
+type Deps struct {
+	Journal Journal
+	Checker Checker
+}
+
+// Options tune a Manager.
+type Options struct {
+	// CheckTimeout bounds one Gone call. Default 10s.
+	CheckTimeout time.Duration
+	// AfterIntent and AfterDelete, when set, are called right after an
+	// intent is recorded and right after a delete call returned without
+	// error (before its event is stored). They exist for crash tests only.
+	AfterIntent func(Intent)
+	AfterDelete func(Intent)
+	Log         zerolog.Logger
+}
+
+// Manager begins delete transactions and settles the ones whose outcome
+// is unknown. It is safe for concurrent use.
+type Manager struct {
+	d Deps
+	o Options
+
+	mu sync.Mutex
+	// unsettled are intents whose delete's outcome is not known: left by
+	// a crash, or a call that failed while the node could not say.
+	unsettled []Intent
+	loaded    bool
+}
+
+// New returns a Manager; the leftovers of an earlier run are loaded from
+// the journal on the first Begin or Settle.
+func New(d Deps, o Options) (*Manager, error) {
+	if d.Journal == nil || d.Checker == nil {
+		return nil, errors.New("deletion: a journal and a checker are required")
+	}
+	if o.CheckTimeout <= 0 {
+		o.CheckTimeout = 10 * time.Second
+	}
+	return &Manager{d: d, o: o}, nil
+}
+
+// Begin records the intent of a, the delete of an object of namespace ns,
+// and returns its transaction. It first settles every delete whose outcome
+// is unknown; while one cannot be settled it fails with ErrUnsettled and
+// records nothing. Any other error means the intent could not be recorded
+// and the caller must not delete.
+func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, error) {
+	if err := m.Settle(ctx); err != nil {
+		return nil, err
+	}
+	in, err := m.d.Journal.Intend(ns, a)
+	if err != nil {
+		return nil, fmt.Errorf("record the intent to delete %s %s: %w", a.Kind, a.Subject, err)
+	}
+	if m.o.AfterIntent != nil {
+		m.o.AfterIntent(in)
+	}
+	return &Tx{m: m, in: in}, nil
+}
+
+// Settle resolves every delete whose outcome is unknown against the node:
+// object gone, its event is stored under the intent's id (once, however
+// often this runs); object there, the intent is dropped. It returns
+// ErrUnsettled (wrapping the node's error) when one cannot be told yet,
+// and leaves it for the next call.
+func (m *Manager) Settle(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.loaded {
+		left, err := m.d.Journal.Pending()
+		if err != nil {
+			return fmt.Errorf("read delete intents: %w", err)
+		}
+		m.unsettled, m.loaded = left, true
+		if len(left) > 0 {
+			m.o.Log.Info().Int("intents", len(left)).Msg("delete intents left by the last run: checking which deletes happened")
+		}
+	}
+	for len(m.unsettled) > 0 {
+		in := m.unsettled[0]
+		gone, err := m.gone(ctx, in)
+		if err != nil {
+			return fmt.Errorf("%w: %s %s: %w", ErrUnsettled, in.Kind, in.Subject, err)
+		}
+		if err := m.resolve(in, gone, nil); err != nil {
+			return err
+		}
+		m.unsettled = m.unsettled[1:]
+	}
+	return nil
+}
+
+// Unsettled returns how many deletes have an unknown outcome now.
+func (m *Manager) Unsettled() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.unsettled)
+}
+
+func (m *Manager) gone(ctx context.Context, in Intent) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.o.CheckTimeout)
+	defer cancel()
+	return m.d.Checker.Gone(ctx, in)
+}
+
+// resolve commits (gone, with data d or the recorded data) or aborts in.
+func (m *Manager) resolve(in Intent, gone bool, d any) error {
+	ev := m.o.Log.Info().Str("namespace", in.Namespace).Str("kind", in.Kind).Str("subject", in.Subject).Time("intended_at", in.At)
+	if gone {
+		if err := m.d.Journal.Complete(in, d); err != nil {
+			return fmt.Errorf("store the event of %s %s: %w", in.Kind, in.Subject, err)
+		}
+		ev.Msg("delete intent resolved: the object is gone, its event is published")
+		return nil
+	}
+	if err := m.d.Journal.Abandon(in); err != nil {
+		return fmt.Errorf("drop the intent of %s %s: %w", in.Kind, in.Subject, err)
+	}
+	ev.Msg("delete intent resolved: the object is still there, the intent is dropped")
+	return nil
+}
+
+// Tx is one delete: begun by Manager.Begin, ended by exactly one of
+// Commit, Abort or (after a failed call) Settle followed by Commit or
+// Abort. It is used by one goroutine.
+type Tx struct {
+	m    *Manager
+	in   Intent
+	done bool
+}
+
+// Intent returns the transaction's intent.
+func (t *Tx) Intent() Intent { return t.in }
+
+// Commit stores the removal's event with data d (nil: the data recorded
+// with the intent) and ends t. The delete happened.
+func (t *Tx) Commit(d any) error {
+	if t.done {
+		return errors.New("deletion: transaction already ended")
+	}
+	t.done = true
+	if t.m.o.AfterDelete != nil {
+		t.m.o.AfterDelete(t.in)
+	}
+	return t.m.d.Journal.Complete(t.in, d)
+}
+
+// Abort drops the intent and ends t: the delete did not happen (the call
+// said so, or the object is still there).
+func (t *Tx) Abort() error {
+	if t.done {
+		return nil
+	}
+	t.done = true
+	return t.m.d.Journal.Abandon(t.in)
+}
+
+// Outcome is what Settle learnt of a delete whose call failed.
+type Outcome int
+
+// The outcomes of a failed call.
+const (
+	// Happened: the object is gone; commit the removal.
+	Happened Outcome = iota + 1
+	// NotHappened: the object is still there; the intent is dropped.
+	NotHappened
+	// Unknown: the node cannot say now; the intent stays pending and no
+	// delete may begin until it is settled.
+	Unknown
+)
+
+// Settle asks the node, right after a delete call failed with an error
+// that does not say the delete did not happen, whether the object is gone.
+// Happened: t stays open for the caller to measure and Commit. NotHappened:
+// t is aborted. Unknown: t is left pending on the Manager, which settles it
+// before any other delete; the error says why it is unknown.
+func (t *Tx) Settle(ctx context.Context) (Outcome, error) {
+	gone, err := t.m.gone(ctx, t.in)
+	switch {
+	case err != nil:
+		t.done = true
+		t.m.mu.Lock()
+		t.m.unsettled = append(t.m.unsettled, t.in)
+		t.m.mu.Unlock()
+		t.m.o.Log.Warn().Err(err).Str("namespace", t.in.Namespace).Str("kind", t.in.Kind).Str("subject", t.in.Subject).
+			Msg("delete outcome unknown: no other delete until containerd says what happened")
+		return Unknown, err
+	case gone:
+		return Happened, nil
+	}
+	return NotHappened, t.Abort()
+}
