@@ -67,8 +67,9 @@ func (p *Publisher) run(ctx context.Context) {
 }
 
 // flush makes one delivery round: drop expired entries, check the server if
-// needed, send up to batchSize entries and remove the acked ones. It returns
-// how many entries it removed and the first error.
+// needed, send up to batchSize entries and remove, oldest first, those acked
+// with every entry before them. It returns how many entries it removed and
+// the first error.
 func (p *Publisher) flush(ctx context.Context) (int, error) {
 	d, err := p.ob.expire(p.opts.Now())
 	if err != nil {
@@ -178,7 +179,12 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 }
 
 // sendJetStream publishes entries asynchronously, in order, then waits for
-// their acks; it returns the acked sequences and the first error.
+// their acks. It returns the sequences that may leave the outbox, so that
+// entries leave it in order: the entries acked before the first one that
+// failed (a later entry acked by the server stays and is sent again from the
+// failed one on; JetStream drops it as a duplicate), plus the entries NATS
+// refuses for good, which are dropped wherever they are since they are never
+// stored. The error is the first one seen.
 func (p *Publisher) sendJetStream(ctx context.Context, entries []entry) ([]uint64, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(entries))
 	sent := make([]entry, 0, len(entries))
@@ -199,16 +205,20 @@ func (p *Publisher) sendJetStream(ctx context.Context, entries []entry) ([]uint6
 		futures = append(futures, f)
 		sent = append(sent, e)
 	}
+	inOrder := true // every entry sent so far was acked
 	for i, f := range futures {
 		select {
 		case ack := <-f.Ok():
-			done = append(done, sent[i].seq)
 			p.m.acks.Inc()
 			if ack.Duplicate {
 				p.m.duplicates.Inc()
 			}
-			p.m.published.WithLabelValues(sent[i].Kind).Inc()
+			if inOrder {
+				done = append(done, sent[i].seq)
+				p.m.published.WithLabelValues(sent[i].Kind).Inc()
+			}
 		case ferr := <-f.Err():
+			inOrder = false
 			if err == nil {
 				err = ferr
 			}
