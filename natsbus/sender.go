@@ -183,7 +183,8 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 // entries leave it in order: the entries acked before the first one that
 // failed (a later entry acked by the server stays and is sent again from the
 // failed one on; JetStream drops it as a duplicate), plus the entries NATS
-// refuses for good, which are dropped wherever they are since they are never
+// or the stream refuse for good (over the max payload or the stream's max
+// message size), which are dropped wherever they are since they are never
 // stored. The error is the first one seen.
 func (p *Publisher) sendJetStream(ctx context.Context, entries []entry) ([]uint64, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(entries))
@@ -218,6 +219,11 @@ func (p *Publisher) sendJetStream(ctx context.Context, entries []entry) ([]uint6
 				p.m.published.WithLabelValues(sent[i].Kind).Inc()
 			}
 		case ferr := <-f.Err():
+			if errors.Is(ferr, jetstream.ErrStreamMessageExceedsMaximum) { // the stream never stores it
+				done = append(done, sent[i].seq)
+				p.dropPoison(sent[i], ferr)
+				continue
+			}
 			inOrder = false
 			if err == nil {
 				err = ferr

@@ -1,11 +1,14 @@
 package natsbus
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -68,5 +71,67 @@ func TestAckLostMidBatchKeepsOrder(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.published.WithLabelValues("image")); got != n {
 		t.Errorf("published{kind=image} = %v, want %d (each event counted once, when it leaves the outbox)", got, n)
+	}
+}
+
+// TestStreamRefusesEventMidBatch: a stream managed elsewhere refuses one
+// event of a batch for good (over its max message size); that event is
+// dropped, logged and counted, and the events after it are delivered in
+// order instead of waiting behind it until it expires.
+func TestStreamRefusesEventMidBatch(t *testing.T) {
+	stateDir := t.TempDir()
+	p1 := newPublisher(t, connect(t, deadURL(t)), stateDir, PublisherOptions{CloseTimeout: 50 * time.Millisecond})
+	const n, big = 5, 2
+	var want []string
+	for i := range n {
+		a := action(i)
+		if i == big {
+			a.Data = map[string]any{"bytes": i, "pad": strings.Repeat("x", 4096)}
+		} else {
+			want = append(want, actionID(i))
+		}
+		if err := p1.Publish(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p1.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s := runServer(t, -1, t.TempDir(), true)
+	nc := connect(t, s.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: DefaultStream, Subjects: []string{EventPrefix + ".>"}, Duplicates: DefaultDuplicateWindow, MaxMsgSize: 2048,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	m := newMetrics(t)
+	p := newPublisher(t, nc, stateDir, PublisherOptions{Metrics: m, NoCreateStream: true, Logger: logs.logger()})
+	waitFor(t, 10*time.Second, "outbox to drain past the refused event", func() bool { return p.Depth() == 0 })
+	assertExactlyOnce(t, nc, want)
+	var stored []string
+	for _, msg := range streamMsgs(t, nc) {
+		var ev CloudEvent
+		if err := json.Unmarshal(msg.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, ev.ID)
+	}
+	if !slices.Equal(stored, want) {
+		t.Errorf("stream order %v, want %v", stored, want)
+	}
+	if got := testutil.ToFloat64(m.dropped); got != 1 {
+		t.Errorf("dropped = %v, want 1", got)
+	}
+	lines := logs.lines(t, "NATS refuses this event: dropped it from the outbox")
+	if len(lines) != 1 || lines[0]["event_id"] != actionID(big) {
+		t.Errorf("log lines %v, want one naming event %s", lines, actionID(big))
 	}
 }
