@@ -1,6 +1,7 @@
 package natsbus
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -235,13 +237,18 @@ func (c *fakeClock) Add(d time.Duration) {
 
 // ackProxy is a loopback TCP proxy to a NATS server that can swallow
 // everything the server sends (so publishes are stored but their acks are
-// lost) and cut every connection (an outage as the client sees it).
+// lost), swallow only the JetStream acks of one stream sequence (that one
+// event's ack is lost, the others arrive), and cut every connection (an
+// outage as the client sees it).
 type ackProxy struct {
 	ln       net.Listener
 	target   string
 	dropAcks atomic.Bool
-	mu       sync.Mutex
-	conns    []net.Conn
+	// dropAckSeq, when not 0, is the stream sequence whose acks (the first
+	// one and the duplicate acks of every retry) never reach the client.
+	dropAckSeq atomic.Uint64
+	mu         sync.Mutex
+	conns      []net.Conn
 }
 
 func startProxy(t *testing.T, target string) *ackProxy {
@@ -274,11 +281,11 @@ func (p *ackProxy) accept() {
 		p.mu.Unlock()
 		go func() { _, _ = io.Copy(s, c); s.Close() }()
 		go func() {
-			buf := make([]byte, 32<<10)
+			r := bufio.NewReaderSize(s, 32<<10)
 			for {
-				n, err := s.Read(buf)
-				if n > 0 && !p.dropAcks.Load() {
-					if _, werr := c.Write(buf[:n]); werr != nil {
+				frame, err := readFrame(r)
+				if len(frame) > 0 && !p.dropAcks.Load() && !p.isDroppedAck(frame) {
+					if _, werr := c.Write(frame); werr != nil {
 						break
 					}
 				}
@@ -289,6 +296,41 @@ func (p *ackProxy) accept() {
 			c.Close()
 		}()
 	}
+}
+
+// readFrame reads one server-to-client protocol frame: a control line, or a
+// MSG/HMSG line with its payload.
+func readFrame(r *bufio.Reader) ([]byte, error) {
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		return line, err
+	}
+	f := strings.Fields(string(line))
+	if len(f) < 2 || (f[0] != "MSG" && f[0] != "HMSG") {
+		return line, nil
+	}
+	n, err := strconv.Atoi(f[len(f)-1]) // the total size is the last field of both
+	if err != nil {
+		return line, fmt.Errorf("proxy: bad frame %q: %w", line, err)
+	}
+	payload := make([]byte, n+2) // and its \r\n
+	_, err = io.ReadFull(r, payload)
+	return append(line, payload...), err
+}
+
+// isDroppedAck tells whether frame is a JetStream ack (a first or a
+// duplicate one) of the stream sequence dropAckSeq.
+func (p *ackProxy) isDroppedAck(frame []byte) bool {
+	seq := p.dropAckSeq.Load()
+	if seq == 0 || !bytes.HasPrefix(frame, []byte("MSG ")) {
+		return false
+	}
+	_, payload, _ := bytes.Cut(frame, []byte("\r\n"))
+	var ack struct {
+		Stream string `json:"stream"`
+		Seq    uint64 `json:"seq"`
+	}
+	return json.Unmarshal(bytes.TrimSuffix(payload, []byte("\r\n")), &ack) == nil && ack.Stream == DefaultStream && ack.Seq == seq
 }
 
 // cut closes every proxied connection; new ones are accepted as before.

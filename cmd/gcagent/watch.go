@@ -10,9 +10,11 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/natsbus"
@@ -511,9 +513,9 @@ func renderFleet(w io.Writer, f *fleet, now time.Time, url string, bad int) {
 		}
 		outbox := fmt.Sprint(r.Outbox)
 		if r.NATSMode != "" && r.NATSMode != natsbus.ModeJetStream {
-			outbox += " (" + r.NATSMode + ")"
+			outbox += " (" + forTerminal(r.NATSMode) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d\t%s\t%s\n", r.Cluster, r.Node, disk, images, last,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d\t%s\t%s\n", forTerminal(r.Cluster), forTerminal(r.Node), disk, images, last,
 			humanBytes(r.FreedLastHour), r.FailuresLastHour, r.Removed["image"], r.Removed["container"], r.Removed["log"], outbox, hb)
 	}
 	tw.Flush()
@@ -523,7 +525,23 @@ func renderFleet(w io.Writer, f *fleet, now time.Time, url string, bad int) {
 	fmt.Fprintln(w, "\nRECENT ACTIONS")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, l := range f.tail {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.At.Local().Format(time.TimeOnly), l.Node, l.Type, l.Subject, l.Detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.At.Local().Format(time.TimeOnly),
+			forTerminal(l.Node), forTerminal(l.Type), forTerminal(l.Subject), forTerminal(l.Detail))
 	}
 	tw.Flush()
+}
+
+// forTerminal returns a string an event carries as it may reach an
+// operator's terminal: as is when every rune is printable (non-ASCII letters
+// included) and it holds no quote or backslash, else Go-quoted
+// (strconv.Quote), so that escape sequences, carriage returns, newlines,
+// tabs and invisible format characters show as escapes, and a quoted string
+// cannot pass for a plain one.
+func forTerminal(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || r == '"' || r == '\\' || !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }

@@ -360,3 +360,83 @@ func TestNATSClientLocalCredentials(t *testing.T) {
 		t.Errorf("empty state dir: url %q nkey %q", c.NATSURL, c.NATSNKey)
 	}
 }
+
+// TestWatchTableEscapesEventStrings: every string an event carries reaches
+// the table escaped (terminal escape sequences, carriage returns, newlines,
+// tabs, invisible format characters), while a valid non-ASCII name prints as is.
+func TestWatchTableEscapesEventStrings(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	digest := "sha256:37d11ee8042e09d93c100b0ea6632dfac4c441333fb7729bd4925a3f6727b3df"
+	f := newFleet(20)
+	odd := ce(t, "n1", "image", "removed", digest, t0.Add(6*time.Second), map[string]any{})
+	odd.Type = "io.gcagent.image\x1b[8m.removed"
+	for _, ev := range []natsbus.CloudEvent{
+		ce(t, "n1", "image", "removed", digest, t0, map[string]any{"digest": digest,
+			"names": []string{"example.test/evil\x1b[31m:1"}, "freedBytes": 1 << 20}),
+		ce(t, "n1", "image", "removed", digest, t0.Add(time.Second), map[string]any{"digest": digest,
+			"names": []string{"example.test/café/日本語:1"}}),
+		ce(t, "n1", "container", "removed", "3f2a9c0d1e2b3c4d5e6f", t0.Add(2*time.Second), map[string]any{
+			"podNamespace": "default", "podName": "web", "containerName": "app\rOK"}),
+		ce(t, "n1", "log", "removed", "/var/log/pods/ns_pod_uid/c/0.log\nFAKE-LINE", t0.Add(3*time.Second), map[string]any{"reason": "dangling\tlink"}),
+		ce(t, "n1", "gc", "failed", "image", t0.Add(4*time.Second), map[string]any{"error": "boom\x1b[2J", "trigger": "disk\u202e"}),
+		ce(t, "evil\x1b]0;owned\a", "agent", "heartbeat", "n", t0.Add(5*time.Second), map[string]any{"natsMode": "core\x1b[5m", "outbox": 1}),
+		odd,
+	} {
+		f.apply(ev)
+	}
+	var out bytes.Buffer
+	renderFleet(&out, f, t0.Add(time.Minute), "nats://127.0.0.1:4222", 0)
+	got := out.String()
+	for _, r := range got {
+		if r != '\n' && (r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == '\u202e') {
+			t.Errorf("the table holds the raw control character %U:\n%s", r, got)
+		}
+	}
+	for _, line := range strings.Split(got, "\n") {
+		if strings.HasPrefix(line, "FAKE-LINE") {
+			t.Errorf("a newline in a path started a line of its own:\n%s", got)
+		}
+	}
+	for _, want := range []string{
+		`example.test/evil\x1b[31m:1`, // image name
+		"example.test/café/日本語:1",     // valid non-ASCII: as is
+		`app\rOK`,                     // container name
+		`0.log\nFAKE-LINE`,            // log path
+		`dangling\tlink`,              // reason
+		`boom\x1b[2J`,                 // error
+		`disk\u202e`,                  // trigger, a right-to-left override
+		`evil\x1b]0;owned\a`,          // node
+		`core\x1b[5m`,                 // NATS mode from a heartbeat
+		`image\x1b[8m.removed`,        // event type
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the table lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestForTerminal: what forTerminal leaves as is and what it quotes.
+func TestForTerminal(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"plain", "example.test/web:1", "example.test/web:1"},
+		{"spaces", "default/web app (3f2a9c0d1e2b)", "default/web app (3f2a9c0d1e2b)"},
+		{"non-ASCII", "café/日本語", "café/日本語"},
+		{"empty", "", ""},
+		{"escape sequence", "a\x1b[31mb", `"a\x1b[31mb"`},
+		{"carriage return", "a\rb", `"a\rb"`},
+		{"newline", "a\nb", `"a\nb"`},
+		{"tab", "a\tb", `"a\tb"`},
+		{"C1 control", "a\u009bb", `"a\u009bb"`},
+		{"delete", "a\x7fb", `"a\x7fb"`},
+		{"right-to-left override", "a\u202eb", `"a\u202eb"`},
+		{"invalid UTF-8", "a\xffb", `"a\xffb"`},
+		{"quote", `say "hi"`, `"say \"hi\""`},
+		{"backslash", `a\x1b`, `"a\\x1b"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := forTerminal(tc.in); got != tc.want {
+				t.Errorf("forTerminal(%q) = %s, want %s", tc.in, got, tc.want)
+			}
+		})
+	}
+}
