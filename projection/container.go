@@ -23,6 +23,7 @@ const (
 
 var stateNames = [...]string{"", "created", "running", "exited"}
 
+// String returns the state's name, or state(n) for an unknown one.
 func (st ContainerState) String() string {
 	if int(st) < len(stateNames) {
 		return stateNames[st]
@@ -145,6 +146,8 @@ func (c Container) MarshalJSON() ([]byte, error) {
 	return json.Marshal(containerJSON{(*containerFields)(&c), c.VolumeImageIDs(), c.VolumeChains()})
 }
 
+// UnmarshalJSON reads a Container as MarshalJSON writes it, image volumes
+// included.
 func (c *Container) UnmarshalJSON(b []byte) error {
 	v := containerJSON{containerFields: (*containerFields)(c)}
 	if err := json.Unmarshal(b, &v); err != nil {
