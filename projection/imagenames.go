@@ -7,7 +7,8 @@ import (
 )
 
 // ImageName is one name of an image and the labels gcagent keeps of it
-// (events.ImageLabels: one shared map for each distinct set).
+// (events.ImageLabels: a set as CRI writes it is one shared map, any other
+// a map of its own, freed with the image).
 type ImageName struct {
 	Name   string
 	Labels map[string]string

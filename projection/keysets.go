@@ -100,3 +100,21 @@ func (ks keySets) clone() keySets {
 	}
 	return c
 }
+
+// addSorted returns set (sorted, no duplicates) with v in it.
+func addSorted(set []string, v string) []string {
+	i, found := slices.BinarySearch(set, v)
+	if found {
+		return set
+	}
+	return slices.Insert(set, i, v)
+}
+
+// removeSorted returns set (sorted) without v.
+func removeSorted(set []string, v string) []string {
+	i, found := slices.BinarySearch(set, v)
+	if !found {
+		return set
+	}
+	return slices.Delete(set, i, i+1)
+}
