@@ -10,6 +10,7 @@ import (
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/node"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,7 +49,7 @@ func TestCRIListingAt30000(t *testing.T) {
 			})
 			c.Restart() // CRI loads what it finds at start
 
-			conn, err := events.DialCRI(c.Address)
+			conn, err := node.DialCRI(c.Address)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,7 +96,7 @@ func TestCRIListingAt30000(t *testing.T) {
 
 			// A listing: the exited ones lost their task and are stopped, the
 			// created ones are not.
-			source := events.NewSource(events.Options{Client: c.Client, CRI: cri, Log: zerolog.Nop()})
+			source := node.NewSource(node.Options{Client: c.Client, CRI: cri, Log: zerolog.Nop()})
 			if n := stoppedIn(t, ctx, source); n != loaded*3/4 {
 				t.Fatalf("listing: %d stopped CRI containers, want %d", n, loaded*3/4)
 			}
@@ -118,7 +119,7 @@ func TestCRIListingAt30000(t *testing.T) {
 
 // stoppedIn lists the CRI namespace through source and counts the stopped
 // tasks, once CRI has loaded its containers.
-func stoppedIn(t *testing.T, ctx context.Context, source *events.Source) int {
+func stoppedIn(t *testing.T, ctx context.Context, source *node.Source) int {
 	t.Helper()
 	for {
 		l, err := source.List(ctx, events.CRINamespace)

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/gcagent/gcagent/events"
+	adapter "github.com/gcagent/gcagent/node" // gc declares a type node in its tests
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -99,7 +99,7 @@ func (r Runtime) ImageUsers(ctx context.Context, names []string, config, chain s
 		}
 	}
 	if config != "" && r.CRI != nil && r.criIn(ctx) {
-		ctrs, err := events.CRIContainers(ctx, r.CRI, nil)
+		ctrs, err := adapter.CRIContainers(ctx, r.CRI, nil)
 		if err != nil {
 			return nil, fmt.Errorf("cri list containers: %w", err)
 		}

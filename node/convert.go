@@ -1,12 +1,13 @@
-package events
+package node
 
 import (
 	"encoding/json"
-	"sync"
+
 	"time"
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/gcagent/gcagent/events"
 )
 
 // Labels and annotations CRI and the kubelet put on containers (copied:
@@ -25,55 +26,14 @@ const (
 	annContainerName    = "io.kubernetes.cri.container-name"
 )
 
-// CRI's image labels gcagent reads: a pinned image is never deleted; a
-// CRI-managed one is deleted through CRI.
-const (
-	LabelPinned     = "io.cri-containerd.pinned"
-	LabelCRIManaged = "io.cri-containerd.image"
-)
-
-// ImageLabels returns the labels of l that gcagent reads (nil if none): an
-// image record can carry any number, and a busy node has thousands. The
-// map is shared by every image with the same set: never modify it.
-func ImageLabels(l map[string]string) map[string]string {
-	pinned, hasPinned := l[LabelPinned]
-	managed, hasManaged := l[LabelCRIManaged]
-	if !hasPinned && !hasManaged {
-		return nil
-	}
-	key := labelKey{pinned, managed, hasPinned, hasManaged}
-	if m, ok := labelSets.Load(key); ok {
-		return m.(map[string]string)
-	}
-	m := map[string]string{}
-	if hasPinned {
-		m[LabelPinned] = pinned
-	}
-	if hasManaged {
-		m[LabelCRIManaged] = managed
-	}
-	shared, _ := labelSets.LoadOrStore(key, m)
-	return shared.(map[string]string)
-}
-
-// labelSets holds one map per distinct set of the labels ImageLabels
-// keeps: images (a busy node's tens of thousands, in every listing and in
-// the projection) share a handful of them.
-var labelSets sync.Map // labelKey -> map[string]string
-
-type labelKey struct {
-	pinned, managed       string
-	hasPinned, hasManaged bool
-}
-
 // imageEvent converts an image record; its content facts are supplied by
 // the caller.
-func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
-	return ImageUpserted{
+func imageEvent(at time.Time, img images.Image, f ImageFacts) events.ImageUpserted {
+	return events.ImageUpserted{
 		At:           at,
 		Name:         img.Name,
 		Digest:       img.Target.Digest.String(),
-		Labels:       ImageLabels(img.Labels),
+		Labels:       events.ImageLabels(img.Labels),
 		Size:         f.Size,
 		Created:      img.CreatedAt.UTC(),
 		ConfigDigest: f.Config,
@@ -84,9 +44,9 @@ func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
 // containerEventIn converts a container record of namespace ns: CRI labels
 // mean a CRI container only in CRI's namespace; elsewhere anyone may have
 // copied them, and the container is a plain one.
-func containerEventIn(ns string, at time.Time, c containers.Container, known *ContainerFacts) ContainerUpserted {
+func containerEventIn(ns string, at time.Time, c containers.Container, known *ContainerFacts) events.ContainerUpserted {
 	ev := containerEvent(at, c, known)
-	if ns != CRINamespace {
+	if ns != events.CRINamespace {
 		ev.CRIKind, ev.PodUID, ev.PodName, ev.PodNamespace, ev.ContainerName, ev.SandboxID = "", "", "", "", "", ""
 	}
 	return ev
@@ -99,8 +59,8 @@ func containerEventIn(ns string, at time.Time, c containers.Container, known *Co
 // projection knows of this very container (nil if nothing): a container
 // never changes sandbox, so when the labels name the rest, its spec
 // (kilobytes of JSON) is not decoded.
-func containerEvent(at time.Time, c containers.Container, known *ContainerFacts) ContainerUpserted {
-	ev := ContainerUpserted{
+func containerEvent(at time.Time, c containers.Container, known *ContainerFacts) events.ContainerUpserted {
+	ev := events.ContainerUpserted{
 		At:            at,
 		ID:            c.ID,
 		Image:         c.Image,

@@ -1,4 +1,4 @@
-package events
+package node
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
+	"github.com/gcagent/gcagent/events"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -430,7 +431,7 @@ func snapshotterOf(c containers.Container) string {
 // criFacts fills ev's CRI image id and volume image ids from the refs CRI
 // stored for the container (criImageRefs); configOf resolves a volume
 // image ref (a name or an image id) to a config digest.
-func criFacts(ev *ContainerUpserted, imageID string, volumes []string, configOf func(ref string) string) {
+func criFacts(ev *events.ContainerUpserted, imageID string, volumes []string, configOf func(ref string) string) {
 	if configDigestRe.MatchString(imageID) {
 		ev.ImageID = imageID
 	}
@@ -444,14 +445,14 @@ func criFacts(ev *ContainerUpserted, imageID string, volumes []string, configOf 
 }
 
 // fill sets ev's CRI facts to what the projection knows.
-func (f *ContainerFacts) fill(ev *ContainerUpserted) {
+func (f *ContainerFacts) fill(ev *events.ContainerUpserted) {
 	ev.ImageID, ev.VolumeImageIDs = f.ImageID, slices.Clone(f.VolumeImageIDs)
 }
 
 // contentFacts fills the rest of what c runs into ev: the parent of its
 // rootfs snapshot (parentOf), the image volumes its sandbox holds
 // (volumesOf), and its restart policy.
-func contentFacts(ev *ContainerUpserted, c containers.Container, parentOf func(containers.Container) string,
+func contentFacts(ev *events.ContainerUpserted, c containers.Container, parentOf func(containers.Container) string,
 	volumesOf func(sandboxID string) []string) {
 	if c.SnapshotKey != "" {
 		ev.RootChain = parentOf(c)
