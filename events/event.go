@@ -69,7 +69,9 @@ type ContainerUpserted struct {
 	Created       time.Time `json:"created"`
 	// What the container really runs, whatever its image name points at
 	// now: ImageID is the config digest CRI stored for it, RootChain the
-	// chain id its rootfs snapshot was prepared from. VolumeImageIDs are
+	// chain id of the image top its rootfs snapshot descends from (its
+	// parent, or the nearest such ancestor above a remapped copy: see
+	// node's rootChain). VolumeImageIDs are
 	// the config digests of images mounted as OCI image volumes, and
 	// VolumeChains the parents of image-volume snapshots a sandbox holds.
 	ImageID        string   `json:"imageID,omitempty"`

@@ -100,7 +100,10 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (events.Lis
 	// from one listing of the content store's labels, or are read once per
 	// target digest (names share them), listingLookups at a time.
 	facts := make(map[string]ImageFacts, len(imgs)) // by target digest
-	var unknown []images.Image
+	var (
+		unknown []images.Image
+		cix     *contentIndex
+	)
 	for _, img := range imgs {
 		d := img.Target.Digest.String()
 		digests[img.Name], byName[img.Name] = d, img
@@ -114,7 +117,7 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (events.Lis
 		}
 	}
 	if len(unknown) > 0 {
-		cix := s.listContent(ctx, snapshotters)
+		cix = s.listContent(ctx, snapshotters)
 		read := make([]ImageFacts, len(unknown))
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(listingLookups)
@@ -134,7 +137,11 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (events.Lis
 		l.Images[i] = imageEvent(at, img, facts[digests[img.Name]])
 	}
 
-	parentOf := func(c containers.Container) string { return ix.parents[snapshotterOf(c)+"/"+c.SnapshotKey] }
+	anc := listingAncestry(ix, facts, cix, func(ctx context.Context) *contentIndex { return s.listContent(ctx, snapshotters) })
+	rootOf := func(c containers.Container) string {
+		chain, _ := anc.rootChain(ctx, snapshotterOf(c), c.SnapshotKey) // the index answers without error
+		return chain
+	}
 	volumesOf := func(sb string) []string { return ix.volumes[sb] }
 	configOf := s.configOf(ctx, byName, facts)
 	l.Containers = make([]events.ContainerUpserted, 0, len(ctrs))
@@ -146,7 +153,7 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (events.Lis
 		} else {
 			criFacts(&ev, lc.imageID, lc.volumes, configOf)
 		}
-		contentFacts(&ev, lc.c, parentOf, volumesOf)
+		contentFacts(&ev, lc.c, rootOf, volumesOf)
 		l.Containers = append(l.Containers, ev)
 	}
 

@@ -39,19 +39,21 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 			ev.ImageDigest = img.Target.Digest.String()
 		}
 	}
-	parentOf := func(c containers.Container) string {
-		info, err := s.o.Client.SnapshotService(snapshotterOf(c)).Stat(ctx, c.SnapshotKey)
-		if err != nil {
-			return ""
-		}
-		return info.Parent
+	var rootErr error
+	rootOf := func(c containers.Container) string {
+		var chain string
+		chain, rootErr = s.lookupAncestry().rootChain(ctx, snapshotterOf(c), c.SnapshotKey)
+		return chain
 	}
 	// A sandbox's image volumes appear after the sandbox; the listings and
 	// the app containers' own volume mounts cover them.
 	noVolumes := func(string) []string { return nil }
 	id, vols := criImageRefs(c)
 	criFacts(&ev, id, vols, s.configOf(ctx, nil, nil))
-	contentFacts(&ev, c, parentOf, noVolumes)
+	contentFacts(&ev, c, rootOf, noVolumes)
+	if rootErr != nil {
+		return nil, fmt.Errorf("rootfs of container %q: %w", c.ID, rootErr)
+	}
 	return ev, nil
 }
 

@@ -61,6 +61,7 @@ type Source struct {
 	// listed are the namespaces the current session has listed; the
 	// session's goroutine only.
 	listed map[string]bool
+	tops   *imageTops // nil without a client
 	m      sourceMetrics
 }
 
@@ -97,6 +98,9 @@ func NewSource(o Options) *Source {
 		o.KnownContainer = func(string, string, time.Time) (ContainerFacts, bool) { return ContainerFacts{}, false }
 	}
 	s := &Source{o: o}
+	if o.Client != nil {
+		s.tops = newImageTops(o.Client.ContentStore())
+	}
 	s.m = sourceMetrics{
 		received:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_received_total", Help: "containerd envelopes received, by topic."}, []string{"topic"}),
 		ignored:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_ignored_total", Help: "Envelopes received but not needed, by topic."}, []string{"topic"}),
