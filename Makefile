@@ -53,13 +53,13 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 	$(GO) test -count=1 -timeout 30m ./...
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./projection/ ./gc/ ./logs/ ./natsbus/ ./cmd/... ./deploy/ ./internal/ociimage/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./natsbus/ ./cmd/... ./deploy/ ./internal/ociimage/
 
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 30m -v ./e2e/
 
 bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers) and print figures
-	$(GO) test -run '^$$' -bench . -skip BenchmarkFootprint -benchmem -timeout 30m ./events/ ./projection/ ./gc/ ./e2e/ ./natsbus/
+	$(GO) test -run '^$$' -bench . -skip BenchmarkFootprint -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./e2e/ ./natsbus/
 	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
 
 demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -33,22 +33,22 @@ func BenchmarkStartupReconcile(b *testing.B) {
 			for _, mode := range []string{"cold", "restored"} {
 				b.Run(mode, func(b *testing.B) {
 					for b.Loop() {
-						opts := events.Options{Client: c.Client}
+						opts := node.Options{Client: c.Client}
 						if mode == "restored" {
-							opts.KnownFacts = func(d string) events.ImageFacts {
+							opts.KnownFacts = func(d string) node.ImageFacts {
 								if img := known.Images[d]; img != nil {
-									return events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
+									return node.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
 								}
-								return events.ImageFacts{}
+								return node.ImageFacts{}
 							}
-							opts.KnownContainer = func(_, id string, created time.Time) (events.ContainerFacts, bool) {
+							opts.KnownContainer = func(_, id string, created time.Time) (node.ContainerFacts, bool) {
 								if c := known.Containers[id]; c != nil && c.Created.Time().Equal(created) {
-									return events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: c.VolumeImageIDs()}, true
+									return node.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: c.VolumeImageIDs()}, true
 								}
-								return events.ContainerFacts{}, false
+								return node.ContainerFacts{}, false
 							}
 						}
-						l, err := events.NewSource(opts).List(context.Background(), testenv.Namespace)
+						l, err := node.NewSource(opts).List(context.Background(), testenv.Namespace)
 						if err != nil {
 							b.Fatal(err)
 						}

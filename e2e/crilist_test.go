@@ -49,7 +49,7 @@ func TestCRIListingAt30000(t *testing.T) {
 			})
 			c.Restart() // CRI loads what it finds at start
 
-			conn, err := events.DialCRI(c.Address)
+			conn, err := node.DialCRI(c.Address)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +102,7 @@ func TestCRIListingAt30000(t *testing.T) {
 
 			// A listing: the exited ones lost their task and are stopped, the
 			// created ones are not.
-			source := events.NewSource(events.Options{Client: c.Client, CRI: cri, Log: zerolog.Nop()})
+			source := node.NewSource(node.Options{Client: c.Client, CRI: cri, Log: zerolog.Nop()})
 			if n := stoppedIn(t, ctx, source); n != loaded*3/4 {
 				t.Fatalf("listing: %d stopped CRI containers, want %d", n, loaded*3/4)
 			}
@@ -125,7 +125,7 @@ func TestCRIListingAt30000(t *testing.T) {
 
 // stoppedIn lists the CRI namespace through source and counts the stopped
 // tasks, once CRI has loaded its containers.
-func stoppedIn(t *testing.T, ctx context.Context, source *events.Source) int {
+func stoppedIn(t *testing.T, ctx context.Context, source *node.Source) int {
 	t.Helper()
 	for {
 		l, err := source.List(ctx, events.CRINamespace)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/deletion"
-	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/node"
@@ -194,7 +193,7 @@ func benchThroughput(b *testing.B, c *testenv.Containerd) {
 	c.Import(b, imgs...)
 	settle()
 	rt, ri := c.CRI(b)
-	src := events.NewSource(events.Options{Client: c.Client, CRI: rt, Log: zerolog.Nop()})
+	src := node.NewSource(node.Options{Client: c.Client, CRI: rt, Log: zerolog.Nop()})
 	live, err := projection.NewLive(projection.LiveOptions{})
 	if err != nil {
 		b.Fatal(err)

@@ -1,10 +1,7 @@
-// Package events turns containerd's event stream into typed domain events.
-//
-// containerd's envelopes carry little (an image name, a container id), so the
-// Source enriches each one with lookups, lists everything after every
-// (re)subscribe, and emits a Listing that the projection diffs against its own
-// state: a missed event never leaves the state wrong. The event types here are
-// plain data so that the projection can journal and replay them.
+// Package events holds the domain events gcagent journals and their codec:
+// plain data that the projection applies and replays. They are made from
+// containerd's envelopes and listings by the node adapter (package node);
+// nothing here links containerd, gRPC or CRI.
 package events
 
 import (
@@ -72,7 +69,9 @@ type ContainerUpserted struct {
 	Created       time.Time `json:"created"`
 	// What the container really runs, whatever its image name points at
 	// now: ImageID is the config digest CRI stored for it, RootChain the
-	// chain id its rootfs snapshot was prepared from. VolumeImageIDs are
+	// chain id of the image top its rootfs snapshot descends from (its
+	// parent, or the nearest such ancestor above a remapped copy: see
+	// node's rootChain). VolumeImageIDs are
 	// the config digests of images mounted as OCI image volumes, and
 	// VolumeChains the parents of image-volume snapshots a sandbox holds.
 	ImageID        string   `json:"imageID,omitempty"`

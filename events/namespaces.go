@@ -2,11 +2,10 @@ package events
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/containerd/containerd/v2/pkg/identifiers"
 )
 
 // CRINamespace is the namespace containerd's CRI plugin keeps pods, their
@@ -40,7 +39,7 @@ func ParseNamespaces(list, exclude string) (Namespaces, error) {
 			if f == "" {
 				continue
 			}
-			if err := identifiers.Validate(f); err != nil {
+			if err := validIdentifier(f); err != nil {
 				return nil, fmt.Errorf("--%s %q: %v", flag, f, err)
 			}
 			out = append(out, f)
@@ -68,6 +67,26 @@ func ParseNamespaces(list, exclude string) (Namespaces, error) {
 		}
 	}
 	return n, nil
+}
+
+// identifierRe and maxIdentifier are containerd's rule for identifiers,
+// namespaces included (pkg/identifiers, copied: this package links nothing
+// of containerd's).
+var identifierRe = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$`)
+
+const maxIdentifier = 76
+
+// validIdentifier is containerd's identifiers.Validate, with its messages.
+func validIdentifier(s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("identifier must not be empty: invalid argument")
+	case len(s) > maxIdentifier:
+		return fmt.Errorf("identifier %q greater than maximum length (%d characters): invalid argument", s, maxIdentifier)
+	case !identifierRe.MatchString(s):
+		return fmt.Errorf("identifier %q must match %v: invalid argument", s, identifierRe)
+	}
+	return nil
 }
 
 // Match reports whether ns is managed.

@@ -6,23 +6,11 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 
-	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 )
-
-// maxSnapshotDepth bounds every walk along a snapshot chain: a container's
-// rootfs sits a few remapped copies at most above its image's top layer,
-// and an image has at most 127 layers.
-const maxSnapshotDepth = 128
-
-// labelSnapshotRef prefixes the content label by which the unpacker
-// records, on an image's config, the chain id of its top layer on one
-// snapshotter (containerd.io/gc.ref.snapshot.<snapshotter>).
-const labelSnapshotRef = "containerd.io/gc.ref.snapshot."
 
 // ImageHolders answers "is this image in use right now?" in namespace ns,
 // the question the projection's index answers from events, asked again
@@ -60,8 +48,11 @@ func (r *Runtime) ImageHolders(ctx context.Context, ns string, img gc.ImageRef) 
 		if err != nil {
 			return nil, err
 		}
+		// Asked afresh at each re-check: an image deleted since is no
+		// top any more, and its snapshots lead down to the next one.
+		tops := newImageTops(r.Client.ContentStore())
 		for _, sn := range sns {
-			users, err := r.snapshotUsers(ctx, sn, img.Chain)
+			users, err := r.snapshotUsers(ctx, tops, sn, img.Chain)
 			if err != nil {
 				return nil, err
 			}
@@ -69,7 +60,7 @@ func (r *Runtime) ImageHolders(ctx context.Context, ns string, img gc.ImageRef) 
 		}
 	}
 	if img.Config != "" && r.CRI != nil && criIn(ns) {
-		ctrs, err := events.CRIContainers(ctx, r.CRI, nil)
+		ctrs, err := CRIContainers(ctx, r.CRI, nil)
 		if err != nil {
 			return nil, fmt.Errorf("cri list containers: %w", err)
 		}
@@ -108,12 +99,12 @@ func compare(a, b string) int {
 // breadth first through chain's children, down through committed
 // snapshots that are no image's top (a remapped copy), never into one that
 // is (a derived image's layer: its containers use that image, not this).
-func (r *Runtime) snapshotUsers(ctx context.Context, sn, chain string) ([]gc.Holder, error) {
+func (r *Runtime) snapshotUsers(ctx context.Context, tops *imageTops, sn, chain string) ([]gc.Holder, error) {
 	ss := r.Client.SnapshotService(sn)
 	var out []gc.Holder
 	level := []string{chain}
 	seen := map[string]bool{chain: true}
-	for depth := 0; len(level) > 0 && depth < maxSnapshotDepth; depth++ {
+	for depth := 0; len(level) > 0 && depth < maxAncestry; depth++ {
 		var next []string
 		for _, parent := range level {
 			err := ss.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
@@ -136,7 +127,7 @@ func (r *Runtime) snapshotUsers(ctx context.Context, sn, chain string) ([]gc.Hol
 		// top layer.
 		level = level[:0]
 		for _, c := range next {
-			top, err := r.imageTop(ctx, sn, c)
+			top, err := tops.imageTop(ctx, sn, c)
 			if err != nil {
 				return nil, err
 			}
@@ -146,22 +137,6 @@ func (r *Runtime) snapshotUsers(ctx context.Context, sn, chain string) ([]gc.Hol
 		}
 	}
 	return out, nil
-}
-
-// imageTop reports whether chain is the top layer of an image unpacked on
-// snapshotter sn in ctx's namespace: some content (an image's config)
-// carries containerd.io/gc.ref.snapshot.<sn> = chain, as the unpacker sets
-// it on 1.6 and 2.x.
-func (r *Runtime) imageTop(ctx context.Context, sn, chain string) (bool, error) {
-	found := false
-	err := r.Client.ContentStore().Walk(ctx, func(content.Info) error {
-		found = true
-		return nil
-	}, "labels."+strconv.Quote(labelSnapshotRef+sn)+"=="+strconv.Quote(chain))
-	if err != nil {
-		return false, fmt.Errorf("is %s an image's top layer on %s: %w", chain, sn, err)
-	}
-	return found, nil
 }
 
 // leaseContent is the lease resource type of a content blob, whose ID is

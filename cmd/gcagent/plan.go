@@ -121,18 +121,18 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 	if err != nil {
 		return doc, err
 	}
-	cl, err := client.New(cfg.ContainerdAddress, append(events.ClientOpts(), client.WithTimeout(10*time.Second))...)
+	cl, err := client.New(cfg.ContainerdAddress, append(node.ClientOpts(), client.WithTimeout(10*time.Second))...)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
 	}
 	defer cl.Close()
-	conn, err := events.DialCRI(cfg.ContainerdAddress)
+	conn, err := node.DialCRI(cfg.ContainerdAddress)
 	if err != nil {
 		return doc, err
 	}
 	defer conn.Close()
 	cri := runtimeapi.NewRuntimeServiceClient(conn)
-	src := events.NewSource(events.Options{Client: cl, CRI: cri, Namespaces: nss, Log: zerolog.Nop(), Now: clk.Now})
+	src := node.NewSource(node.Options{Client: cl, CRI: cri, Namespaces: nss, Log: zerolog.Nop(), Now: clk.Now})
 	names, err := src.Managed(ctx)
 	if err != nil {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)

@@ -52,7 +52,7 @@ type agent struct {
 	reg *prometheus.Registry
 	// live is the projection of every managed namespace.
 	live    *projection.Spaces
-	source  *events.Source
+	source  *node.Source
 	runtime *node.Runtime
 	// deletes begins every delete's transaction and settles unknown outcomes.
 	deletes *deletion.Manager
@@ -106,12 +106,12 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	// client.New does not dial: containerd may come later, and the Source
 	// retries until it does. No default namespace: every call names its own.
-	cl, err := client.New(cfg.ContainerdAddress, events.ClientOpts()...)
+	cl, err := client.New(cfg.ContainerdAddress, node.ClientOpts()...)
 	if err != nil {
 		return fmt.Errorf("containerd client: %w", err)
 	}
 	defer cl.Close()
-	criConn, err := events.DialCRI(cfg.ContainerdAddress)
+	criConn, err := node.DialCRI(cfg.ContainerdAddress)
 	if err != nil {
 		return err
 	}
@@ -134,25 +134,25 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 			return nil
 		}
 	}
-	src := events.NewSource(events.Options{
+	src := node.NewSource(node.Options{
 		Client: cl, CRI: cri, Namespaces: nss, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
-		KnownFacts: func(digest string) (f events.ImageFacts) {
+		KnownFacts: func(digest string) (f node.ImageFacts) {
 			// Content is shared by every namespace: any one's facts will do.
 			if live := restoredLive(); live != nil {
 				live.View(func(s *projection.State) {
 					if img := s.Images[digest]; img != nil && f.Size == 0 {
-						f = events.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
+						f = node.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
 					}
 				})
 			}
 			return f
 		},
-		KnownContainer: func(ns, id string, created time.Time) (f events.ContainerFacts, ok bool) {
+		KnownContainer: func(ns, id string, created time.Time) (f node.ContainerFacts, ok bool) {
 			if live := restoredLive(); live != nil {
 				if l := live.Live(ns); l != nil {
 					l.View(func(s *projection.State) {
 						if c := s.Containers[id]; c != nil && c.Created == projection.StampOf(created) {
-							f, ok = events.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs())}, true
+							f, ok = node.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs())}, true
 						}
 					})
 				}

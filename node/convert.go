@@ -1,12 +1,13 @@
-package events
+package node
 
 import (
 	"encoding/json"
-	"strings"
+
 	"time"
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/gcagent/gcagent/events"
 )
 
 // Labels and annotations CRI and the kubelet put on containers (copied:
@@ -25,61 +26,14 @@ const (
 	annContainerName    = "io.kubernetes.cri.container-name"
 )
 
-// CRI's image labels gcagent reads: a pinned image is never deleted; a
-// CRI-managed one is deleted through CRI.
-const (
-	LabelPinned     = "io.cri-containerd.pinned"
-	LabelCRIManaged = "io.cri-containerd.image"
-)
-
-// ImageLabels returns the labels of l that gcagent reads (nil if none): an
-// image record can carry any number, and a busy node has thousands. A set
-// of the values CRI gives these labels is one map shared by every image
-// that has it; any other set (a label is any client's to set, up to 4 KiB)
-// is a map of its own, freed with what holds it, so no value a client
-// writes is kept for the life of the process. Never modify the map.
-func ImageLabels(l map[string]string) map[string]string {
-	pinned, hasPinned := l[LabelPinned]
-	managed, hasManaged := l[LabelCRIManaged]
-	if !hasPinned && !hasManaged {
-		return nil
-	}
-	if m := criLabelSets[labelKey{pinned, managed, hasPinned, hasManaged}]; m != nil {
-		return m
-	}
-	m := make(map[string]string, 2)
-	if hasPinned {
-		m[LabelPinned] = strings.Clone(pinned) // not the record's: it may share a buffer
-	}
-	if hasManaged {
-		m[LabelCRIManaged] = strings.Clone(managed)
-	}
-	return m
-}
-
-// criLabelSets are the sets of labels ImageLabels keeps as CRI writes them
-// ("pinned", "managed"): images (a busy node's tens of thousands, in every
-// listing and in the projection) share these few maps. Fixed: nothing
-// learned at run time is added.
-var criLabelSets = map[labelKey]map[string]string{
-	{pinned: "pinned", hasPinned: true}:    {LabelPinned: "pinned"},
-	{managed: "managed", hasManaged: true}: {LabelCRIManaged: "managed"},
-	{"pinned", "managed", true, true}:      {LabelPinned: "pinned", LabelCRIManaged: "managed"},
-}
-
-type labelKey struct {
-	pinned, managed       string
-	hasPinned, hasManaged bool
-}
-
 // imageEvent converts an image record; its content facts are supplied by
 // the caller.
-func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
-	return ImageUpserted{
+func imageEvent(at time.Time, img images.Image, f ImageFacts) events.ImageUpserted {
+	return events.ImageUpserted{
 		At:           at,
 		Name:         img.Name,
 		Digest:       img.Target.Digest.String(),
-		Labels:       ImageLabels(img.Labels),
+		Labels:       events.ImageLabels(img.Labels),
 		Size:         f.Size,
 		Created:      img.CreatedAt.UTC(),
 		ConfigDigest: f.Config,
@@ -90,9 +44,9 @@ func imageEvent(at time.Time, img images.Image, f ImageFacts) ImageUpserted {
 // containerEventIn converts a container record of namespace ns: CRI labels
 // mean a CRI container only in CRI's namespace; elsewhere anyone may have
 // copied them, and the container is a plain one.
-func containerEventIn(ns string, at time.Time, c containers.Container, known *ContainerFacts) ContainerUpserted {
+func containerEventIn(ns string, at time.Time, c containers.Container, known *ContainerFacts) events.ContainerUpserted {
 	ev := containerEvent(at, c, known)
-	if ns != CRINamespace {
+	if ns != events.CRINamespace {
 		ev.CRIKind, ev.PodUID, ev.PodName, ev.PodNamespace, ev.ContainerName, ev.SandboxID = "", "", "", "", "", ""
 	}
 	return ev
@@ -105,8 +59,8 @@ func containerEventIn(ns string, at time.Time, c containers.Container, known *Co
 // projection knows of this very container (nil if nothing): a container
 // never changes sandbox, so when the labels name the rest, its spec
 // (kilobytes of JSON) is not decoded.
-func containerEvent(at time.Time, c containers.Container, known *ContainerFacts) ContainerUpserted {
-	ev := ContainerUpserted{
+func containerEvent(at time.Time, c containers.Container, known *ContainerFacts) events.ContainerUpserted {
+	ev := events.ContainerUpserted{
 		At:            at,
 		ID:            c.ID,
 		Image:         c.Image,

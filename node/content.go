@@ -1,4 +1,4 @@
-package events
+package node
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
+	"github.com/gcagent/gcagent/events"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -31,8 +32,9 @@ import (
 // while the container still runs the old one. Three facts say it:
 //   - CRI stores the image id (config digest) of each container, and of each
 //     image mounted as an OCI image volume, in its container metadata;
-//   - every rootfs snapshot is prepared from the chain id of its image's top
-//     layer, so a snapshot's parent names the image for any client;
+//   - every rootfs snapshot descends from the chain id of its image's top
+//     layer, for any client: its parent, or its nearest ancestor that is an
+//     image's top when a client put a copy in between (rootChain);
 //   - containerd 2.1+ prepares image volumes as snapshots keyed
 //     .../image-volumes/<sandbox id>/..., held by a lease named after the
 //     sandbox, with no container record naming the image.
@@ -386,23 +388,28 @@ func sandboxOfVolume(key string) string {
 }
 
 // snapshotIndex is what a listing learns from the snapshotters: the parent
-// of every active or view snapshot, and the parents of each sandbox's
-// image-volume snapshots.
+// of every snapshot (committed ones too, for rootChain's walk), and the
+// parents of each sandbox's image-volume snapshots.
 type snapshotIndex struct {
-	parents map[string]string   // snapshotter + "/" + key -> parent
-	volumes map[string][]string // sandbox id -> parents of its image volumes
+	parents map[snapshotRef]string // -> parent
+	volumes map[string][]string    // sandbox id -> parents of its image volumes
 }
 
-// walkSnapshots indexes the active and view snapshots of the given
-// snapshotters (committed ones are image layers, not users of images).
+// snapshotRef names a snapshot: its snapshotter and its key or name.
+type snapshotRef struct{ snapshotter, name string }
+
+// walkSnapshots indexes the snapshots of the given snapshotters.
 func (s *Source) walkSnapshots(ctx context.Context, snapshotters []string) (snapshotIndex, error) {
-	ix := snapshotIndex{parents: map[string]string{}, volumes: map[string][]string{}}
+	ix := snapshotIndex{parents: map[snapshotRef]string{}, volumes: map[string][]string{}}
 	for _, sn := range snapshotters {
 		err := s.o.Client.SnapshotService(sn).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-			if info.Kind == snapshots.KindCommitted || info.Parent == "" {
+			if info.Parent == "" {
 				return nil
 			}
-			ix.parents[sn+"/"+info.Name] = info.Parent
+			ix.parents[snapshotRef{sn, info.Name}] = info.Parent
+			if info.Kind == snapshots.KindCommitted {
+				return nil // an image layer, or a remapped copy of one
+			}
 			if sb := sandboxOfVolume(info.Name); sb != "" {
 				ix.volumes[sb] = append(ix.volumes[sb], info.Parent)
 			}
@@ -430,7 +437,7 @@ func snapshotterOf(c containers.Container) string {
 // criFacts fills ev's CRI image id and volume image ids from the refs CRI
 // stored for the container (criImageRefs); configOf resolves a volume
 // image ref (a name or an image id) to a config digest.
-func criFacts(ev *ContainerUpserted, imageID string, volumes []string, configOf func(ref string) string) {
+func criFacts(ev *events.ContainerUpserted, imageID string, volumes []string, configOf func(ref string) string) {
 	if configDigestRe.MatchString(imageID) {
 		ev.ImageID = imageID
 	}
@@ -444,17 +451,17 @@ func criFacts(ev *ContainerUpserted, imageID string, volumes []string, configOf 
 }
 
 // fill sets ev's CRI facts to what the projection knows.
-func (f *ContainerFacts) fill(ev *ContainerUpserted) {
+func (f *ContainerFacts) fill(ev *events.ContainerUpserted) {
 	ev.ImageID, ev.VolumeImageIDs = f.ImageID, slices.Clone(f.VolumeImageIDs)
 }
 
-// contentFacts fills the rest of what c runs into ev: the parent of its
-// rootfs snapshot (parentOf), the image volumes its sandbox holds
-// (volumesOf), and its restart policy.
-func contentFacts(ev *ContainerUpserted, c containers.Container, parentOf func(containers.Container) string,
+// contentFacts fills the rest of what c runs into ev: the chain its rootfs
+// snapshot was prepared from (rootOf, see rootChain), the image volumes its
+// sandbox holds (volumesOf), and its restart policy.
+func contentFacts(ev *events.ContainerUpserted, c containers.Container, rootOf func(containers.Container) string,
 	volumesOf func(sandboxID string) []string) {
 	if c.SnapshotKey != "" {
-		ev.RootChain = parentOf(c)
+		ev.RootChain = rootOf(c)
 	}
 	if ev.CRIKind == "sandbox" {
 		ev.VolumeChains = volumesOf(c.ID)

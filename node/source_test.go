@@ -1,4 +1,4 @@
-package events
+package node
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	apievents "github.com/containerd/containerd/api/events"
 	cdevents "github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/typeurl/v2"
+	"github.com/gcagent/gcagent/events"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -33,17 +34,17 @@ func TestDecode(t *testing.T) {
 	cases := []struct {
 		name string
 		env  *cdevents.Envelope
-		want Event
+		want events.Event
 	}{
-		{"image delete", envelope(t, "k8s.io", "/images/delete", &apievents.ImageDelete{Name: "a:1"}), ImageDeleted{At: at, Name: "a:1"}},
-		{"container delete", envelope(t, "k8s.io", "/containers/delete", &apievents.ContainerDelete{ID: "c"}), ContainerDeleted{At: at, ID: "c"}},
-		{"task start", envelope(t, "k8s.io", "/tasks/start", &apievents.TaskStart{ContainerID: "c", Pid: 7}), TaskStarted{At: at, ContainerID: "c", Pid: 7}},
+		{"image delete", envelope(t, "k8s.io", "/images/delete", &apievents.ImageDelete{Name: "a:1"}), events.ImageDeleted{At: at, Name: "a:1"}},
+		{"container delete", envelope(t, "k8s.io", "/containers/delete", &apievents.ContainerDelete{ID: "c"}), events.ContainerDeleted{At: at, ID: "c"}},
+		{"task start", envelope(t, "k8s.io", "/tasks/start", &apievents.TaskStart{ContainerID: "c", Pid: 7}), events.TaskStarted{At: at, ContainerID: "c", Pid: 7}},
 		{"task exit", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7, ExitStatus: 3, ExitedAt: timestamppb.New(exitedAt)}),
-			TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt}},
+			events.TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt}},
 		{"task delete", envelope(t, "k8s.io", "/tasks/delete", &apievents.TaskDelete{ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: timestamppb.New(exitedAt)}),
-			TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt, Collected: true}},
+			events.TaskExited{At: at, ContainerID: "c", Pid: 7, ExitStatus: 3, ExitedAt: exitedAt, Collected: true}},
 		{"exit without a time", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7}),
-			TaskExited{At: at, ContainerID: "c", Pid: 7}},
+			events.TaskExited{At: at, ContainerID: "c", Pid: 7}},
 		{"exec exit is not the container's", envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "exec-1"}), nil},
 		{"oom is not needed", envelope(t, "k8s.io", "/tasks/oom", &apievents.TaskOOM{ContainerID: "c"}), nil},
 		{"unknown type", &cdevents.Envelope{Namespace: "k8s.io", Topic: "/tasks/new", Event: &anypb.Any{TypeUrl: "containerd.events.FromTheFuture", Value: []byte{1}}}, nil},
@@ -119,7 +120,7 @@ func TestDecodeStepped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := TaskExited{At: tc.want, ContainerID: "c", Pid: 7, ExitedAt: tc.want}
+			want := events.TaskExited{At: tc.want, ContainerID: "c", Pid: 7, ExitedAt: tc.want}
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("got %#v\nwant %#v", got, want)
 			}
@@ -143,33 +144,5 @@ func TestQueueOverflowIsRemembered(t *testing.T) {
 	}
 	if _, overflowed, _, _ := q.take(); overflowed {
 		t.Fatal("overflow flag not reset")
-	}
-}
-
-func TestMarshalRoundTrip(t *testing.T) {
-	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	for _, ev := range []Event{
-		ImageUpserted{At: at, Name: "a", Digest: "sha256:x", Labels: map[string]string{"k": "v"}, Size: 9, Created: at},
-		ImageDeleted{At: at, Name: "a"},
-		ContainerUpserted{At: at, ID: "c", Image: "a", CRIKind: "sandbox", PodUID: "u", Created: at},
-		ContainerDeleted{At: at, ID: "c"},
-		TaskStarted{At: at, ContainerID: "c", Pid: 1},
-		TaskExited{At: at, ContainerID: "c", Pid: 1, ExitStatus: 2, ExitedAt: at},
-		Synced{At: at},
-	} {
-		b, err := Marshal(ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		back, err := Unmarshal(b)
-		if err != nil || !reflect.DeepEqual(back, ev) {
-			t.Fatalf("%s: round trip %#v, %v", ev.Kind(), back, err)
-		}
-	}
-	if _, err := Unmarshal([]byte(`{"k":"image.exploded","e":{}}`)); err == nil {
-		t.Fatal("unknown kind accepted")
-	}
-	if _, err := Unmarshal([]byte(`{not json`)); err == nil {
-		t.Fatal("garbage accepted")
 	}
 }

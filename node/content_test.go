@@ -1,4 +1,4 @@
-package events
+package node
 
 import (
 	"maps"
@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/typeurl/v2"
+	"github.com/gcagent/gcagent/events"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -125,11 +126,11 @@ func TestSlimKnown(t *testing.T) {
 	c := containers.Container{ID: "c1", Labels: labels, Spec: spec, Extensions: map[string]typeurl.Any{extCRIContainerMetadata: &anypb.Any{Value: meta}}}
 	known := ContainerFacts{SandboxID: "sb-known", ImageID: hex("b"), VolumeImageIDs: []string{hex("d")}}
 	s := NewSource(Options{KnownContainer: func(ns, id string, _ time.Time) (ContainerFacts, bool) {
-		return known, ns == CRINamespace && id == "c1"
+		return known, ns == events.CRINamespace && id == "c1"
 	}})
 	at := time.Unix(1000, 0)
 	listed := func(c containers.Container, useKnown bool) listedContainer {
-		return s.slim(CRINamespace, at, c, s.knownContainer(CRINamespace, at, &c, useKnown))
+		return s.slim(events.CRINamespace, at, c, s.knownContainer(events.CRINamespace, at, &c, useKnown))
 	}
 
 	lc := listed(c, true)
@@ -139,7 +140,7 @@ func TestSlimKnown(t *testing.T) {
 	if lc.c.Spec != nil || lc.c.Extensions != nil {
 		t.Error("the listing holds the spec or the extensions")
 	}
-	var ev ContainerUpserted
+	var ev events.ContainerUpserted
 	lc.known.fill(&ev)
 	if ev.ImageID != known.ImageID || !slices.Equal(ev.VolumeImageIDs, known.VolumeImageIDs) {
 		t.Errorf("known facts: %+v", ev)
@@ -153,7 +154,7 @@ func TestSlimKnown(t *testing.T) {
 		if lc.known != nil || lc.ev.SandboxID != "sb-spec" || lc.imageID != hex("a") || !slices.Equal(lc.volumes, []string{"vol:1"}) {
 			t.Errorf("decoded: %+v", lc)
 		}
-		var ev ContainerUpserted
+		var ev events.ContainerUpserted
 		criFacts(&ev, lc.imageID, lc.volumes, func(string) string { return hex("c") })
 		if ev.ImageID != hex("a") || !slices.Equal(ev.VolumeImageIDs, []string{hex("c")}) {
 			t.Errorf("facts from the refs: %+v", ev)

@@ -1,0 +1,123 @@
+package node
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/gcagent/gcagent/events"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Options configures a Source.
+type Options struct {
+	// Client talks to containerd; it reconnects by itself after a restart.
+	Client *client.Client
+	// CRI, if set, tells exited CRI containers from never-started ones when
+	// a listing finds them without a task (CRI deletes the task on exit).
+	CRI runtime.RuntimeServiceClient
+	// Namespaces to follow. Default k8s.io only.
+	Namespaces events.Namespaces
+	// ResyncInterval is the period of full listings, jittered by ±10%.
+	// Default 5m. Events are hints; the listing is the truth.
+	ResyncInterval time.Duration
+	// QueueSize bounds the envelopes waiting for enrichment. When it
+	// overflows, envelopes are dropped and a full listing repairs the state.
+	// Default 65536.
+	QueueSize int
+	// KnownFacts returns what the projection already holds for a target
+	// digest (zero if none), so a listing does not read the content again.
+	KnownFacts func(digest string) ImageFacts
+	// KnownContainer returns the facts the projection holds of CRI
+	// container id of namespace ns, if it holds that very container (the
+	// same creation time), so the listings that follow a start or a
+	// reconnect, which readiness waits for, decode the spec and CRI
+	// metadata of only the containers they do not know. Periodic and repair
+	// listings decode every one: a fact a failed lookup missed is mended
+	// within ResyncInterval.
+	KnownContainer func(ns, id string, created time.Time) (ContainerFacts, bool)
+	// Now is the agent's clock (internal/clock: no wall-clock step moves
+	// it); default time.Now. Event times are bounded by it at receipt
+	// (see stampAt).
+	Now func() time.Time
+	// StampSkew, for end-to-end tests only, is added to every time
+	// containerd stamps (event times, exits, creations): it emulates a step
+	// of the host's wall clock as containerd would see it. Nil: none.
+	StampSkew  func() time.Duration
+	Log        zerolog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Source follows containerd and emits domain events, each scoped to its
+// namespace: a Listing of every managed namespace and a Round after every
+// (re)subscribe and periodically, a Listing of a namespace when it first
+// appears, and one event per relevant envelope in between. It never exits
+// because containerd went away.
+type Source struct {
+	o         Options
+	connected atomic.Bool
+	// listed are the namespaces the current session has listed; the
+	// session's goroutine only.
+	listed map[string]bool
+	tops   *imageTops // nil without a client
+	m      sourceMetrics
+}
+
+type sourceMetrics struct {
+	received, ignored     *prometheus.CounterVec
+	unknown, malformed    prometheus.Counter
+	dropped, lookupErrors prometheus.Counter
+	reconnects            prometheus.Counter
+	listings              *prometheus.CounterVec
+	listSeconds           prometheus.Histogram
+}
+
+// NewSource returns a Source; Run starts it.
+func NewSource(o Options) *Source {
+	if !o.Namespaces.All && len(o.Namespaces.Names) == 0 {
+		o.Namespaces.Names = []string{events.CRINamespace}
+	}
+	if o.ResyncInterval <= 0 {
+		o.ResyncInterval = 5 * time.Minute
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 65536
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.StampSkew == nil {
+		o.StampSkew = func() time.Duration { return 0 }
+	}
+	if o.KnownFacts == nil {
+		o.KnownFacts = func(string) ImageFacts { return ImageFacts{} }
+	}
+	if o.KnownContainer == nil {
+		o.KnownContainer = func(string, string, time.Time) (ContainerFacts, bool) { return ContainerFacts{}, false }
+	}
+	s := &Source{o: o}
+	if o.Client != nil {
+		s.tops = newImageTops(o.Client.ContentStore())
+	}
+	s.m = sourceMetrics{
+		received:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_received_total", Help: "containerd envelopes received, by topic."}, []string{"topic"}),
+		ignored:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_ignored_total", Help: "Envelopes received but not needed, by topic."}, []string{"topic"}),
+		unknown:      prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_unknown_total", Help: "Envelopes of unknown type, dropped."}),
+		malformed:    prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_malformed_total", Help: "Envelopes that could not be decoded, dropped."}),
+		dropped:      prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_dropped_total", Help: "Envelopes dropped because the queue was full (a listing follows)."}),
+		lookupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_lookup_errors_total", Help: "Failed lookups while enriching an envelope (a listing follows)."}),
+		reconnects:   prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_reconnects_total", Help: "Subscriptions to containerd that were lost after the agent followed it (each is reopened); attempts that fail meanwhile are not counted."}),
+		listings:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_listings_total", Help: "Full listings of containerd, by reason."}, []string{"reason"}),
+		listSeconds:  prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gcagent_events_listing_seconds", Help: "Time to list images, containers and tasks.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+	}
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(s.m.received, s.m.ignored, s.m.unknown, s.m.malformed, s.m.dropped,
+			s.m.lookupErrors, s.m.reconnects, s.m.listings, s.m.listSeconds)
+	}
+	return s
+}
+
+// Connected reports whether a subscription to containerd is open.
+func (s *Source) Connected() bool { return s.connected.Load() }
