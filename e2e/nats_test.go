@@ -29,7 +29,7 @@ const (
 	natsNode    = "test-node"
 )
 
-// documentedTypes are the only event types of the NATS contract (ARCHITECTURE.md).
+// documentedTypes are the only event types of the NATS contract (docs/architecture.md).
 var documentedTypes = []string{
 	"agent.started", "agent.heartbeat", "agent.state_reset",
 	"image.removed", "image.skipped", "container.removed", "log.removed",

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// Subject and header constants of the NATS contract (see ARCHITECTURE.md).
+// Subject and header constants of the NATS contract (see docs/architecture.md).
 const (
 	// EventPrefix is the first tokens of every event subject.
 	EventPrefix = "gcagent.v1.evt"
