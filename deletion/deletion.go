@@ -62,6 +62,9 @@ type Journal interface {
 	// Pending returns the intents neither completed nor abandoned, oldest
 	// first.
 	Pending() ([]Intent, error)
+	// Publish stores an event without an intent: the removal of a delete
+	// whose intent could not be recorded.
+	Publish(a schema.Action) error
 }
 
 // Checker asks the node whether the object of an intent is gone.
@@ -105,6 +108,8 @@ type Manager struct {
 	// a crash, or a call that failed while the node could not say.
 	unsettled []Intent
 	loaded    bool
+	// unjournaled counts deletes made without a durable intent.
+	unjournaled int
 }
 
 // New returns a Manager; the leftovers of an earlier run are loaded from
@@ -122,15 +127,26 @@ func New(d Deps, o Options) (*Manager, error) {
 // Begin records the intent of a, the delete of an object of namespace ns,
 // and returns its transaction. It first settles every delete whose outcome
 // is unknown; while one cannot be settled it fails with ErrUnsettled and
-// records nothing. Any other error means the intent could not be recorded
-// and the caller must not delete.
+// records nothing. When the journal cannot be written (its disk is full,
+// often the very disk GC must free) the delete goes on without a durable
+// intent: its event is published on commit, and only a crash between the
+// delete and that commit could lose it. That is logged and counted.
 func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, error) {
 	if err := m.Settle(ctx); err != nil {
 		return nil, err
 	}
 	in, err := m.d.Journal.Intend(ns, a)
 	if err != nil {
-		return nil, fmt.Errorf("record the intent to delete %s %s: %w", a.Kind, a.Subject, err)
+		m.mu.Lock()
+		m.unjournaled++
+		n := m.unjournaled
+		m.mu.Unlock()
+		if n == 1 || n%100 == 0 {
+			m.o.Log.Warn().Err(err).Str("kind", a.Kind).Str("subject", a.Subject).Int("deletes_without_intent", n).
+				Msg("cannot record the delete intent; deleting without it")
+		}
+		return &Tx{m: m, in: Intent{At: time.Now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key},
+			action: &a}, nil
 	}
 	if m.o.AfterIntent != nil {
 		m.o.AfterIntent(in)
@@ -207,6 +223,9 @@ type Tx struct {
 	m    *Manager
 	in   Intent
 	done bool
+	// action is set when the intent could not be recorded: the commit
+	// publishes it.
+	action *schema.Action
 }
 
 // Intent returns the transaction's intent.
@@ -222,6 +241,13 @@ func (t *Tx) Commit(d any) error {
 	if t.m.o.AfterDelete != nil {
 		t.m.o.AfterDelete(t.in)
 	}
+	if t.action != nil {
+		a := *t.action
+		if d != nil {
+			a.Data = d
+		}
+		return t.m.d.Journal.Publish(a)
+	}
 	return t.m.d.Journal.Complete(t.in, d)
 }
 
@@ -232,6 +258,9 @@ func (t *Tx) Abort() error {
 		return nil
 	}
 	t.done = true
+	if t.action != nil {
+		return nil
+	}
 	return t.m.d.Journal.Abandon(t.in)
 }
 
@@ -260,7 +289,9 @@ func (t *Tx) Settle(ctx context.Context) (Outcome, error) {
 	case err != nil:
 		t.done = true
 		t.m.mu.Lock()
-		t.m.unsettled = append(t.m.unsettled, t.in)
+		if t.action == nil { // an intent never recorded cannot be settled later
+			t.m.unsettled = append(t.m.unsettled, t.in)
+		}
 		t.m.mu.Unlock()
 		t.m.o.Log.Warn().Err(err).Str("namespace", t.in.Namespace).Str("kind", t.in.Kind).Str("subject", t.in.Subject).
 			Msg("delete outcome unknown: no other delete until containerd says what happened")

@@ -75,6 +75,17 @@ func (j *memJournal) Abandon(in deletion.Intent) error {
 
 func (j *memJournal) Pending() ([]deletion.Intent, error) { return nil, nil }
 
+func (j *memJournal) Publish(a schema.Action) error {
+	j.mu.Lock()
+	j.log = append(j.log, "publish "+a.Subject)
+	pub := j.pub
+	j.mu.Unlock()
+	if pub == nil {
+		return nil
+	}
+	return pub.Publish(a)
+}
+
 func (j *memJournal) Log() []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()

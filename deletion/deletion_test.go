@@ -1,0 +1,223 @@
+package deletion
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/gcagent/gcagent/schema"
+)
+
+// journal is a Journal in memory; log records what happened in order.
+type journal struct {
+	mu        sync.Mutex
+	seq       uint64
+	pending   []Intent
+	log       []string
+	intendErr error
+}
+
+func (j *journal) Intend(ns string, a schema.Action) (Intent, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.intendErr != nil {
+		return Intent{}, j.intendErr
+	}
+	j.seq++
+	in := Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key}
+	j.pending = append(j.pending, in)
+	j.log = append(j.log, "intend "+ns+"/"+a.Subject)
+	return in, nil
+}
+
+func (j *journal) drop(in Intent) bool {
+	i := slices.IndexFunc(j.pending, func(p Intent) bool { return p.Seq == in.Seq })
+	if i < 0 {
+		return false
+	}
+	j.pending = slices.Delete(j.pending, i, i+1)
+	return true
+}
+
+func (j *journal) Complete(in Intent, _ any) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.drop(in) {
+		j.log = append(j.log, "event "+in.Namespace+"/"+in.Subject)
+	}
+	return nil
+}
+
+func (j *journal) Abandon(in Intent) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.drop(in) {
+		j.log = append(j.log, "abandon "+in.Namespace+"/"+in.Subject)
+	}
+	return nil
+}
+
+func (j *journal) Pending() ([]Intent, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.pending), nil
+}
+
+func (j *journal) Publish(a schema.Action) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.log = append(j.log, "publish "+a.Subject)
+	return nil
+}
+
+func (j *journal) Log() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.log)
+}
+
+// checker answers Gone from a set of gone subjects, or fails with err.
+type checker struct {
+	mu   sync.Mutex
+	gone map[string]bool
+	err  error
+}
+
+func (c *checker) Gone(_ context.Context, in Intent) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return false, c.err
+	}
+	return c.gone[in.Namespace+"/"+in.Subject], nil
+}
+
+func (c *checker) set(gone map[string]bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gone, c.err = gone, err
+}
+
+func newManager(t *testing.T, j *journal, c *checker) *Manager {
+	t.Helper()
+	m, err := New(Deps{Journal: j, Checker: c}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func removal(id string) schema.Action {
+	return schema.Action{Kind: "container", Action: "removed", Subject: id, Key: id}
+}
+
+func TestCommitAndAbort(t *testing.T) {
+	j, c := &journal{}, &checker{}
+	m := newManager(t, j, c)
+	ctx := context.Background()
+	a, _ := m.Begin(ctx, "ns", removal("a"))
+	b, _ := m.Begin(ctx, "ns", removal("b"))
+	if err := b.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Commit(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Commit(nil); err == nil {
+		t.Error("a second commit of one transaction succeeded")
+	}
+	want := []string{"intend ns/a", "intend ns/b", "abandon ns/b", "event ns/a"}
+	if got := j.Log(); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestSettleAfterFailedCall: a failed call is settled at once: gone means
+// the delete happened (the caller commits), there means it did not (the
+// transaction is aborted).
+func TestSettleAfterFailedCall(t *testing.T) {
+	j, c := &journal{}, &checker{}
+	m := newManager(t, j, c)
+	ctx := context.Background()
+	c.set(map[string]bool{"ns/gone": true}, nil)
+	tx, _ := m.Begin(ctx, "ns", removal("gone"))
+	if out, err := tx.Settle(ctx); out != Happened || err != nil {
+		t.Fatalf("gone: %v %v, want Happened", out, err)
+	}
+	_ = tx.Commit(nil)
+	tx, _ = m.Begin(ctx, "ns", removal("there"))
+	if out, err := tx.Settle(ctx); out != NotHappened || err != nil {
+		t.Fatalf("there: %v %v, want NotHappened", out, err)
+	}
+	want := []string{"intend ns/gone", "event ns/gone", "intend ns/there", "abandon ns/there"}
+	if got := j.Log(); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestUnknownOutcomeBlocksBegin: while containerd cannot say whether a
+// delete happened, no other delete begins; once it can, the intent is
+// settled first (invariant 6).
+func TestUnknownOutcomeBlocksBegin(t *testing.T) {
+	j, c := &journal{}, &checker{}
+	m := newManager(t, j, c)
+	ctx := context.Background()
+	tx, _ := m.Begin(ctx, "ns", removal("a"))
+	c.set(nil, errors.New("containerd is stopped"))
+	if out, err := tx.Settle(ctx); out != Unknown || err == nil {
+		t.Fatalf("got %v %v, want Unknown with the error", out, err)
+	}
+	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+		t.Fatalf("Begin while unsettled: %v, want ErrUnsettled", err)
+	}
+	if m.Unsettled() != 1 {
+		t.Errorf("unsettled %d, want 1", m.Unsettled())
+	}
+	c.set(map[string]bool{"ns/a": true}, nil)
+	if _, err := m.Begin(ctx, "ns", removal("b")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"intend ns/a", "event ns/a", "intend ns/b"}
+	if got := j.Log(); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestLeftoversSettledBeforeFirstDelete: intents a crash left are loaded
+// and settled before the first Begin records anything.
+func TestLeftoversSettledBeforeFirstDelete(t *testing.T) {
+	j := &journal{pending: []Intent{
+		{Seq: 1, Namespace: "a", Kind: "container", Subject: "x"},
+		{Seq: 2, Namespace: "b", Kind: "container", Subject: "x"},
+	}, seq: 2}
+	c := &checker{gone: map[string]bool{"a/x": true}}
+	m := newManager(t, j, c)
+	if _, err := m.Begin(context.Background(), "a", removal("y")); err != nil {
+		t.Fatal(err)
+	}
+	// The same id in two namespaces is settled by its own namespace.
+	want := []string{"event a/x", "abandon b/x", "intend a/y"}
+	if got := j.Log(); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestJournalFullDeletesWithoutIntent: when the intent cannot be written
+// (the state disk is full) the delete goes on and its event is published
+// on commit.
+func TestJournalFullDeletesWithoutIntent(t *testing.T) {
+	j, c := &journal{intendErr: errors.New("no space left on device")}, &checker{}
+	m := newManager(t, j, c)
+	tx, err := m.Begin(context.Background(), "ns", removal("a"))
+	if err != nil {
+		t.Fatalf("Begin with a full journal: %v, want a transaction without intent", err)
+	}
+	if err := tx.Commit(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.Log(); !slices.Equal(got, []string{"publish a"}) {
+		t.Errorf("got %v, want the event published", got)
+	}
+}
