@@ -110,6 +110,8 @@ type Manager struct {
 	loaded    bool
 	// unjournaled counts deletes made without a durable intent.
 	unjournaled int
+	// generation counts the unknown outcomes settled so far.
+	generation uint64
 }
 
 // New returns a Manager; the leftovers of an earlier run are loaded from
@@ -182,8 +184,19 @@ func (m *Manager) Settle(ctx context.Context) error {
 			return err
 		}
 		m.unsettled = m.unsettled[1:]
+		m.generation++
 	}
 	return nil
+}
+
+// Generation counts the deletes whose unknown outcome has been settled
+// (crash leftovers included). A caller that measured the disk before it
+// changed must measure again before deleting on that measurement: the
+// settled delete may have freed space it did not see.
+func (m *Manager) Generation() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.generation
 }
 
 // Unsettled returns how many deletes have an unknown outcome now.

@@ -117,6 +117,10 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 		}
 	}
 	synced := x.synced()
+	var gen uint64 // of the deletes settled when the plan measured the disk
+	if x.deletes != nil {
+		gen = x.deletes.Generation()
+	}
 	var errs []error
 	estimated := int64(0) // bytes the plan's estimate counts as freed so far
 	unsettled := ""       // why the pass stopped deleting: an unknown outcome
@@ -165,7 +169,7 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			skip(ReasonDryRun, "would remove ("+string(rule)+")")
 			continue
 		}
-		o, err := x.remove(ctx, it, names, rule, &res)
+		o, err := x.remove(ctx, it, names, rule, gen, &res)
 		switch {
 		case errors.Is(err, deletion.ErrUnsettled):
 			unsettled = err.Error()
@@ -197,7 +201,7 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 // an error wrapping deletion.ErrUnsettled when the delete's outcome is not
 // known (the pass must stop deleting); any other error when it did not
 // happen.
-func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageName, rule Reason, res *imageExecResult) (ImageOutcome, error) {
+func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageName, rule Reason, gen uint64, res *imageExecResult) (ImageOutcome, error) {
 	o := x.outcome(it, rule, ActionRemoved, rule, "")
 	if x.beforeDelete != nil {
 		x.beforeDelete()
@@ -206,6 +210,13 @@ func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageN
 		Key: imageRemovalKey(it.Namespace, it.Digest, it.FirstSeen), Data: imageData{ImageOutcome: o}})
 	if err != nil {
 		return o, err
+	}
+	if x.deletes.Generation() != gen {
+		// Begin settled a delete whose outcome was unknown: the disk the
+		// plan measured may be stale. The next pass measures again.
+		_ = tx.Abort()
+		res.Measured = false
+		return o, fmt.Errorf("%w: a delete settled since the disk was measured", deletion.ErrUnsettled)
 	}
 	via, err := x.rt.RemoveImage(ctx, it.Namespace, it.Digest, names)
 	if errors.Is(err, ErrImageChanged) {

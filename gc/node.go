@@ -92,4 +92,7 @@ const (
 // deleteLog begins delete transactions (*deletion.Manager).
 type deleteLog interface {
 	Begin(ctx context.Context, ns string, a schema.Action) (*deletion.Tx, error)
+	// Generation changes whenever a delete whose outcome was unknown has
+	// been settled: a disk measurement from before is stale.
+	Generation() uint64
 }

@@ -284,3 +284,43 @@ func (f *nsContainerRuntime) Gone(ctx context.Context, in deletion.Intent) (bool
 	in.Subject = in.Namespace + "/" + in.Subject
 	return f.fakeContainerRuntime.Gone(ctx, in)
 }
+
+// TestImageExecutorMeasuresAfterSettle: a delete whose outcome was
+// unknown is settled by the next Begin; the pass that measured the disk
+// before that deletes nothing more, the next one (measuring again) goes
+// on (invariant 6).
+func TestImageExecutorMeasuresAfterSettle(t *testing.T) {
+	n := newNode()
+	n.rt.failAfterRemove = map[string]error{digestOf("a"): errors.New("unavailable")}
+	n.rt.InjectError("gone", digestOf("a"), errors.New("containerd is stopped"))
+	pub := &fakePublisher{}
+	x := n.executorPublishing(t, policy8070, pub)
+	x.execute(context.Background(), n.plan(policy8070, at(time.Hour)))
+	if got := n.rt.Removed(); !slices.Equal(got, []string{digestOf("a")}) {
+		t.Fatalf("first pass removed %v, want only a (its outcome unknown)", got)
+	}
+	// containerd answers again; the next pass measured before Begin settles a.
+	delete(n.rt.errs, "gone "+digestOf("a"))
+	n.disk.Fill(20 * mib)
+	plan := n.plan(policy8070, at(time.Hour))
+	res := x.execute(context.Background(), plan)
+	if got := n.rt.Removed(); len(got) != 1 {
+		t.Errorf("a pass removed %v on a measurement older than the settled delete", got[1:])
+	}
+	if res.Measured {
+		t.Error("the pass still trusts its measurement")
+	}
+	events := 0
+	for _, ac := range pub.Actions() {
+		if ac.Action == "removed" && ac.Subject == digestOf("a") {
+			events++
+		}
+	}
+	if events != 1 {
+		t.Errorf("%d removal events for a, want 1 (settled)", events)
+	}
+	x.execute(context.Background(), n.plan(policy8070, at(time.Hour)))
+	if got := n.rt.Removed(); len(got) < 2 {
+		t.Errorf("the pass after re-measuring removed nothing: %v", got)
+	}
+}
