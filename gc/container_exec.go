@@ -22,12 +22,16 @@ import (
 // containerd.
 type nativeContainers interface {
 	// NativeLiveness re-reads the container's task; LiveGone if the
-	// container is not found.
+	// container is not found; a *Kept error for a dead container its
+	// owner's state keeps (LiveOwnerState, LiveRestartManaged).
 	NativeLiveness(ctx context.Context, ns, id string) (Liveness, error)
 	// DeleteNative deletes the stopped task and the container with its
-	// snapshot. It must never kill a task; NotFound is success;
-	// ErrOwnerWon when its owner deleted it first.
-	DeleteNative(ctx context.Context, ns, id string) error
+	// snapshot, then the state its owner keeps for it outside containerd
+	// (nerdctl's), and returns what it cleaned of that state. It must
+	// never kill a task; NotFound is success; ErrOwnerWon when its owner
+	// deleted it first. Once the container is deleted the error is nil: a
+	// failed cleanup is reported in OwnerCleanup.Error.
+	DeleteNative(ctx context.Context, ns, id string) (OwnerCleanup, error)
 }
 
 // criContainers reads and deletes CRI containers and sandboxes, only
@@ -89,6 +93,9 @@ type ContainerResult struct {
 	// EligibleAt is when the container became removable under the policy
 	// (exit plus MinAge, later if a cap or an emptied pod made it so).
 	EligibleAt time.Time `json:"eligibleAt,omitzero"`
+	// Detail says why a kept container was kept, when its liveness
+	// says it only broadly (owner-state).
+	Detail string `json:"detail,omitempty"`
 }
 
 // ContainerRemoval is the data of a published container.removed action.
@@ -109,6 +116,29 @@ type ContainerRemoval struct {
 	At            time.Time `json:"at"`
 	LatencySecs   float64   `json:"latencySeconds"`
 	DryRun        bool      `json:"dryRun,omitempty"`
+	// OwnerState is what was cleaned, after the delete, of the state the
+	// container's owner keeps outside containerd; absent for a container
+	// without such an owner.
+	OwnerState *OwnerCleanup `json:"ownerState,omitempty"`
+}
+
+// OwnerCleanup is what DeleteNative cleaned, after the container itself,
+// of the state its owner keeps for it outside containerd: for a container
+// made by nerdctl, what `nerdctl rm` would have removed (its name lock,
+// hosts dir and state dir with its json logs). The zero value: the
+// container has no such owner.
+type OwnerCleanup struct {
+	// Owner is who made the container: nerdctl.
+	Owner string `json:"owner"`
+	// Removed are the paths removed, in the order removed.
+	Removed []string `json:"removed,omitempty"`
+	// Bytes are the bytes allocated to the files removed.
+	Bytes int64 `json:"bytes,omitempty"`
+	// NameHeldBy is the id its name lock held when that was another
+	// container's: the lock was kept.
+	NameHeldBy string `json:"nameHeldBy,omitempty"`
+	// Error says what could not be cleaned; what is listed was.
+	Error string `json:"error,omitempty"`
 }
 
 // ContainerRemovalKey is the deterministic key of the removal of container
@@ -323,6 +353,10 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	r := ContainerResult{ContainerItem: it, Kind: kind, EligibleAt: e.eligibleAt(plan, policy, it)}
 	e.mu.Unlock()
 	live, err := e.liveness(ctx, kind, it.Namespace, it.ID)
+	var kept *Kept
+	if errors.As(err, &kept) {
+		live, err, r.Detail = kept.Live, nil, kept.Why
+	}
 	if err != nil {
 		e.opts.Metrics.error("recheck")
 		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.opts.Now()
@@ -344,7 +378,11 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		e.noted[it.key()] = live
 		e.mu.Unlock()
 		if first {
-			e.event(e.log.Info(), it, kind).Str("liveness", string(live)).Msg("kept on re-check")
+			ev := e.event(e.log.Info(), it, kind).Str("liveness", string(live))
+			if r.Detail != "" {
+				ev = ev.Str("detail", r.Detail)
+			}
+			ev.Msg("kept on re-check")
 		}
 		return r, nil
 	}
@@ -366,9 +404,10 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.opts.Now()
 		return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
 	}
+	var owner OwnerCleanup
 	switch kind {
 	case ContainerKindNative:
-		err = e.rt.DeleteNative(ctx, it.Namespace, it.ID)
+		owner, err = e.rt.DeleteNative(ctx, it.Namespace, it.ID)
 	case ContainerKindSandbox:
 		err = e.rt.RemoveCRISandbox(ctx, it.ID)
 	default:
@@ -415,6 +454,14 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	}
 	e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Float64("latency_s", latency.Seconds()).Msg("removed")
 	removal.At, removal.LatencySecs = r.At, latency.Seconds()
+	if owner.Owner != "" {
+		removal.OwnerState = &owner
+		if owner.Error != "" {
+			// The container is gone: not a failed delete.
+			e.event(e.log.Warn(), it, kind).Str("owner", owner.Owner).Strs("removed", owner.Removed).
+				Str("error", owner.Error).Msg("the container is removed but not all of its owner's state")
+		}
+	}
 	if err := tx.Commit(removal); err != nil {
 		e.opts.Metrics.error("publish")
 		e.log.Warn().Str("container", it.ID).Err(err).Msg("store the removal's event")

@@ -123,8 +123,8 @@ func (f *fakeContainerRuntime) remove(op, id string) error {
 func (f *fakeContainerRuntime) NativeLiveness(_ context.Context, _, id string) (Liveness, error) {
 	return f.liveness("native-liveness", id)
 }
-func (f *fakeContainerRuntime) DeleteNative(_ context.Context, _, id string) error {
-	return f.remove("delete-native", id)
+func (f *fakeContainerRuntime) DeleteNative(_ context.Context, _, id string) (OwnerCleanup, error) {
+	return OwnerCleanup{}, f.remove("delete-native", id)
 }
 func (f *fakeContainerRuntime) CRIContainerLiveness(_ context.Context, id string) (Liveness, error) {
 	return f.liveness("cri-liveness", id)

@@ -87,7 +87,28 @@ const (
 	LiveUnknown       Liveness = "unknown"        // the runtime cannot tell
 	LiveHasContainers Liveness = "has-containers" // a sandbox that still holds containers
 	LiveLeased        Liveness = "leased"         // a containerd lease (a client at work) holds its snapshot
+	// LiveOwnerState: its owner keeps state outside containerd that the
+	// delete would orphan: a container made by nerdctl whose labels do not
+	// fit nerdctl's layout under the configured data root, or that holds
+	// state only `nerdctl rm` frees (a shareable IPC tmpfs, image mounts).
+	LiveOwnerState Liveness = "owner-state"
+	// LiveRestartManaged: a restart policy (containerd.io/restart.*, as
+	// nerdctl --restart sets it) wants it running: a stopped task is not
+	// dead, containerd's restart monitor starts it again.
+	LiveRestartManaged Liveness = "restart-managed"
 )
+
+// Kept is the error a liveness re-check returns to keep a container for a
+// reason its Liveness names only broadly: the executor keeps the container
+// as for Live (never counted as a failed re-check) and shows Why, once, in
+// its log and in the result.
+type Kept struct {
+	Live Liveness
+	Why  string
+}
+
+// Error names the liveness and why.
+func (k *Kept) Error() string { return "kept (" + string(k.Live) + "): " + k.Why }
 
 // deleteLog begins delete transactions (*deletion.Manager).
 type deleteLog interface {

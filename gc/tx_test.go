@@ -276,7 +276,7 @@ func (f *nsContainerRuntime) NativeLiveness(ctx context.Context, ns, id string) 
 	return f.fakeContainerRuntime.NativeLiveness(ctx, ns, ns+"/"+id)
 }
 
-func (f *nsContainerRuntime) DeleteNative(ctx context.Context, ns, id string) error {
+func (f *nsContainerRuntime) DeleteNative(ctx context.Context, ns, id string) (OwnerCleanup, error) {
 	return f.fakeContainerRuntime.DeleteNative(ctx, ns, ns+"/"+id)
 }
 

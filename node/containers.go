@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
@@ -14,7 +15,7 @@ import (
 
 var _ interface {
 	NativeLiveness(ctx context.Context, ns, id string) (gc.Liveness, error)
-	DeleteNative(ctx context.Context, ns, id string) error
+	DeleteNative(ctx context.Context, ns, id string) (gc.OwnerCleanup, error)
 	CRIContainerLiveness(ctx context.Context, id string) (gc.Liveness, error)
 	RemoveCRIContainer(ctx context.Context, id string) error
 	CRISandboxLiveness(ctx context.Context, id string) (gc.Liveness, error)
@@ -23,7 +24,9 @@ var _ interface {
 
 // NativeLiveness re-reads the task of plain container id from containerd. A
 // container without a task counts as dead: the caller asks only about
-// containers the projection saw exit, and a new run would have a task.
+// containers the projection saw exit, and a new run would have a task. A
+// dead container that must be kept for its owner's state (see ownerKeeps)
+// is reported with a *gc.Kept error.
 func (r *Runtime) NativeLiveness(ctx context.Context, ns, id string) (gc.Liveness, error) {
 	ctx = in(ctx, ns)
 	ctr, err := r.Client.LoadContainer(ctx, id)
@@ -33,7 +36,11 @@ func (r *Runtime) NativeLiveness(ctx context.Context, ns, id string) (gc.Livenes
 	if err != nil {
 		return "", fmt.Errorf("load container %q: %w", id, err)
 	}
-	if info, err := ctr.Info(ctx, client.WithoutRefreshedMetadata); err == nil && info.SnapshotKey != "" {
+	info, err := ctr.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		return "", fmt.Errorf("read container %q: %w", id, err)
+	}
+	if info.SnapshotKey != "" {
 		held, err := r.leasedSnapshot(ctx, info.Snapshotter, info.SnapshotKey)
 		if err != nil {
 			return "", err
@@ -42,23 +49,29 @@ func (r *Runtime) NativeLiveness(ctx context.Context, ns, id string) (gc.Livenes
 			return gc.LiveLeased, nil
 		}
 	}
+	dead := func() (gc.Liveness, error) {
+		if err := r.ownerKeeps(ns, id, info.Labels); err != nil {
+			return "", err
+		}
+		return gc.LiveDead, nil
+	}
 	task, err := ctr.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {
-		return gc.LiveDead, nil
+		return dead()
 	}
 	if err != nil {
 		return "", fmt.Errorf("task of container %q: %w", id, err)
 	}
 	st, err := task.Status(ctx)
 	if errdefs.IsNotFound(err) {
-		return gc.LiveDead, nil
+		return dead()
 	}
 	if err != nil {
 		return "", fmt.Errorf("task status of container %q: %w", id, err)
 	}
 	switch st.Status {
 	case client.Stopped:
-		return gc.LiveDead, nil
+		return dead()
 	case client.Running, client.Paused, client.Pausing:
 		return gc.LiveRunning, nil
 	case client.Created:
@@ -96,39 +109,93 @@ func (r *Runtime) leasedSnapshot(ctx context.Context, sn, key string) (bool, err
 }
 
 // DeleteNative deletes plain container id through containerd: its stopped
-// task, then the container with its snapshot. It never kills: containerd
+// task, then the container with its snapshot, then, for a container made
+// by nerdctl, the state nerdctl keeps for it (Runtime.Nerdctl.Cleanup),
+// and returns what of that state it removed. It never kills: containerd
 // refuses to delete a task that runs again, and that error is returned. A
 // container already gone is success; a task or container that vanishes
 // between our reads and our delete means its owner deleted it first, and
-// returns errOwnerWon.
-func (r *Runtime) DeleteNative(ctx context.Context, ns, id string) error {
+// returns errOwnerWon. Labels that now keep it (see ownerKeeps) fail the
+// delete before anything is deleted. Once the container is deleted the
+// error is nil: a cleanup that failed is reported in the result's Error.
+func (r *Runtime) DeleteNative(ctx context.Context, ns, id string) (gc.OwnerCleanup, error) {
 	ctx = in(ctx, ns)
 	ctr, err := r.Client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		return nil
+		return gc.OwnerCleanup{}, nil
 	}
 	if err != nil {
-		return fmt.Errorf("load container %q: %w", id, err)
+		return gc.OwnerCleanup{}, fmt.Errorf("load container %q: %w", id, err)
+	}
+	info, err := ctr.Info(ctx, client.WithoutRefreshedMetadata)
+	if err != nil {
+		return gc.OwnerCleanup{}, fmt.Errorf("read container %q: %w", id, err)
+	}
+	// The labels the delete goes by are those read now: they may have
+	// changed since the re-check.
+	if err := r.ownerKeeps(ns, id, info.Labels); err != nil {
+		return gc.OwnerCleanup{}, fmt.Errorf("container %q not deleted: %w", id, err)
 	}
 	task, err := ctr.Task(ctx, nil)
 	switch {
 	case err == nil:
 		if _, err := task.Delete(ctx); err != nil {
 			if errdefs.IsNotFound(err) {
-				return gc.ErrOwnerWon
+				return gc.OwnerCleanup{}, gc.ErrOwnerWon
 			}
-			return fmt.Errorf("delete task of container %q: %w", id, err)
+			return gc.OwnerCleanup{}, fmt.Errorf("delete task of container %q: %w", id, err)
 		}
 	case !errdefs.IsNotFound(err):
-		return fmt.Errorf("task of container %q: %w", id, err)
+		return gc.OwnerCleanup{}, fmt.Errorf("task of container %q: %w", id, err)
 	}
 	if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil {
 		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) || errdefs.IsConflict(err) {
-			return gc.ErrOwnerWon
+			return gc.OwnerCleanup{}, gc.ErrOwnerWon
 		}
-		return fmt.Errorf("delete container %q: %w", id, err)
+		return gc.OwnerCleanup{}, fmt.Errorf("delete container %q: %w", id, err)
+	}
+	return r.cleanOwner(ctx, ns, id, info.Labels), nil
+}
+
+// ownerKeeps returns a *gc.Kept when container ns/id must not be deleted
+// although it is dead, judged from its labels (no I/O): a restart policy
+// wants it running (gc.LiveRestartManaged), or it was made by nerdctl and
+// holds state Nerdctl.Cleanup does not free, or its labels do not fit
+// nerdctl's layout under Runtime.Nerdctl's data root, so that its state
+// could not be cleaned after the delete (gc.LiveOwnerState).
+func (r *Runtime) ownerKeeps(ns, id string, labels map[string]string) error {
+	if why, keep := NerdctlKeep(labels); keep {
+		if why == NerdctlKeepRestartManaged {
+			return &gc.Kept{Live: gc.LiveRestartManaged, Why: why}
+		}
+		return &gc.Kept{Live: gc.LiveOwnerState, Why: why}
+	}
+	if err := r.Nerdctl.Check(ns, id, labels); err != nil {
+		return &gc.Kept{Live: gc.LiveOwnerState, Why: err.Error()}
 	}
 	return nil
+}
+
+// nerdctlCleanupWait bounds the wait for nerdctl's locks in the cleanup
+// after a delete.
+const nerdctlCleanupWait = 10 * time.Second
+
+// cleanOwner removes the nerdctl state of container ns/id, which was just
+// deleted, if it has any (label nerdctl/state-dir). It runs to its end
+// even when ctx is canceled (the container is gone: its state must not
+// be left), waiting at most nerdctlCleanupWait for nerdctl's locks.
+func (r *Runtime) cleanOwner(ctx context.Context, ns, id string, labels map[string]string) gc.OwnerCleanup {
+	if _, ok := labels[nerdctlLabelStateDir]; !ok {
+		return gc.OwnerCleanup{}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), nerdctlCleanupWait)
+	defer cancel()
+	c, err := r.Nerdctl.Cleanup(ctx, ns, id, labels)
+	o := gc.OwnerCleanup{Owner: "nerdctl", Removed: c.Removed, Bytes: c.Bytes, NameHeldBy: c.NameHeldBy}
+	if err != nil {
+		o.Error = err.Error()
+	}
+	return o
 }
 
 // CRIContainerLiveness asks CRI for the state of container id.

@@ -34,6 +34,10 @@ type Runtime struct {
 	Client    *client.Client
 	CRI       runtime.RuntimeServiceClient
 	CRIImages runtime.ImageServiceClient
+	// Nerdctl cleans, after their delete, the state nerdctl keeps outside
+	// containerd for the containers it made; its DataRoot is
+	// --nerdctl-data-root (empty: /var/lib/nerdctl).
+	Nerdctl Nerdctl
 
 	sn *snapshotterCache
 }

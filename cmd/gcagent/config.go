@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/node"
 
 	"bufio"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -59,6 +61,11 @@ type Config struct {
 	MaxDeadContainers int
 	// PruneContainers is native, all or off. Default native.
 	PruneContainers string
+	// NerdctlDataRoot is nerdctl's --data-root: where the containers
+	// nerdctl made keep the state (name lock, hosts, state dir with json
+	// logs) that is removed after their delete. A nerdctl container whose
+	// state lies elsewhere is never deleted. Default /var/lib/nerdctl.
+	NerdctlDataRoot string
 	// LogDir holds the kubelet's container log symlinks. Default /var/log/containers.
 	LogDir string
 	// PodLogDir holds the pod log directories. Default /var/log/pods.
@@ -127,6 +134,7 @@ func DefaultConfig() Config {
 		MaxDeadPerContainer:  1,
 		MaxDeadContainers:    -1,
 		PruneContainers:      "native",
+		NerdctlDataRoot:      node.DefaultNerdctlDataRoot,
 		LogDir:               "/var/log/containers",
 		PodLogDir:            "/var/log/pods",
 		PodLogGrace:          time.Minute,
@@ -197,6 +205,9 @@ func (c Config) Validate() error {
 	case "native", "all", "off":
 	default:
 		checks = append(checks, fmt.Errorf("invalid --prune-containers %q: must be native, all or off", c.PruneContainers))
+	}
+	if !filepath.IsAbs(c.NerdctlDataRoot) {
+		checks = append(checks, fmt.Errorf("invalid --nerdctl-data-root %q: must be an absolute path", c.NerdctlDataRoot))
 	}
 	switch c.LogFormat {
 	case "json", "console":
@@ -303,6 +314,7 @@ func runFlags(cfg *Config) *flag.FlagSet {
 	fs.IntVar(&cfg.MaxDeadPerContainer, "maximum-dead-containers-per-container", cfg.MaxDeadPerContainer, "dead CRI containers kept per pod container (-1 = no limit; plain containers go by their TTL)")
 	fs.IntVar(&cfg.MaxDeadContainers, "maximum-dead-containers", cfg.MaxDeadContainers, "dead containers kept on the node (-1 = no limit)")
 	fs.StringVar(&cfg.PruneContainers, "prune-containers", cfg.PruneContainers, "which dead containers to remove: native, all or off")
+	fs.StringVar(&cfg.NerdctlDataRoot, "nerdctl-data-root", cfg.NerdctlDataRoot, "nerdctl's --data-root: the state of a removed nerdctl container is cleaned there; one whose state lies elsewhere is kept")
 	fs.StringVar(&cfg.LogDir, "log-dir", cfg.LogDir, "container log symlink directory")
 	fs.StringVar(&cfg.PodLogDir, "pod-log-dir", cfg.PodLogDir, "pod log directory")
 	fs.DurationVar(&cfg.PodLogGrace, "pod-log-grace", cfg.PodLogGrace, "how long a pod must be gone before its log dir is removed")

@@ -180,6 +180,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	close(restored)
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
+	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.version = cl.Version
 	a.imageFS = node.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
 
