@@ -79,6 +79,14 @@ type Checker interface {
 // cannot say what happened: nothing else may be deleted until it can.
 var ErrUnsettled = errors.New("an earlier delete's outcome is not known yet")
 
+// unsettled is a delete whose outcome is unknown: its intent, and, for a
+// delete made without a durable intent, the action to publish if it
+// happened.
+type unsettled struct {
+	in     Intent
+	action *schema.Action
+}
+
 // Deps are what a Manager works through.
 type Deps struct {
 	Journal Journal
@@ -95,6 +103,12 @@ type Options struct {
 	AfterIntent func(Intent)
 	AfterDelete func(Intent)
 	Log         zerolog.Logger
+	// RetryGap is how long after a failed check the node is not asked
+	// again: Begin fails fast meanwhile instead of stalling every caller
+	// for CheckTimeout. Default 1s.
+	RetryGap time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
 }
 
 // Manager begins delete transactions and settles the ones whose outcome
@@ -104,9 +118,14 @@ type Manager struct {
 	o Options
 
 	mu sync.Mutex
-	// unsettled are intents whose delete's outcome is not known: left by
-	// a crash, or a call that failed while the node could not say.
-	unsettled []Intent
+	// unsettled are deletes whose outcome is not known: left by a crash,
+	// or a call that failed while the node could not say.
+	unsettled []unsettled
+	// inDoubt counts transactions asking the node right now whether their
+	// failed call happened: no delete may begin meanwhile.
+	inDoubt int
+	// failedAt is when the node last could not settle one.
+	failedAt time.Time
 	loaded    bool
 	// unjournaled counts deletes made without a durable intent.
 	unjournaled int
@@ -122,6 +141,12 @@ func New(d Deps, o Options) (*Manager, error) {
 	}
 	if o.CheckTimeout <= 0 {
 		o.CheckTimeout = 10 * time.Second
+	}
+	if o.RetryGap <= 0 {
+		o.RetryGap = time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	return &Manager{d: d, o: o}, nil
 }
@@ -147,7 +172,7 @@ func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, e
 			m.o.Log.Warn().Err(err).Str("kind", a.Kind).Str("subject", a.Subject).Int("deletes_without_intent", n).
 				Msg("cannot record the delete intent; deleting without it")
 		}
-		return &Tx{m: m, in: Intent{At: time.Now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key},
+		return &Tx{m: m, in: Intent{At: m.o.Now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key},
 			action: &a}, nil
 	}
 	if m.o.AfterIntent != nil {
@@ -160,7 +185,8 @@ func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, e
 // object gone, its event is stored under the intent's id (once, however
 // often this runs); object there, the intent is dropped. It returns
 // ErrUnsettled (wrapping the node's error) when one cannot be told yet,
-// and leaves it for the next call.
+// or while a failed delete is being checked, and leaves it for the next
+// call; within RetryGap of a failed check it does not ask the node again.
 func (m *Manager) Settle(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -169,18 +195,29 @@ func (m *Manager) Settle(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("read delete intents: %w", err)
 		}
-		m.unsettled, m.loaded = left, true
+		for _, in := range left {
+			m.unsettled = append(m.unsettled, unsettled{in: in})
+		}
+		m.loaded = true
 		if len(left) > 0 {
 			m.o.Log.Info().Int("intents", len(left)).Msg("delete intents left by the last run: checking which deletes happened")
 		}
 	}
+	if m.inDoubt > 0 {
+		return fmt.Errorf("%w: a failed delete is being checked", ErrUnsettled)
+	}
+	if len(m.unsettled) > 0 && m.o.Now().Sub(m.failedAt) < m.o.RetryGap {
+		u := m.unsettled[0]
+		return fmt.Errorf("%w: %s %s (containerd did not answer %s ago)", ErrUnsettled, u.in.Kind, u.in.Subject, m.o.Now().Sub(m.failedAt).Round(time.Millisecond))
+	}
 	for len(m.unsettled) > 0 {
-		in := m.unsettled[0]
-		gone, err := m.gone(ctx, in)
+		u := m.unsettled[0]
+		gone, err := m.gone(ctx, u.in)
 		if err != nil {
-			return fmt.Errorf("%w: %s %s: %w", ErrUnsettled, in.Kind, in.Subject, err)
+			m.failedAt = m.o.Now()
+			return fmt.Errorf("%w: %s %s: %w", ErrUnsettled, u.in.Kind, u.in.Subject, err)
 		}
-		if err := m.resolve(in, gone, nil); err != nil {
+		if err := m.resolve(u, gone); err != nil {
 			return err
 		}
 		m.unsettled = m.unsettled[1:]
@@ -212,20 +249,29 @@ func (m *Manager) gone(ctx context.Context, in Intent) (bool, error) {
 	return m.d.Checker.Gone(ctx, in)
 }
 
-// resolve commits (gone, with data d or the recorded data) or aborts in.
-func (m *Manager) resolve(in Intent, gone bool, d any) error {
+// resolve commits (gone: the recorded data) or aborts u.
+func (m *Manager) resolve(u unsettled, gone bool) error {
+	in := u.in
 	ev := m.o.Log.Info().Str("namespace", in.Namespace).Str("kind", in.Kind).Str("subject", in.Subject).Time("intended_at", in.At)
-	if gone {
-		if err := m.d.Journal.Complete(in, d); err != nil {
+	switch {
+	case gone && u.action != nil:
+		if err := m.d.Journal.Publish(*u.action); err != nil {
 			return fmt.Errorf("store the event of %s %s: %w", in.Kind, in.Subject, err)
 		}
 		ev.Msg("delete intent resolved: the object is gone, its event is published")
-		return nil
+	case gone:
+		if err := m.d.Journal.Complete(in, nil); err != nil {
+			return fmt.Errorf("store the event of %s %s: %w", in.Kind, in.Subject, err)
+		}
+		ev.Msg("delete intent resolved: the object is gone, its event is published")
+	case u.action != nil:
+		ev.Msg("delete intent resolved: the object is still there, the intent is dropped")
+	default:
+		if err := m.d.Journal.Abandon(in); err != nil {
+			return fmt.Errorf("drop the intent of %s %s: %w", in.Kind, in.Subject, err)
+		}
+		ev.Msg("delete intent resolved: the object is still there, the intent is dropped")
 	}
-	if err := m.d.Journal.Abandon(in); err != nil {
-		return fmt.Errorf("drop the intent of %s %s: %w", in.Kind, in.Subject, err)
-	}
-	ev.Msg("delete intent resolved: the object is still there, the intent is dropped")
 	return nil
 }
 
@@ -293,20 +339,27 @@ const (
 
 // Settle asks the node, right after a delete call failed with an error
 // that does not say the delete did not happen, whether the object is gone.
-// Happened: t stays open for the caller to measure and Commit. NotHappened:
-// t is aborted. Unknown: t is left pending on the Manager, which settles it
-// before any other delete; the error says why it is unknown.
+// No other delete begins while it asks. Happened: t stays open for the
+// caller to measure and Commit. NotHappened: t is aborted. Unknown: t is
+// left pending on the Manager, which settles it before any other delete;
+// the error says why it is unknown.
 func (t *Tx) Settle(ctx context.Context) (Outcome, error) {
-	gone, err := t.m.gone(ctx, t.in)
+	m := t.m
+	m.mu.Lock()
+	m.inDoubt++
+	m.mu.Unlock()
+	gone, err := m.gone(ctx, t.in)
+	m.mu.Lock()
+	m.inDoubt--
+	if err != nil {
+		t.done = true
+		m.unsettled = append(m.unsettled, unsettled{in: t.in, action: t.action})
+		m.failedAt = m.o.Now()
+	}
+	m.mu.Unlock()
 	switch {
 	case err != nil:
-		t.done = true
-		t.m.mu.Lock()
-		if t.action == nil { // an intent never recorded cannot be settled later
-			t.m.unsettled = append(t.m.unsettled, t.in)
-		}
-		t.m.mu.Unlock()
-		t.m.o.Log.Warn().Err(err).Str("namespace", t.in.Namespace).Str("kind", t.in.Kind).Str("subject", t.in.Subject).
+		m.o.Log.Warn().Err(err).Str("namespace", t.in.Namespace).Str("kind", t.in.Kind).Str("subject", t.in.Subject).
 			Msg("delete outcome unknown: no other delete until containerd says what happened")
 		return Unknown, err
 	case gone:

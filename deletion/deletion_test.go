@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gcagent/gcagent/schema"
 )
@@ -100,9 +101,29 @@ func (c *checker) set(gone map[string]bool, err error) {
 	c.gone, c.err = gone, err
 }
 
+// clock is a settable time for RetryGap.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Step(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+var testClock = &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+
 func newManager(t *testing.T, j *journal, c *checker) *Manager {
 	t.Helper()
-	m, err := New(Deps{Journal: j, Checker: c}, Options{})
+	m, err := New(Deps{Journal: j, Checker: c}, Options{Now: testClock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +197,11 @@ func TestUnknownOutcomeBlocksBegin(t *testing.T) {
 		t.Errorf("unsettled %d, want 1", m.Unsettled())
 	}
 	c.set(map[string]bool{"ns/a": true}, nil)
+	// Within RetryGap of the failed check Begin fails fast, asking nothing.
+	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+		t.Fatalf("Begin right after the failed check: %v, want ErrUnsettled", err)
+	}
+	testClock.Step(2 * time.Second)
 	if _, err := m.Begin(ctx, "ns", removal("b")); err != nil {
 		t.Fatal(err)
 	}
@@ -219,5 +245,77 @@ func TestJournalFullDeletesWithoutIntent(t *testing.T) {
 	}
 	if got := j.Log(); !slices.Equal(got, []string{"publish a"}) {
 		t.Errorf("got %v, want the event published", got)
+	}
+}
+
+// TestNoBeginWhileAFailedDeleteIsChecked: while one transaction asks the
+// node whether its failed call happened, no other delete begins (the
+// container executor runs several at once).
+func TestNoBeginWhileAFailedDeleteIsChecked(t *testing.T) {
+	j := &journal{}
+	c := &blockingChecker{entered: make(chan struct{}), release: make(chan struct{})}
+	m, err := New(Deps{Journal: j, Checker: c}, Options{Now: testClock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, _ := m.Begin(ctx, "ns", removal("a"))
+	done := make(chan Outcome)
+	go func() {
+		out, _ := a.Settle(ctx)
+		done <- out
+	}()
+	<-c.entered
+	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+		t.Errorf("Begin while a failed delete is checked: %v, want ErrUnsettled", err)
+	}
+	close(c.release)
+	if out := <-done; out != Happened {
+		t.Fatalf("a: %v, want Happened", out)
+	}
+	_ = a.Commit(nil)
+	if _, err := m.Begin(ctx, "ns", removal("b")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// blockingChecker says every object is gone, once released.
+type blockingChecker struct {
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (c *blockingChecker) Gone(ctx context.Context, _ Intent) (bool, error) {
+	c.once.Do(func() { close(c.entered) })
+	select {
+	case <-c.release:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// TestUnknownWithoutIntentIsRemembered: a delete made without a durable
+// intent (journal full) whose outcome is unknown blocks the next delete
+// like any other, and is published if it happened.
+func TestUnknownWithoutIntentIsRemembered(t *testing.T) {
+	j, c := &journal{intendErr: errors.New("no space left on device")}, &checker{}
+	m := newManager(t, j, c)
+	ctx := context.Background()
+	tx, _ := m.Begin(ctx, "ns", removal("a"))
+	c.set(nil, errors.New("containerd is stopped"))
+	if out, _ := tx.Settle(ctx); out != Unknown {
+		t.Fatalf("got %v, want Unknown", out)
+	}
+	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+		t.Fatalf("Begin: %v, want ErrUnsettled", err)
+	}
+	c.set(map[string]bool{"ns/a": true}, nil)
+	testClock.Step(2 * time.Second)
+	if err := m.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.Log(); !slices.Equal(got, []string{"publish a"}) {
+		t.Errorf("got %v, want a's event published once settled", got)
 	}
 }

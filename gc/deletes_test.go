@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/schema"
@@ -97,7 +98,7 @@ func (j *memJournal) Log() []string {
 func testDeletes(t testing.TB, pub Publisher, c deletion.Checker) (*deletion.Manager, *memJournal) {
 	t.Helper()
 	j := &memJournal{pub: pub}
-	m, err := deletion.New(deletion.Deps{Journal: j, Checker: c}, deletion.Options{})
+	m, err := deletion.New(deletion.Deps{Journal: j, Checker: c}, deletion.Options{RetryGap: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}

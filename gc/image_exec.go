@@ -91,7 +91,7 @@ type imageExecutor struct {
 	emit func(ImageOutcome)
 	// deletes begins each delete's transaction; its commit stores the
 	// removal's event. beforeDelete, if set, runs right before each
-	// transaction begins (the pass's report goes out first).
+	// delete call (the pass's report goes out before the removal).
 	deletes      deleteLog
 	beforeDelete func()
 	log          zerolog.Logger
@@ -106,6 +106,22 @@ type imageExecutor struct {
 // until it is settled and the disk measured again (the next pass). Per-image
 // errors are joined into Err; the other images are still processed.
 func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecResult {
+	return x.executeFrom(ctx, plan, x.generation())
+}
+
+// generation is the count of settled unknown deletes now (0 without
+// deletes).
+func (x *imageExecutor) generation() uint64 {
+	if x.deletes == nil {
+		return 0
+	}
+	return x.deletes.Generation()
+}
+
+// executeFrom is execute for a plan whose disk was measured when gen
+// deletes with an unknown outcome had been settled: once more are, the
+// measurement is stale and nothing more is deleted.
+func (x *imageExecutor) executeFrom(ctx context.Context, plan ImagePlan, gen uint64) imageExecResult {
 	res := imageExecResult{Disk: plan.Disk, Measured: !plan.InvalidCapacity}
 	queue := slices.Clone(plan.Delete)
 	planned := len(queue)
@@ -117,10 +133,6 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 		}
 	}
 	synced := x.synced()
-	var gen uint64 // of the deletes settled when the plan measured the disk
-	if x.deletes != nil {
-		gen = x.deletes.Generation()
-	}
 	var errs []error
 	estimated := int64(0) // bytes the plan's estimate counts as freed so far
 	unsettled := ""       // why the pass stopped deleting: an unknown outcome
@@ -169,8 +181,12 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			skip(ReasonDryRun, "would remove ("+string(rule)+")")
 			continue
 		}
-		o, err := x.remove(ctx, it, names, rule, gen, &res)
+		o, afterError, err := x.remove(ctx, it, names, rule, gen, &res)
+		var kept skipped
 		switch {
+		case errors.As(err, &kept):
+			skip(kept.reason, kept.detail)
+			continue
 		case errors.Is(err, deletion.ErrUnsettled):
 			unsettled = err.Error()
 			errs = append(errs, err)
@@ -178,6 +194,9 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 			continue
 		case errors.Is(err, ErrImageChanged):
 			skip(ReasonChanged, err.Error())
+			continue
+		case errors.Is(err, ErrOwnerWon):
+			skip(ReasonGone, "deleted by someone else")
 			continue
 		case err != nil:
 			errs = append(errs, fmt.Errorf("remove image %s %v: %w", it.Digest, it.Names, err))
@@ -190,49 +209,79 @@ func (x *imageExecutor) execute(ctx context.Context, plan ImagePlan) imageExecRe
 		res.EstimatedBytes += it.Size
 		res.FreedBytes += o.Freed
 		res.add(x, o)
+		if afterError {
+			// A delete that timed out may still be freeing space in
+			// containerd's GC: the measurement after it is not yet the
+			// truth. Nothing more goes in this pass; the next one
+			// measures again.
+			unsettled = "a delete reported an error before it completed; the disk is measured again next pass"
+			res.Measured = false
+		}
 	}
 	res.Err = errors.Join(errs...)
 	return res
 }
 
+// skipped is a reason not to delete found inside remove (after the
+// intent was recorded): the transaction was aborted.
+type skipped struct {
+	reason Reason
+	detail string
+}
+
+func (s skipped) Error() string { return string(s.reason) + ": " + s.detail }
+
 // remove deletes image it (its names now are names) in a delete
-// transaction and measures the disk after it. It returns the removal's
-// outcome, whose event its commit stored; ErrImageChanged (nothing deleted);
-// an error wrapping deletion.ErrUnsettled when the delete's outcome is not
-// known (the pass must stop deleting); any other error when it did not
-// happen.
-func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageName, rule Reason, gen uint64, res *imageExecResult) (ImageOutcome, error) {
-	o := x.outcome(it, rule, ActionRemoved, rule, "")
-	if x.beforeDelete != nil {
-		x.beforeDelete()
-	}
+// transaction: it records the intent, asks the node what holds the image
+// right then, deletes, and measures the disk after it. It returns the
+// removal's outcome, whose event its commit stored, and whether the
+// delete call failed although it happened (afterError); skipped when the
+// node says something holds it; ErrImageChanged or ErrOwnerWon when
+// nothing of ours was deleted; an error wrapping deletion.ErrUnsettled
+// when the delete's outcome is not known (the pass must stop deleting);
+// any other error when it did not happen.
+func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageName, rule Reason, gen uint64, res *imageExecResult) (o ImageOutcome, afterError bool, err error) {
+	o = x.outcome(it, rule, ActionRemoved, rule, "")
 	tx, err := x.deletes.Begin(ctx, it.Namespace, Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest,
 		Key: imageRemovalKey(it.Namespace, it.Digest, it.FirstSeen), Data: imageData{ImageOutcome: o}})
 	if err != nil {
-		return o, err
+		return o, false, err
 	}
 	if x.deletes.Generation() != gen {
 		// Begin settled a delete whose outcome was unknown: the disk the
 		// plan measured may be stale. The next pass measures again.
 		_ = tx.Abort()
 		res.Measured = false
-		return o, fmt.Errorf("%w: a delete settled since the disk was measured", deletion.ErrUnsettled)
+		return o, false, fmt.Errorf("%w: a delete settled since the disk was measured", deletion.ErrUnsettled)
+	}
+	// The node's answer is read after the intent is durable, right before
+	// the call: the window left for a new user is one round trip.
+	if why, detail, err := x.holders(ctx, it, names); err != nil || why != "" {
+		_ = tx.Abort()
+		if err != nil {
+			return o, false, err
+		}
+		return o, false, skipped{why, detail}
+	}
+	if x.beforeDelete != nil {
+		x.beforeDelete()
 	}
 	via, err := x.rt.RemoveImage(ctx, it.Namespace, it.Digest, names)
-	if errors.Is(err, ErrImageChanged) {
+	if errors.Is(err, ErrOwnerWon) {
 		_ = tx.Abort()
-		return o, err
+		return o, false, err
 	}
 	if err != nil {
-		// Did containerd commit the delete? Ask before anything else goes.
+		// Did containerd commit the delete (also when a name moved after
+		// others were deleted)? Ask before anything else goes.
 		switch out, serr := tx.Settle(ctx); out {
 		case deletion.NotHappened:
-			return o, err
+			return o, false, err
 		case deletion.Unknown:
 			res.Measured = false
-			return o, fmt.Errorf("%w: image %s: %w (after: %w)", deletion.ErrUnsettled, it.Digest, serr, err)
+			return o, false, fmt.Errorf("%w: image %s: %w (after: %w)", deletion.ErrUnsettled, it.Digest, serr, err)
 		}
-		o.Detail = "the delete reported an error but happened: " + err.Error()
+		o.Detail, afterError = "the delete reported an error but happened: "+err.Error(), true
 	}
 	o.Via, o.At = via, x.now()
 	if res.FirstDelete.IsZero() {
@@ -247,7 +296,7 @@ func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageN
 	if err := tx.Commit(imageData{ImageOutcome: o}); err != nil {
 		x.log.Warn().Err(err).Str("digest", it.Digest).Msg("store the removal's event")
 	}
-	return o, nil
+	return o, afterError, nil
 }
 
 func (res *imageExecResult) add(x *imageExecutor, o ImageOutcome) {
@@ -282,10 +331,10 @@ func usagePercent(d DiskStats) (int, bool) {
 	return 100 - int(mulDiv(min(d.AvailableBytes, d.CapacityBytes), 100, d.CapacityBytes)), true
 }
 
-// recheck reads the image from containerd, and what holds it from the
-// projection and the node (containers, snapshots, CRI, leases: one
-// answer), right before the delete. It returns the names to delete, or why
-// not to; an error when it cannot tell.
+// recheck reads the image's names from containerd and its users from the
+// projection before the delete's intent is recorded (what the node says
+// holds it is asked after, by holders). It returns the names to delete, or
+// why not to; an error when it cannot tell.
 func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName, Reason, string, error) {
 	names, err := x.rt.ImageNames(ctx, it.Namespace, it.Digest)
 	if err != nil {
@@ -307,12 +356,23 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName,
 	if users := x.users(it.Namespace, it.Digest); len(users) > 0 {
 		return nil, ReasonInUse, "projection users: " + strings.Join(users, ","), nil
 	}
+	return names, "", "", nil
+}
+
+// holders asks the node what holds it now: the one answer to "is this
+// image in use?" (containers, snapshots, CRI, leases). It returns why not
+// to delete, or "".
+func (x *imageExecutor) holders(ctx context.Context, it ImageItem, names []ImageName) (Reason, string, error) {
+	now := make([]string, len(names))
+	for i, n := range names {
+		now[i] = n.Name
+	}
 	holders, err := x.rt.ImageHolders(ctx, it.Namespace, ImageRef{Digest: it.Digest, Names: now, Config: it.ConfigDigest, Chain: it.ChainID})
 	if err != nil {
-		return nil, "", "", err
+		return "", "", fmt.Errorf("re-check image %s: %w", it.Digest, err)
 	}
 	if len(holders) == 0 {
-		return names, "", "", nil
+		return "", "", nil
 	}
 	ids := make([]string, len(holders))
 	for i, h := range holders {
@@ -321,9 +381,9 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName,
 	// A pull of a name whose target is this image writes under a lease and
 	// creates its record early (native pulls before unpacking).
 	if !slices.ContainsFunc(holders, func(h Holder) bool { return h.Kind != HolderLease }) {
-		return nil, ReasonInFlightPull, "a lease holds " + it.Digest + ": " + strings.Join(ids, ","), nil
+		return ReasonInFlightPull, "a lease holds " + it.Digest + ": " + strings.Join(ids, ","), nil
 	}
-	return nil, ReasonInUse, "containerd users: " + strings.Join(ids, ","), nil
+	return ReasonInUse, "containerd users: " + strings.Join(ids, ","), nil
 }
 
 func namesDiff(was, now []string) string {

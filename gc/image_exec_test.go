@@ -225,7 +225,7 @@ func (n *node) plan(p ImagePolicy, now time.Time) ImagePlan {
 }
 
 func (n *node) executor(p ImagePolicy) *imageExecutor {
-	deletes, err := deletion.New(deletion.Deps{Journal: &memJournal{}, Checker: n.rt}, deletion.Options{})
+	deletes, err := deletion.New(deletion.Deps{Journal: &memJournal{}, Checker: n.rt}, deletion.Options{RetryGap: time.Nanosecond})
 	if err != nil {
 		panic(err)
 	}

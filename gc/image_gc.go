@@ -320,6 +320,7 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	start := g.o.Now()
 	g.learn(ctx, start)
+	gen := g.exec.generation() // before the measurement the plan trusts
 	disk, derr := g.o.Disk.Disk()
 	var plan ImagePlan
 	var seq uint64
@@ -357,7 +358,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	// A delete makes the pass news: its start goes out before the
 	// removal's event, which the delete's transaction stores.
 	g.exec.beforeDelete = func() { rep.flush(false) }
-	res := g.exec.execute(ctx, plan)
+	res := g.exec.executeFrom(ctx, plan, gen)
 	g.exec.emit, g.exec.beforeDelete = nil, nil
 
 	pass.End = g.o.Now()

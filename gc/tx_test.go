@@ -178,7 +178,7 @@ func TestImageExecutorTransactions(t *testing.T) {
 	pub := &fakePublisher{}
 	x := n.executorPublishing(t, policy8070, pub)
 	j := &memJournal{pub: pub}
-	x.deletes, _ = deletion.New(deletion.Deps{Journal: j, Checker: n.rt}, deletion.Options{})
+	x.deletes, _ = deletion.New(deletion.Deps{Journal: j, Checker: n.rt}, deletion.Options{RetryGap: time.Nanosecond})
 	res := x.execute(context.Background(), n.plan(policy8070, at(time.Hour)))
 	if res.Removed == 0 {
 		t.Fatal("nothing removed")
@@ -202,7 +202,8 @@ func TestImageExecutorTransactions(t *testing.T) {
 // TestImageExecutorErrorButDeleted: a synchronous image delete that fails
 // after containerd committed it (past the call timeout, containerd stopped
 // before it replied) is settled at once: one removal event with its
-// measured bytes, and the pass goes on measuring (issue 25, finding 3).
+// measured bytes, and nothing more is deleted in that pass (issue 25,
+// finding 3).
 func TestImageExecutorErrorButDeleted(t *testing.T) {
 	n := newNode()
 	n.rt.failAfterRemove = map[string]error{digestOf("a"): errors.New("context deadline exceeded")}
@@ -227,8 +228,13 @@ func TestImageExecutorErrorButDeleted(t *testing.T) {
 	if events != 1 {
 		t.Errorf("%d removal events for the image, want 1", events)
 	}
-	if !res.Measured {
-		t.Error("the disk was not measured after the settled delete")
+	// The delete may still be freeing space in containerd's GC: nothing
+	// more goes on that measurement in this pass.
+	if got := n.rt.Removed(); len(got) != 1 {
+		t.Errorf("removed %v in the pass of a delete that reported an error, want only a", got)
+	}
+	if res.Measured {
+		t.Error("the pass still trusts the measurement taken right after a delete that timed out")
 	}
 }
 

@@ -113,16 +113,16 @@ func (r *Runtime) leasedSnapshot(ctx context.Context, sn, key string) (bool, err
 // by nerdctl, the state nerdctl keeps for it (Runtime.Nerdctl.Cleanup),
 // and returns what of that state it removed. It never kills: containerd
 // refuses to delete a task that runs again, and that error is returned. A
-// container already gone is success; a task or container that vanishes
-// between our reads and our delete means its owner deleted it first, and
-// returns errOwnerWon. Labels that now keep it (see ownerKeeps) fail the
+// container already gone, or a task or container that vanishes between our
+// reads and our delete, means its owner deleted it first: gc.ErrOwnerWon,
+// never our removal. Labels that now keep it (see ownerKeeps) fail the
 // delete before anything is deleted. Once the container is deleted the
 // error is nil: a cleanup that failed is reported in the result's Error.
 func (r *Runtime) DeleteNative(ctx context.Context, ns, id string) (gc.OwnerCleanup, error) {
 	ctx = in(ctx, ns)
 	ctr, err := r.Client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
-		return gc.OwnerCleanup{}, nil
+		return gc.OwnerCleanup{}, gc.ErrOwnerWon
 	}
 	if err != nil {
 		return gc.OwnerCleanup{}, fmt.Errorf("load container %q: %w", id, err)
@@ -224,7 +224,9 @@ func (r *Runtime) CRIContainerLiveness(ctx context.Context, id string) (gc.Liven
 
 // RemoveCRIContainer removes container id through CRI, so that CRI keeps no
 // stale entry. Call it only for an exited container: CRI force-stops a
-// running one. NotFound is success.
+// running one. NotFound is success (CRI itself answers a remove of a
+// container it does not know with success, so a kubelet's remove in the
+// round trip since the re-check cannot be told from ours).
 func (r *Runtime) RemoveCRIContainer(ctx context.Context, id string) error {
 	ctx = in(ctx, events.CRINamespace)
 	_, err := r.CRI.RemoveContainer(ctx, &runtime.RemoveContainerRequest{ContainerId: id})

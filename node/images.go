@@ -54,22 +54,26 @@ func (r *Runtime) ImageNames(ctx context.Context, ns, digest string) ([]gc.Image
 // names (CRI RemoveImage by image id deletes all its references, the last
 // synchronously, and keeps CRI's cache right), "native" otherwise (each name
 // guarded by its target, the last one synchronously, so containerd's GC has
-// freed the blobs and snapshots when it returns). Names already gone count
-// as deleted. It returns an error wrapping gc.ErrImageChanged when a name was
-// re-pointed at another target meanwhile (nothing more was deleted); any
-// other error leaves the outcome for the delete transaction to settle.
+// freed the blobs and snapshots when it returns). Names already gone are
+// skipped; when every name was already gone, someone else deleted the
+// image: gc.ErrOwnerWon, not our removal. It returns an error wrapping
+// gc.ErrImageChanged when a name was re-pointed at another target meanwhile
+// (nothing more was deleted); any other error leaves the outcome for the
+// delete transaction to settle.
 func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc.ImageName) (string, error) {
 	ctx = in(ctx, ns)
 	if len(names) == 0 {
-		return viaNative, nil
+		return viaNative, gc.ErrOwnerWon
 	}
 	via := viaNative
+	ours := false
 	if r.CRIImages != nil && criIn(ns) && criManaged(names) {
 		ok, err := r.removeImageCRI(ctx, names)
 		if err != nil {
 			return viaCRI, err
 		}
 		if ok {
+			ours = true
 			via = viaCRI
 			// Names CRI did not know (a name created natively since) remain.
 			left, err := r.ImageNames(ctx, ns, digest)
@@ -79,7 +83,11 @@ func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc
 			names = left
 		}
 	}
-	return via, r.removeImageNative(ctx, digest, names)
+	deleted, err := r.removeImageNative(ctx, digest, names)
+	if err == nil && !ours && deleted == 0 {
+		return via, gc.ErrOwnerWon
+	}
+	return via, err
 }
 
 func criManaged(names []gc.ImageName) bool {
@@ -122,7 +130,7 @@ func (r *Runtime) removeImageCRI(ctx context.Context, names []gc.ImageName) (boo
 	}
 	if _, err := r.CRIImages.RemoveImage(ctx, &runtime.RemoveImageRequest{Image: spec}); err != nil {
 		if status.Code(err) == codes.NotFound {
-			return true, nil
+			return false, nil // gone meanwhile: not ours
 		}
 		return true, fmt.Errorf("cri remove image %q: %w", id, err)
 	}
@@ -132,7 +140,7 @@ func (r *Runtime) removeImageCRI(ctx context.Context, names []gc.ImageName) (boo
 // removeImageNative deletes each name guarded by the target: a 2.x daemon
 // honours DeleteTarget; a 1.x daemon ignores it, so each name is read back
 // first and compared (a window of one round trip remains there).
-func (r *Runtime) removeImageNative(ctx context.Context, digest string, names []gc.ImageName) error {
+func (r *Runtime) removeImageNative(ctx context.Context, digest string, names []gc.ImageName) (deleted int, err error) {
 	is := r.Client.ImageService()
 	for i, n := range names {
 		cur, err := is.Get(ctx, n.Name)
@@ -140,10 +148,10 @@ func (r *Runtime) removeImageNative(ctx context.Context, digest string, names []
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("get image %q: %w", n.Name, err)
+			return deleted, fmt.Errorf("get image %q: %w", n.Name, err)
 		}
 		if cur.Target.Digest.String() != digest {
-			return fmt.Errorf("image %q: %w (%s)", n.Name, gc.ErrImageChanged, cur.Target.Digest)
+			return deleted, fmt.Errorf("image %q: %w (%s)", n.Name, gc.ErrImageChanged, cur.Target.Digest)
 		}
 		target := cur.Target
 		opts := []images.DeleteOpt{images.DeleteTarget(&target)}
@@ -154,15 +162,16 @@ func (r *Runtime) removeImageNative(ctx context.Context, digest string, names []
 		if errdefs.IsNotFound(err) {
 			// Gone, or (2.x) re-pointed since the Get: tell them apart.
 			if cur, gerr := is.Get(ctx, n.Name); gerr == nil && cur.Target.Digest.String() != digest {
-				return fmt.Errorf("image %q: %w (%s)", n.Name, gc.ErrImageChanged, cur.Target.Digest)
+				return deleted, fmt.Errorf("image %q: %w (%s)", n.Name, gc.ErrImageChanged, cur.Target.Digest)
 			}
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("delete image %q: %w", n.Name, err)
+			return deleted, fmt.Errorf("delete image %q: %w", n.Name, err)
 		}
+		deleted++
 	}
-	return nil
+	return deleted, nil
 }
 
 // SandboxImages asks CRI which sandbox (pause) images it is configured with:

@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"strconv"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 
@@ -46,13 +46,16 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		}
 		return c.CreatedAt.After(it.At), nil
 	case "log":
+		// A log's fate is known from the file system alone: gone when
+		// its path is (ENOTDIR: a parent is no dir any more), else there,
+		// also when it cannot be read (the intent is dropped rather than
+		// holding every delete for ever).
 		_, err := os.Lstat(it.Subject)
-		if errors.Is(err, fs.ErrNotExist) {
-			return true, nil
-		}
-		return false, err
+		return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR), nil
 	}
-	return false, fmt.Errorf("intent of unknown kind %q", it.Kind)
+	// A kind this version does not know (left by a newer one) cannot be
+	// settled: it is dropped, never holding every delete for ever.
+	return false, nil
 }
 
 // intentNamespace is the containerd namespace of the object an intent is
