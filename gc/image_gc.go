@@ -53,8 +53,11 @@ type ImageGCOptions struct {
 	// RelearnInterval is how often the sandbox images are asked again.
 	// Default 5m.
 	RelearnInterval time.Duration
-	// Now is the clock. Default time.Now.
+	// Now is the time when Clock is nil. Default time.Now.
 	Now func() time.Time
+	// Clock gives the time and the loop's timers. Default Go's timers, with
+	// Now as the time.
+	Clock ContainerClock
 	// Publisher receives one action per image removed or skipped and per
 	// pass, except for a pass that removes nothing and finds what the last
 	// one found (not triggered manually): that one is only logged, at debug.
@@ -68,7 +71,7 @@ type ImageGCOptions struct {
 type ImagePass struct {
 	Start   time.Time `json:"start"`
 	End     time.Time `json:"end"`
-	Trigger string    `json:"trigger"` // disk, max-age, min-age, retry, change, manual
+	Trigger string    `json:"trigger"` // disk, max-age, min-age, retry, change, episode, manual
 	DryRun  bool      `json:"dryRun,omitempty"`
 	Synced  bool      `json:"synced"`
 	// Disk, Usage and AmountToFree are the plan's, before any delete.
@@ -103,6 +106,7 @@ type ImageGCStatus struct {
 	SampledAt     time.Time  `json:"sampledAt,omitzero"`
 	Above         bool       `json:"aboveHigh"`
 	CrossedAt     time.Time  `json:"crossedAt,omitzero"`
+	Episode       time.Time  `json:"episode,omitzero"` // start of the GC episode under way; zero when none
 	NextAgeOut    time.Time  `json:"nextAgeOut,omitzero"`
 	NextWake      time.Time  `json:"nextWake,omitzero"`
 	SandboxImages []string   `json:"sandboxImages"`
@@ -110,13 +114,15 @@ type ImageGCStatus struct {
 	LastPass      *ImagePass `json:"lastPass,omitempty"`
 }
 
-// ImageGC runs image GC: it samples the image filesystem every DiskInterval
-// and on every projection change, runs a pass when usage reaches the high
-// threshold, and another when the earliest max-age or min-age deadline
-// passes. While usage stays above the high threshold and passes remove
-// nothing, passes on projection changes alone back off from DiskInterval to
-// a minute. One goroutine (Run) owns the passes, so two never overlap. Status
-// is safe for concurrent use.
+// ImageGC runs image GC: it samples the image filesystem every
+// DiskInterval and on every projection change,
+// runs a pass when usage reaches the high threshold, and another when the
+// earliest max-age deadline passes. Reaching the high threshold starts a GC
+// episode, which goes on until usage is at the low threshold: passes follow
+// min-age deadlines and projection changes, below the high threshold too.
+// While passes remove nothing, passes on projection changes alone back off
+// to a minute. One goroutine (Run) owns the passes, so two never overlap.
+// Status is safe for concurrent use.
 type ImageGC struct {
 	o        ImageGCOptions
 	changes  <-chan struct{}
@@ -161,14 +167,15 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 	if o.RelearnInterval <= 0 {
 		o.RelearnInterval = 5 * time.Minute
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Clock == nil {
+		o.Clock = SystemContainerClock(o.Now)
 	}
+	o.Now = o.Clock.Now
 	if o.Publisher == nil {
 		o.Publisher = Discard{}
 	}
 	g := &ImageGC{o: o, changes: o.Projection.Subscribe(), requests: make(chan chan ImagePass), sandboxSeen: map[string]struct{}{}}
-	g.trig = imageTrigger{policy: o.Policy, retry: o.Retry, minGap: o.DiskInterval, dryRun: o.DryRun}
+	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
 		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
 		synced: o.Projection.Synced, pub: o.Publisher, log: o.Log,
@@ -434,13 +441,15 @@ func firstName(names []string) string {
 	return ""
 }
 
-// policy is the configured policy plus the sandbox images learned so far.
+// policy is the configured policy plus the sandbox images learned so far,
+// as a pass plans with it now (passPolicy: during a GC episode it plans down
+// to the low threshold).
 func (g *ImageGC) policy() ImagePolicy {
 	p := g.o.Policy
 	if len(g.sandboxCache) > 0 {
 		p.SandboxImages = g.sandboxCache
 	}
-	return p
+	return g.trig.passPolicy(p)
 }
 
 // learn asks the runtime for its sandbox images when due.

@@ -8,43 +8,70 @@ import (
 	"github.com/gcagent/gcagent/projection"
 )
 
-// Run evaluates the triggers until ctx ends; it returns nil then.
+// minPassGap is the least spacing of passes on projection changes alone and
+// of re-plans of the next age-out (a plan of 10,000 images takes tens of
+// milliseconds), whatever DiskInterval.
+const minPassGap = time.Second
+
+// newImageTrigger returns the trigger of an ImageGC with options o (their
+// defaults set).
+func newImageTrigger(o ImageGCOptions) imageTrigger {
+	return imageTrigger{policy: o.Policy, retry: o.Retry, minGap: max(o.DiskInterval, minPassGap), dryRun: o.DryRun}
+}
+
+// Run evaluates the triggers until ctx ends; it returns nil then. It
+// evaluates at start, DiskInterval after each evaluation (the disk
+// sample), when the trigger's timer is due, and Debounce after a projection
+// change.
 func (g *ImageGC) Run(ctx context.Context) error {
-	tick := time.NewTicker(g.o.DiskInterval)
+	clk := g.o.Clock
+	tick := clk.NewTimer(time.Hour) // armed after each evaluation
+	tick.Stop()
 	defer tick.Stop()
-	wake := time.NewTimer(time.Hour)
+	wake := clk.NewTimer(time.Hour)
 	wake.Stop()
 	defer wake.Stop()
-	var debounce <-chan time.Time
+	debounce := clk.NewTimer(time.Hour)
+	debounce.Stop()
+	defer debounce.Stop()
 	// changes is nil while a debounce is armed: the evaluation it leads to
 	// covers every change meanwhile, and a burst of events would otherwise
 	// wake this loop once per batch for nothing.
 	changes := g.changes
 	g.learn(ctx, g.o.Now())
-	g.evaluate(ctx)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case reply := <-g.requests:
-			d, ok := g.sample()
-			g.trig.observe(g.o.Now(), d, ok)
-			reply <- g.Pass(ctx, "manual")
-		case <-tick.C:
-		case <-wake.C:
-		case <-changes:
-			debounce, changes = time.After(g.o.Debounce), nil
-			continue
-		case <-debounce:
-			debounce, changes = nil, g.changes
-			drain(changes) // applied before this evaluation reads the state
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return nil
+			case reply := <-g.requests:
+				d, ok := g.sample()
+				g.trig.observe(g.o.Now(), d, ok)
+				reply <- g.Pass(ctx, "manual")
+			case <-tick.C():
+			case <-wake.C():
+			case <-changes:
+				debounce.Reset(g.o.Debounce)
+				changes = nil
+				continue
+			case <-debounce.C():
+			}
 		}
+		// Every evaluation reads the state as it is now: it covers the
+		// changes signalled so far, and a debounce armed for them.
+		if changes == nil {
+			debounce.Stop()
+			changes = g.changes
+		}
+		drain(changes)
 		g.evaluate(ctx)
 		wake.Stop()
-		if at := g.trig.wake(); !at.IsZero() {
+		at := g.trig.wake()
+		if !at.IsZero() {
 			wake.Reset(max(at.Sub(g.o.Now()), time.Millisecond))
 		}
-		g.setNextWake(g.trig.wake())
+		g.noteTrigger(at)
+		tick.Reset(g.o.DiskInterval) // last: the loop is idle once the next sample is armed
 	}
 }
 
@@ -109,7 +136,16 @@ func (g *ImageGC) noteDisk(now time.Time, d DiskStats) {
 	g.m.usage.Set(float64(usage))
 	g.mu.Lock()
 	g.status.Disk, g.status.Usage, g.status.SampledAt = d, usage, now
-	g.status.Above, g.status.CrossedAt = g.trig.above, g.trig.crossedAt
+	g.status.Above, g.status.CrossedAt, g.status.Episode = g.trig.above, g.trig.crossedAt, g.trig.episodeAt
+	g.mu.Unlock()
+}
+
+// noteTrigger publishes the trigger's state after an evaluation (a pass
+// may have ended the episode) and the instant its timer is armed at.
+func (g *ImageGC) noteTrigger(wake time.Time) {
+	g.mu.Lock()
+	g.status.Above, g.status.CrossedAt, g.status.Episode = g.trig.above, g.trig.crossedAt, g.trig.episodeAt
+	g.status.NextWake = wake
 	g.mu.Unlock()
 }
 
@@ -119,27 +155,32 @@ func (g *ImageGC) setNextAgeOut(t time.Time) {
 	g.mu.Unlock()
 }
 
-func (g *ImageGC) setNextWake(t time.Time) {
-	g.mu.Lock()
-	g.status.NextWake = t
-	g.mu.Unlock()
-}
-
 // imageTrigger decides when a pass is due. It is pure: it holds what was
 // observed and what the last pass found, and every method takes the time.
+//
+// A GC episode starts when a sample reaches the high threshold and ends
+// when a sample or a pass finds usage at the low threshold. Within it,
+// passes run when candidates may have become eligible: a min-age deadline
+// passing, a projection change (a container gone, a name removed), and,
+// while usage stays above the low threshold, every retry; below the high
+// threshold they plan down to the low threshold (passPolicy) and their
+// trigger is "episode". Once no candidate is left, the episode waits for
+// one as a disk above the high threshold did before episodes: passes on
+// changes back off to a minute, and a retry runs every minute.
 type imageTrigger struct {
 	policy ImagePolicy
-	retry  time.Duration // rerun a pass this soon while still above the high threshold
+	retry  time.Duration // rerun a pass this soon during an episode
 	minGap time.Duration // at most one pass per minGap on projection changes alone
 	dryRun bool
 
 	above     bool      // the last sample was at or above the high threshold
 	crossedAt time.Time // when usage reached the high threshold; zero below it
 	didReact  bool      // a delete happened since crossedAt
+	episodeAt time.Time // when the GC episode under way started; zero when none
 
 	passAt       time.Time     // end of the last pass; zero before the first
 	passSeq      uint64        // projection seq the last pass planned from
-	changeGap    time.Duration // spacing of change passes after fruitless ones above high; 0: minGap
+	changeGap    time.Duration // spacing of change passes after fruitless ones in an episode; 0: minGap
 	passShort    bool          // the last pass was triggered and did not reach low
 	nextEligible time.Time     // earliest too-young image passing MinAge, when short
 
@@ -149,17 +190,46 @@ type imageTrigger struct {
 	nextAgeOut time.Time // earliest max-age deadline; zero when none
 }
 
-// observe takes a disk sample (ok false when statfs failed).
+// thresholdGC reports whether the policy runs threshold GC at all: not
+// with high 100 and no maximum age (the kubelet's rule).
+func (tr *imageTrigger) thresholdGC() bool {
+	return tr.policy.HighThresholdPercent < 100 || tr.policy.MaxAge > 0
+}
+
+// observe takes a disk sample (ok false when statfs failed). A sample at or
+// above the high threshold starts an episode; one at the low threshold
+// ends it; a failed one changes nothing about it.
 func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 	usage, valid := usagePercent(d)
-	above := ok && valid && (tr.policy.HighThresholdPercent < 100 || tr.policy.MaxAge > 0) && usage >= tr.policy.HighThresholdPercent
+	measured := ok && valid
+	above := measured && tr.thresholdGC() && usage >= tr.policy.HighThresholdPercent
 	if above && !tr.above {
 		tr.crossedAt, tr.didReact = now, false
 	}
 	if !above {
-		tr.crossedAt, tr.changeGap = time.Time{}, 0
+		tr.crossedAt = time.Time{}
 	}
 	tr.above = above
+	switch {
+	case above && tr.episodeAt.IsZero():
+		tr.episodeAt = now
+	case !above && (!tr.thresholdGC() || measured && lowReached(d, tr.policy.LowThresholdPercent)):
+		tr.endEpisode()
+	}
+}
+
+// endEpisode forgets the episode and what its passes left to wait for.
+func (tr *imageTrigger) endEpisode() {
+	tr.episodeAt, tr.changeGap, tr.nextEligible = time.Time{}, 0, time.Time{}
+}
+
+// passPolicy is p as a pass plans with it now: during an episode threshold
+// GC goes on down to the low threshold, so the plan triggers there.
+func (tr *imageTrigger) passPolicy(p ImagePolicy) ImagePolicy {
+	if !tr.episodeAt.IsZero() && p.LowThresholdPercent < p.HighThresholdPercent {
+		p.HighThresholdPercent = p.LowThresholdPercent
+	}
+	return p
 }
 
 // replan reports whether the next age-out must be re-planned at projection
@@ -200,40 +270,50 @@ func (tr *imageTrigger) planned(seq uint64, plan ImagePlan) {
 	}
 }
 
-// due reports whether a pass should run now, and its trigger.
+// due reports whether a pass should run now, and its trigger: max-age; disk
+// for a new crossing of the high threshold; then, during an episode, min-age,
+// change and retry while above the high threshold and episode below it.
 func (tr *imageTrigger) due(now time.Time, seq uint64, synced bool) (string, bool) {
+	in := func(trigger string) (string, bool) {
+		if !tr.above {
+			return "episode", true
+		}
+		return trigger, true
+	}
 	switch {
 	case !synced:
 		return "", false
 	case !tr.nextAgeOut.IsZero() && !now.Before(tr.nextAgeOut):
 		return "max-age", true
-	case !tr.above:
+	case !tr.above && tr.episodeAt.IsZero():
 		return "", false
-	case tr.passAt.IsZero() || tr.crossedAt.After(tr.passAt):
+	case tr.above && (tr.passAt.IsZero() || tr.crossedAt.After(tr.passAt)):
 		return "disk", true // a new crossing since the last pass
+	case tr.passAt.Before(tr.episodeAt):
+		return "episode", true // it started before the projection was synced
 	case !tr.nextEligible.IsZero() && !now.Before(tr.nextEligible):
-		return "min-age", true
+		return in("min-age")
 	case seq != tr.passSeq && !now.Before(tr.passAt.Add(max(tr.minGap, tr.changeGap))):
-		return "change", true
+		return in("change")
 	case !now.Before(tr.passAt.Add(tr.retry)):
-		return "retry", true // still above: something else may have become deletable
+		return in("retry") // something else may have become deletable
 	}
 	return "", false
 }
 
-// changeGapMax bounds the backoff of change passes above the high
-// threshold while they delete nothing.
+// changeGapMax bounds the backoff of change passes during an episode while
+// they delete nothing.
 const changeGapMax = time.Minute
 
 // passed records a finished pass that planned from projection seq. Max-age
 // images it could not delete (and, in a dry run, all of them) are retried
-// when the projection changes. While above the high threshold, each pass
-// that removes nothing doubles the spacing of passes on changes alone, from
-// minGap up to changeGapMax.
+// when the projection changes. During an episode, each pass that removes
+// nothing doubles the spacing of passes on changes alone, from minGap up to
+// changeGapMax; a pass that reaches the low threshold ends the episode.
 func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p ImagePass) {
 	tr.passAt, tr.passSeq = now, seq
 	switch {
-	case len(p.Removed) > 0 || !tr.above:
+	case len(p.Removed) > 0 || (!tr.above && tr.episodeAt.IsZero()):
 		tr.changeGap = 0
 	case tr.changeGap == 0:
 		tr.changeGap = tr.minGap
@@ -250,6 +330,10 @@ func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p Imag
 			}
 		}
 	}
+	if p.LowReached && p.UsageAfter < tr.policy.HighThresholdPercent {
+		tr.above, tr.crossedAt = false, time.Time{}
+		tr.endEpisode()
+	}
 }
 
 // reacted reports whether a delete at t is the first since usage crossed
@@ -263,16 +347,15 @@ func (tr *imageTrigger) reacted(t time.Time) bool {
 }
 
 // wake returns the next instant a timer must evaluate at (zero for none):
-// the next age-out, a re-plan that waits for minGap, and while above the
-// high threshold after a short pass, the end of min-age protection and the
-// retry.
+// the next age-out, a re-plan that waits for minGap, and during an episode
+// after a short pass, the end of min-age protection and the retry.
 func (tr *imageTrigger) wake() time.Time {
 	var t time.Time
 	earliest(&t, tr.nextAgeOut)
 	if tr.stale {
 		earliest(&t, tr.planAt.Add(tr.minGap))
 	}
-	if tr.above && !tr.passAt.IsZero() {
+	if !tr.episodeAt.IsZero() && !tr.passAt.IsZero() {
 		earliest(&t, tr.nextEligible)
 		earliest(&t, tr.passAt.Add(tr.retry))
 	}
@@ -281,7 +364,7 @@ func (tr *imageTrigger) wake() time.Time {
 
 // String renders the trigger state for debugging.
 func (tr *imageTrigger) String() string {
-	return fmt.Sprintf("above=%v crossed=%s pass=%s seq=%d gap=%s short=%v eligible=%s ageout=%s",
-		tr.above, tr.crossedAt.Format(time.RFC3339Nano), tr.passAt.Format(time.RFC3339Nano), tr.passSeq, tr.changeGap,
-		tr.passShort, tr.nextEligible.Format(time.RFC3339Nano), tr.nextAgeOut.Format(time.RFC3339Nano))
+	return fmt.Sprintf("above=%v crossed=%s episode=%s pass=%s seq=%d gap=%s short=%v eligible=%s ageout=%s",
+		tr.above, tr.crossedAt.Format(time.RFC3339Nano), tr.episodeAt.Format(time.RFC3339Nano), tr.passAt.Format(time.RFC3339Nano),
+		tr.passSeq, tr.changeGap, tr.passShort, tr.nextEligible.Format(time.RFC3339Nano), tr.nextAgeOut.Format(time.RFC3339Nano))
 }

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -237,8 +239,9 @@ func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
 	}
 }
 
-// TestImageGCEvaluateReplansOncePerGap: a change inside DiskInterval of the
-// last plan moves the next age-out only when the gap ends.
+// TestImageGCEvaluateReplansOncePerGap: a change inside the pass gap (a
+// second: DiskInterval is shorter) of the last plan moves the next age-out
+// only when the gap ends.
 func TestImageGCEvaluateReplansOncePerGap(t *testing.T) {
 	g, n, clk := maxAgeGC(t)
 	ageOutA, ageOutB := at(2*h+m+time.Second+time.Nanosecond), at(2*h+2*m+time.Second+time.Nanosecond)
@@ -306,6 +309,284 @@ func TestImageTriggerChangeBackoff(t *testing.T) {
 	}
 }
 
+// TestImageTriggerEpisode: usage reaching the high threshold starts an
+// episode that goes on below it, with passes as candidates come of age or
+// the state changes, until usage is at the low threshold.
+func TestImageTriggerEpisode(t *testing.T) {
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 60, MinAge: 2 * m}
+	s := time.Second
+	none := time.Duration(-1)
+	youngAt := func(ds ...time.Duration) ImagePlan {
+		plan := ImagePlan{Triggered: true}
+		for _, d := range ds {
+			plan.Keep = append(plan.Keep, ImageItem{Reason: ReasonTooYoung, EligibleAt: at(d)})
+		}
+		return plan
+	}
+	short := func(usage int) *ImagePass { return &ImagePass{UsageAfter: usage, Removed: []ImageOutcome{{}}} }
+	atLow := &ImagePass{UsageAfter: 58, LowReached: true, Removed: []ImageOutcome{{}}}
+	fruitless := &ImagePass{UsageAfter: 74}
+
+	type step struct {
+		at      time.Duration
+		usage   int // 0: the sample failed
+		seq     uint64
+		want    string // trigger, "" for none
+		pass    *ImagePass
+		plan    ImagePlan
+		episode time.Duration // start of the episode after the step; none
+	}
+	tests := []struct {
+		name     string
+		unsynced int // steps before the projection is synced
+		high     int // overrides 85
+		steps    []step
+	}{
+		{"a too-young image coming of age between the thresholds is freed, then the episode ends at low", 0, 0, []step{
+			{at: 0, usage: 70, seq: 1, episode: none},
+			{at: s, usage: 90, seq: 1, want: "disk", pass: short(74), plan: youngAt(5 * s), episode: s},
+			{at: 2 * s, usage: 74, seq: 1, episode: s},
+			{at: 5 * s, usage: 74, seq: 1, want: "episode", pass: atLow, plan: youngAt(), episode: none},
+			{at: 6 * s, usage: 58, seq: 2, episode: none},
+			// Later, between the thresholds again: no episode, no pass.
+			{at: 9 * s, usage: 70, seq: 3, episode: none},
+			{at: 2 * time.Minute, usage: 70, seq: 4, episode: none},
+		}},
+		{"candidates a few seconds apart: one pass each", 0, 0, []step{
+			{at: 0, usage: 90, seq: 1, want: "disk", pass: short(80), plan: youngAt(3*s, 6*s, 9*s), episode: 0},
+			{at: 3 * s, usage: 80, seq: 1, want: "episode", pass: short(72), plan: youngAt(6*s, 9*s), episode: 0},
+			{at: 6 * s, usage: 72, seq: 1, want: "episode", pass: short(64), plan: youngAt(9 * s), episode: 0},
+			{at: 8 * s, usage: 64, seq: 1, episode: 0},
+			{at: 9 * s, usage: 64, seq: 1, want: "episode", pass: atLow, plan: youngAt(), episode: none},
+		}},
+		{"a change between the thresholds: a pass, not sooner than minGap", 0, 0, []step{
+			{at: 0, usage: 90, seq: 1, want: "disk", pass: short(74), plan: youngAt(), episode: 0},
+			{at: 500 * time.Millisecond, usage: 74, seq: 2, episode: 0},
+			{at: s, usage: 74, seq: 2, want: "episode", pass: fruitless, plan: youngAt(), episode: 0},
+			{at: s + 500*time.Millisecond, usage: 74, seq: 3, episode: 0},
+			{at: 2 * s, usage: 74, seq: 3, want: "episode", pass: fruitless, plan: youngAt(), episode: 0},
+			// Fruitless twice: the next change waits twice as long.
+			{at: 3*s + 500*time.Millisecond, usage: 74, seq: 4, episode: 0},
+			{at: 4 * s, usage: 74, seq: 4, want: "episode", pass: atLow, plan: youngAt(), episode: none},
+		}},
+		{"nothing left to free between the thresholds: a retry every minute", 0, 0, []step{
+			{at: 0, usage: 90, seq: 1, want: "disk", pass: short(74), plan: youngAt(), episode: 0},
+			{at: 59 * s, usage: 74, seq: 1, episode: 0},
+			{at: 60 * s, usage: 74, seq: 1, want: "episode", pass: fruitless, plan: youngAt(), episode: 0},
+		}},
+		{"a sample at the low threshold ends it before the next candidate", 0, 0, []step{
+			{at: 0, usage: 90, seq: 1, want: "disk", pass: short(74), plan: youngAt(5 * s), episode: 0},
+			{at: s, usage: 60, seq: 1, episode: none},
+			{at: 5 * s, usage: 61, seq: 1, episode: none},
+		}},
+		{"a failed sample keeps the episode", 0, 0, []step{
+			{at: 0, usage: 90, seq: 1, want: "disk", pass: short(74), plan: youngAt(5 * s), episode: 0},
+			{at: s, usage: 0, seq: 1, episode: 0},
+			{at: 5 * s, usage: 74, seq: 1, want: "episode", pass: atLow, plan: youngAt(), episode: none},
+		}},
+		{"crossed before the sync: the first pass when synced, below the high threshold", 1, 0, []step{
+			{at: 0, usage: 90, seq: 1, episode: 0},
+			{at: s, usage: 80, seq: 2, want: "episode", pass: atLow, plan: youngAt(), episode: none},
+		}},
+		{"high 100 and no maximum age: no episode", 0, 100, []step{
+			{at: 0, usage: 100, seq: 1, episode: none},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := &imageTrigger{policy: p, retry: time.Minute, minGap: time.Second}
+			if tt.high != 0 {
+				tr.policy.HighThresholdPercent = tt.high
+			}
+			for i, st := range tt.steps {
+				now := at(st.at)
+				tr.observe(now, disk(st.usage), st.usage != 0)
+				got, ok := tr.due(now, st.seq, i >= tt.unsynced)
+				if ok != (st.want != "") || got != st.want {
+					t.Fatalf("step %d (%s): due = %q %v, want %q (%s)", i, st.at, got, ok, st.want, tr)
+				}
+				if ok {
+					if st.pass == nil {
+						t.Fatalf("step %d: a pass is due but the case gives none", i)
+					}
+					if pp := tr.passPolicy(p); !tr.above && pp.HighThresholdPercent != p.LowThresholdPercent {
+						t.Fatalf("step %d: an episode pass below the high threshold plans with high %d, want the low %d", i,
+							pp.HighThresholdPercent, p.LowThresholdPercent)
+					}
+					tr.passed(now, st.seq, st.plan, *st.pass)
+				}
+				wantEpisode := time.Time{}
+				if st.episode != none {
+					wantEpisode = at(st.episode)
+				}
+				if !tr.episodeAt.Equal(wantEpisode) {
+					t.Fatalf("step %d (%s): episode %s, want %s (%s)", i, st.at, tr.episodeAt, wantEpisode, tr)
+				}
+			}
+		})
+	}
+}
+
+// TestImageTriggerEpisodeWake: during an episode below the high threshold
+// the timer wakes the loop when the next candidate comes of age; after it,
+// for nothing.
+func TestImageTriggerEpisodeWake(t *testing.T) {
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 60, MinAge: 2 * m}
+	tr := &imageTrigger{policy: p, retry: time.Minute, minGap: time.Second}
+	tr.observe(at(0), disk(90), true)
+	tr.passed(at(0), 1, ImagePlan{Triggered: true, Keep: []ImageItem{{Reason: ReasonTooYoung, EligibleAt: at(7 * time.Second)}}},
+		ImagePass{UsageAfter: 74})
+	tr.observe(at(100*time.Millisecond), disk(74), true)
+	if got := tr.wake(); !got.Equal(at(7 * time.Second)) {
+		t.Fatalf("wake = %s, want the next candidate's coming of age at +7s", got)
+	}
+	tr.passed(at(7*time.Second), 1, ImagePlan{Triggered: true}, ImagePass{UsageAfter: 58, LowReached: true})
+	if got := tr.wake(); !got.IsZero() {
+		t.Fatalf("wake = %s after the episode ended", got)
+	}
+}
+
+// TestImageTriggerPassPolicy: a pass plans with the low threshold as its
+// trigger during an episode, and with the policy as it is otherwise.
+func TestImageTriggerPassPolicy(t *testing.T) {
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 60, MinAge: 2 * m}
+	tr := &imageTrigger{policy: p, retry: time.Minute, minGap: time.Second}
+	if got := tr.passPolicy(p); got.HighThresholdPercent != 85 {
+		t.Fatalf("no episode: high %d", got.HighThresholdPercent)
+	}
+	tr.observe(at(0), disk(90), true)
+	tr.observe(at(time.Second), disk(74), true)
+	got := tr.passPolicy(p)
+	if got.HighThresholdPercent != 60 || got.LowThresholdPercent != 60 {
+		t.Fatalf("episode: thresholds %d/%d, want 60/60", got.HighThresholdPercent, got.LowThresholdPercent)
+	}
+	// Planned at 74%, the pass frees down to the low threshold.
+	plan := PlanImages(nil, DiskStats{CapacityBytes: 100, AvailableBytes: 26}, got, at(time.Second))
+	if !plan.Triggered || plan.AmountToFree != 14 {
+		t.Fatalf("episode plan: triggered %v, amount to free %d, want true, 14", plan.Triggered, plan.AmountToFree)
+	}
+	tr.observe(at(2*time.Second), disk(60), true)
+	if got := tr.passPolicy(p); got.HighThresholdPercent != 85 {
+		t.Fatalf("after the episode: high %d", got.HighThresholdPercent)
+	}
+}
+
+// loopClock is the clock ImageGC.Run runs on in tests: Step moves the time
+// and fires the timers that are due. Run creates its timers in the order
+// tick, wake, debounce; every Reset and Stop is reported on arms, so a test
+// waits for what Run armed instead of sleeping.
+type loopClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*loopTimer
+	arms   chan loopArm
+}
+
+// Run's timers, in the order it creates them.
+const (
+	timerTick = iota
+	timerWake
+	timerDebounce
+)
+
+// loopArm is a timer (its index) armed at an instant, or stopped (zero).
+type loopArm struct {
+	timer int
+	at    time.Time
+}
+
+type loopTimer struct {
+	c      *loopClock
+	i      int
+	ch     chan time.Time
+	at     time.Time
+	active bool
+}
+
+var _ ContainerClock = (*loopClock)(nil)
+
+func newLoopClock(now time.Time) *loopClock {
+	return &loopClock{now: now, arms: make(chan loopArm, 1<<16)}
+}
+
+func (c *loopClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *loopClock) NewTimer(d time.Duration) ContainerTimer {
+	c.mu.Lock()
+	t := &loopTimer{c: c, i: len(c.timers), ch: make(chan time.Time, 1)}
+	c.timers = append(c.timers, t)
+	c.mu.Unlock()
+	t.Reset(d)
+	return t
+}
+
+// Step moves the clock by d and fires the timers that are due; it reports
+// how many fired.
+func (c *loopClock) Step(d time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	fired := 0
+	for _, t := range c.timers {
+		if t.active && !c.now.Before(t.at) {
+			t.active = false
+			t.ch <- c.now
+			fired++
+		}
+	}
+	return fired
+}
+
+// waitArm waits until timer is armed at want.
+func (c *loopClock) waitArm(t *testing.T, timer int, want time.Time) {
+	t.Helper()
+	deadline := time.After(guard)
+	for {
+		select {
+		case a := <-c.arms:
+			if a.timer == timer && a.at.Equal(want) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("timer %d not armed at %s", timer, want)
+		}
+	}
+}
+
+func (t *loopTimer) C() <-chan time.Time { return t.ch }
+
+func (t *loopTimer) Reset(d time.Duration) {
+	t.c.mu.Lock()
+	t.drain()
+	t.at, t.active = t.c.now.Add(d), true
+	if d <= 0 {
+		t.active = false
+		t.ch <- t.c.now
+	}
+	a := loopArm{t.i, t.at}
+	t.c.mu.Unlock()
+	t.c.arms <- a
+}
+
+func (t *loopTimer) Stop() {
+	t.c.mu.Lock()
+	t.drain()
+	t.active = false
+	t.c.mu.Unlock()
+	t.c.arms <- loopArm{t.i, time.Time{}}
+}
+
+func (t *loopTimer) drain() {
+	select {
+	case <-t.ch:
+	default:
+	}
+}
+
 // countingDisk is a fakeDisk that counts its samples: each evaluation of
 // the triggers takes one.
 type countingDisk struct {
@@ -318,53 +599,216 @@ func (d *countingDisk) Disk() (DiskStats, error) {
 	return d.fakeDisk.Disk()
 }
 
+// loopHarness runs an ImageGC's loop over a real projection.Live on a
+// loopClock; nothing sleeps.
+type loopHarness struct {
+	g     *ImageGC
+	live  *projection.Live
+	clock *loopClock
+	disk  *countingDisk
+	rt    *fakeRuntime
+	pub   *imagePublisher
+	o     ImageGCOptions
+	gap   time.Duration // the spacing of disk samples idle expects
+}
+
+// startImageLoop starts Run with o (its Projection, Runtime, Disk, Clock
+// and Publisher are the harness's) over evs, and waits for the first
+// evaluation to end.
+func startImageLoop(t *testing.T, o ImageGCOptions, capacity, available uint64, evs ...events.Event) *loopHarness {
+	t.Helper()
+	return startImageLoopGap(t, o, capacity, available, 0, evs...)
+}
+
+// startImageLoopGap is startImageLoop on a disk whose samples are gap
+// apart (0: DiskInterval, as on any disk the fill rate crosses in less).
+func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint64, gap time.Duration, evs ...events.Event) *loopHarness {
+	t.Helper()
+	h := &loopHarness{gap: gap, clock: newLoopClock(at(time.Hour)), disk: &countingDisk{fakeDisk: fakeDisk{capacity: capacity, available: available}},
+		pub: &imagePublisher{}}
+	h.rt = newFakeRuntime(&h.disk.fakeDisk)
+	live, err := projection.NewLive(projection.LiveOptions{Now: h.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.live = live
+	o.Projection, o.Runtime, o.Disk, o.Clock, o.Publisher = live, h.rt, h.disk, h.clock, h.pub
+	h.g = NewImageGC(o)
+	h.o = h.g.o
+	if h.gap == 0 {
+		h.gap = h.o.DiskInterval
+	}
+	live.Apply(evs...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.g.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(guard):
+			t.Errorf("Run did not return")
+		}
+	})
+	h.idle(t)
+	return h
+}
+
+// idle waits for the evaluation under way to end: the last thing Run does
+// after one is to arm the next disk sample, h.gap from now.
+func (h *loopHarness) idle(t *testing.T) {
+	t.Helper()
+	h.clock.waitArm(t, timerTick, h.clock.Now().Add(h.gap))
+}
+
+// step moves the clock by d and, if a timer fired, waits for the
+// evaluation it leads to.
+func (h *loopHarness) step(t *testing.T, d time.Duration) {
+	t.Helper()
+	if h.clock.Step(d) > 0 {
+		h.idle(t)
+	}
+}
+
+// change applies evs as containerd's events would arrive and waits for the
+// evaluation the debounce leads to.
+func (h *loopHarness) change(t *testing.T, evs ...events.Event) {
+	t.Helper()
+	h.live.Apply(evs...)
+	h.clock.waitArm(t, timerDebounce, h.clock.Now().Add(h.o.Debounce))
+	h.step(t, h.o.Debounce)
+}
+
+// removed applies the deletion of every name of the images the runtime
+// removed since the last call, as containerd's events would report them.
+func (h *loopHarness) removed(t *testing.T, names map[string]string, seen *int) {
+	t.Helper()
+	var evs []events.Event
+	for _, d := range h.rt.Removed()[*seen:] {
+		evs = append(evs, events.ImageDeleted{At: h.clock.Now(), Name: names[d]})
+	}
+	*seen = len(h.rt.Removed())
+	if len(evs) > 0 {
+		h.change(t, evs...)
+	}
+}
+
+// TestImageGCEpisode: usage crosses the high threshold while two of four
+// candidates are younger than the minimum age; the first pass frees the
+// two eligible ones and leaves usage between the thresholds. Each of the
+// others is freed in a pass of the same episode when it comes of age, and
+// the second brings usage to the low threshold: the episode ends there,
+// and a later change between the thresholds runs no pass.
+func TestImageGCEpisode(t *testing.T) {
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 60, MinAge: 2 * m}
+	crossing := at(time.Hour + 100*time.Millisecond)
+	// a and b are old; c and d come of age 5 s and 10 s after the crossing.
+	firstSeen := map[string]time.Time{"a": at(0), "b": at(0), "c": crossing.Add(5*time.Second - p.MinAge),
+		"d": crossing.Add(10*time.Second - p.MinAge)}
+	names := map[string]string{}
+	var evs []events.Event
+	for _, n := range []string{"a", "b", "c", "d"} {
+		name := "example.test/" + n + ":1"
+		names[digestOf(n)] = name
+		evs = append(evs, events.ImageUpserted{At: firstSeen[n], Name: name, Digest: digestOf(n), Size: 8 * mib})
+	}
+	evs = append(evs, events.Synced{At: at(time.Hour)})
+	h := startImageLoop(t, ImageGCOptions{Policy: p, DiskInterval: 100 * time.Millisecond}, 100*mib, 30*mib, evs...) // 70%
+	for _, n := range []string{"a", "b", "c", "d"} {
+		h.rt.Add(digestOf(n), 8*mib, names[digestOf(n)])
+	}
+	seen := 0
+	if st := h.g.Status(); st.Passes != 0 || !st.Episode.IsZero() {
+		t.Fatalf("below the high threshold: %d passes, episode %s", st.Passes, st.Episode)
+	}
+
+	// A file written straight to the image filesystem: no event, the next
+	// disk sample (DiskInterval later) sees it.
+	h.disk.Fill(20 * mib) // 90%
+	h.step(t, h.o.DiskInterval)
+	st := h.g.Status()
+	if st.Passes != 1 || st.LastPass.Trigger != "disk" || !st.Episode.Equal(crossing) {
+		t.Fatalf("after the crossing: %d passes, last %+v, episode %s", st.Passes, st.LastPass, st.Episode)
+	}
+	if got, want := h.rt.Removed(), []string{digestOf("a"), digestOf("b")}; !slices.Equal(got, want) {
+		t.Fatalf("first pass removed %v, want a and b", got)
+	}
+	if st.LastPass.UsageAfter != 74 || st.LastPass.LowReached {
+		t.Fatalf("first pass ended at %d%% (low reached %v), want 74%%, between the thresholds", st.LastPass.UsageAfter, st.LastPass.LowReached)
+	}
+	h.removed(t, names, &seen)
+	if st := h.g.Status(); st.Passes != 1 {
+		t.Fatalf("the removals' own events ran a pass within the pass gap: %+v", st.LastPass)
+	}
+	if got, want := h.g.Status().NextWake, firstSeen["c"].Add(p.MinAge); !got.Equal(want) {
+		t.Fatalf("next wake %s, want c's coming of age %s", got, want)
+	}
+
+	// c comes of age 5 s after the crossing: freed in the episode.
+	h.step(t, firstSeen["c"].Add(p.MinAge).Sub(h.clock.Now()))
+	st = h.g.Status()
+	if st.Passes != 2 || st.LastPass.Trigger != "episode" {
+		t.Fatalf("c came of age at %d%% during the episode: %d passes, last %+v", st.Usage, st.Passes, st.LastPass)
+	}
+	if got := h.rt.Removed(); !slices.Equal(got, []string{digestOf("a"), digestOf("b"), digestOf("c")}) {
+		t.Fatalf("removed %v, want a, b, then c", got)
+	}
+	if st.LastPass.UsageAfter != 66 || !st.Episode.Equal(crossing) {
+		t.Fatalf("after c: usage %d%%, episode %s; want 66%% and the episode going on", st.LastPass.UsageAfter, st.Episode)
+	}
+	h.removed(t, names, &seen)
+
+	// d comes of age 5 s later: freed, and usage reaches the low threshold.
+	h.step(t, firstSeen["d"].Add(p.MinAge).Sub(h.clock.Now()))
+	st = h.g.Status()
+	if st.Passes != 3 || st.LastPass.Trigger != "episode" || !st.LastPass.LowReached || st.LastPass.UsageAfter != 58 {
+		t.Fatalf("d came of age: %d passes, last %+v", st.Passes, st.LastPass)
+	}
+	if !st.Episode.IsZero() {
+		t.Fatalf("the episode goes on at the low threshold: %s", st.Episode)
+	}
+	h.removed(t, names, &seen)
+
+	// Later, a change between the thresholds (a file written, an eligible
+	// image imported): no episode, no pass, for minutes.
+	h.disk.Fill(12 * mib) // 70%
+	h.rt.Add(digestOf("e"), 8*mib, "example.test/e:1")
+	h.change(t, events.ImageUpserted{At: at(0), Name: "example.test/e:1", Digest: digestOf("e"), Size: 8 * mib})
+	for range 3 {
+		h.step(t, time.Minute)
+	}
+	if st := h.g.Status(); st.Passes != 3 || !st.Episode.IsZero() || st.Usage != 70 {
+		t.Fatalf("below the high threshold after the episode: %d passes (last %+v), episode %s, usage %d%%", st.Passes, st.LastPass,
+			st.Episode, st.Usage)
+	}
+	if got := len(h.rt.Removed()); got != 4 {
+		t.Fatalf("removed %v after the episode", h.rt.Removed())
+	}
+}
+
 // TestImageGCRunCoalescesChanges: a burst of projection changes within
 // the debounce leads to one evaluation, not one per change nor one more
 // for the changes the evaluation already covered; a change after it leads
 // to the next.
 func TestImageGCRunCoalescesChanges(t *testing.T) {
-	live, err := projection.NewLive(projection.LiveOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &countingDisk{fakeDisk: fakeDisk{capacity: 100 * mib, available: 90 * mib}}
-	const debounce = 300 * time.Millisecond // the burst below takes microseconds
-	g := NewImageGC(ImageGCOptions{Projection: live, Runtime: newFakeRuntime(&d.fakeDisk), Disk: d, Policy: policy8070,
-		Debounce: debounce, DiskInterval: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	settled := func(want string) int64 {
-		t.Helper()
-		// Quiet for three debounces: no evaluation is pending.
-		n, since := d.samples.Load(), time.Now()
-		deadline := since.Add(guard)
-		for time.Since(since) < 3*debounce {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: disk sampled %d times and still going", want, n)
-			}
-			time.Sleep(10 * time.Millisecond)
-			if m := d.samples.Load(); m != n {
-				n, since = m, time.Now()
-			}
-		}
-		return n
-	}
-	start := settled("start")
+	h := startImageLoop(t, ImageGCOptions{Policy: policy8070}, 100*mib, 90*mib)
+	start := h.disk.samples.Load()
 	for i := range 20 {
-		live.Apply(pull(time.Duration(i), fmt.Sprintf("example.test/burst-%d:1", i), digestOf(fmt.Sprint(i)), mib))
+		h.live.Apply(pull(time.Duration(i), fmt.Sprintf("example.test/burst-%d:1", i), digestOf(fmt.Sprint(i)), mib))
 	}
-	if n := settled("burst") - start; n != 1 {
+	h.clock.waitArm(t, timerDebounce, h.clock.Now().Add(h.o.Debounce))
+	h.step(t, h.o.Debounce)
+	if n := h.disk.samples.Load() - start; n != 1 {
 		t.Fatalf("a burst of 20 changes took %d evaluations, want 1", n)
 	}
-	live.Apply(pull(time.Minute, "example.test/later:1", digestOf("l"), mib))
-	if n := settled("later") - start; n != 2 {
+	if len(h.g.changes) != 0 {
+		t.Fatal("a change the evaluation covered is still signalled: it would lead to another")
+	}
+	h.change(t, pull(time.Minute, "example.test/later:1", digestOf("l"), mib))
+	if n := h.disk.samples.Load() - start; n != 2 {
 		t.Fatalf("a change after the burst's evaluation: %d evaluations in all, want 2", n)
 	}
 }
