@@ -42,7 +42,12 @@ type ImageGCOptions struct {
 	LearnSandboxImages func(ctx context.Context) ([]string, error)
 	// DryRun plans, logs and publishes but deletes nothing.
 	DryRun bool
-	// DiskInterval is how often the filesystem is sampled. Default 1s.
+	// DiskInterval is how often the filesystem is sampled (statfs) near
+	// the high threshold and during a GC episode; further from it, samples
+	// are spaced by the time the headroom takes to fill at assumedFillRate,
+	// up to a second (or DiskInterval when longer). Passes on projection
+	// changes alone and re-plans of the next age-out are spaced by the
+	// longer of it and a second. Default DefaultDiskInterval.
 	DiskInterval time.Duration
 	// Debounce coalesces projection changes before the disk is sampled.
 	// Default 20ms.
@@ -114,8 +119,8 @@ type ImageGCStatus struct {
 	LastPass      *ImagePass `json:"lastPass,omitempty"`
 }
 
-// ImageGC runs image GC: it samples the image filesystem every
-// DiskInterval and on every projection change,
+// ImageGC runs image GC: it samples the image filesystem (every
+// DiskInterval near the high threshold) and on every projection change,
 // runs a pass when usage reaches the high threshold, and another when the
 // earliest max-age deadline passes. Reaching the high threshold starts a GC
 // episode, which goes on until usage is at the low threshold: passes follow
@@ -156,7 +161,7 @@ type imageMetrics struct {
 // It registers its metrics on o.Registerer (which fails on a second one).
 func NewImageGC(o ImageGCOptions) *ImageGC {
 	if o.DiskInterval <= 0 {
-		o.DiskInterval = time.Second
+		o.DiskInterval = DefaultDiskInterval
 	}
 	if o.Debounce <= 0 {
 		o.Debounce = 20 * time.Millisecond

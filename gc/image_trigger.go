@@ -8,21 +8,42 @@ import (
 	"github.com/gcagent/gcagent/projection"
 )
 
+// DefaultDiskInterval is how often image GC samples the image filesystem
+// near the high threshold unless told otherwise: a crossing no containerd
+// event announces (a file written straight to the filesystem) is seen
+// within 100 ms. A sample costs a few microseconds (BenchmarkImageGCSample),
+// but waking the loop costs far more (BenchmarkImageGCSampling), so far
+// from the threshold samples are spaced out (nextSample).
+const DefaultDiskInterval = 100 * time.Millisecond
+
+// maxSampleGap is the longest spacing of disk samples (unless DiskInterval
+// is longer): what the agent sampled at before it sampled faster near the
+// threshold.
+const maxSampleGap = time.Second
+
+// assumedFillRate is the fastest, in bytes per second, the image
+// filesystem is assumed to fill with nothing containerd reports: samples
+// are spaced so that at this rate usage cannot reach the high threshold
+// between two unless they are DiskInterval apart. A faster fill is seen up
+// to a second late.
+const assumedFillRate = 4 << 30
+
 // minPassGap is the least spacing of passes on projection changes alone and
 // of re-plans of the next age-out (a plan of 10,000 images takes tens of
-// milliseconds), whatever DiskInterval.
+// milliseconds): sampling faster must not plan faster.
 const minPassGap = time.Second
 
 // newImageTrigger returns the trigger of an ImageGC with options o (their
 // defaults set).
 func newImageTrigger(o ImageGCOptions) imageTrigger {
-	return imageTrigger{policy: o.Policy, retry: o.Retry, minGap: max(o.DiskInterval, minPassGap), dryRun: o.DryRun}
+	return imageTrigger{policy: o.Policy, retry: o.Retry, minGap: max(o.DiskInterval, minPassGap), dryRun: o.DryRun,
+		sampleMin: o.DiskInterval, sampleMax: max(o.DiskInterval, maxSampleGap)}
 }
 
 // Run evaluates the triggers until ctx ends; it returns nil then. It
-// evaluates at start, DiskInterval after each evaluation (the disk
-// sample), when the trigger's timer is due, and Debounce after a projection
-// change.
+// evaluates at start, when the next disk sample is due (nextSample, from
+// the end of the last evaluation), when the trigger's timer is due, and
+// Debounce after a projection change.
 func (g *ImageGC) Run(ctx context.Context) error {
 	clk := g.o.Clock
 	tick := clk.NewTimer(time.Hour) // armed after each evaluation
@@ -71,7 +92,7 @@ func (g *ImageGC) Run(ctx context.Context) error {
 			wake.Reset(max(at.Sub(g.o.Now()), time.Millisecond))
 		}
 		g.noteTrigger(at)
-		tick.Reset(g.o.DiskInterval) // last: the loop is idle once the next sample is armed
+		tick.Reset(g.trig.nextSample()) // last: the loop is idle once the next sample is armed
 	}
 }
 
@@ -168,10 +189,15 @@ func (g *ImageGC) setNextAgeOut(t time.Time) {
 // one as a disk above the high threshold did before episodes: passes on
 // changes back off to a minute, and a retry runs every minute.
 type imageTrigger struct {
-	policy ImagePolicy
-	retry  time.Duration // rerun a pass this soon during an episode
-	minGap time.Duration // at most one pass per minGap on projection changes alone
-	dryRun bool
+	policy    ImagePolicy
+	retry     time.Duration // rerun a pass this soon during an episode
+	minGap    time.Duration // at most one pass per minGap on projection changes alone
+	dryRun    bool
+	sampleMin time.Duration // disk samples near the high threshold and during an episode
+	sampleMax time.Duration // disk samples far from it
+
+	disk     DiskStats // the last sample
+	measured bool      // it succeeded
 
 	above     bool      // the last sample was at or above the high threshold
 	crossedAt time.Time // when usage reached the high threshold; zero below it
@@ -202,6 +228,7 @@ func (tr *imageTrigger) thresholdGC() bool {
 func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 	usage, valid := usagePercent(d)
 	measured := ok && valid
+	tr.disk, tr.measured = d, measured
 	above := measured && tr.thresholdGC() && usage >= tr.policy.HighThresholdPercent
 	if above && !tr.above {
 		tr.crossedAt, tr.didReact = now, false
@@ -216,6 +243,27 @@ func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
 	case !above && (!tr.thresholdGC() || measured && lowReached(d, tr.policy.LowThresholdPercent)):
 		tr.endEpisode()
 	}
+}
+
+// nextSample returns how long after the last sample the next is due:
+// sampleMin during an episode, otherwise the time the headroom to the high
+// threshold takes to fill at assumedFillRate, within sampleMin..sampleMax.
+// At that rate usage cannot reach the high threshold unseen for longer than
+// sampleMin.
+func (tr *imageTrigger) nextSample() time.Duration {
+	if !tr.measured || !tr.thresholdGC() {
+		return tr.sampleMax
+	}
+	if tr.above || !tr.episodeAt.IsZero() {
+		return tr.sampleMin
+	}
+	// Usage reaches high when available*100/capacity (rounded down) is
+	// 100-high, that is below capacity*(101-high)/100.
+	capacity := tr.disk.CapacityBytes
+	mark := mulDiv(capacity, uint64(101-tr.policy.HighThresholdPercent), 100)
+	headroom := min(tr.disk.AvailableBytes, capacity) - min(mark, tr.disk.AvailableBytes, capacity)
+	fill := time.Duration(float64(headroom) / assumedFillRate * float64(time.Second))
+	return min(max(fill, tr.sampleMin), tr.sampleMax)
 }
 
 // endEpisode forgets the episode and what its passes left to wait for.

@@ -812,3 +812,100 @@ func TestImageGCRunCoalescesChanges(t *testing.T) {
 		t.Fatalf("a change after the burst's evaluation: %d evaluations in all, want 2", n)
 	}
 }
+
+// TestImageGCRunSamplesEveryInterval: with nothing else going on, the
+// loop samples the disk once per DiskInterval, and a crossing no event
+// announces is acted on at the first sample after it.
+func TestImageGCRunSamplesEveryInterval(t *testing.T) {
+	h := startImageLoop(t, ImageGCOptions{Policy: policy8070}, 100*mib, 50*mib, events.Synced{At: at(time.Hour)})
+	if h.o.DiskInterval != DefaultDiskInterval || DefaultDiskInterval > 250*time.Millisecond {
+		t.Fatalf("disk interval %s, default %s: an unannounced crossing must be seen within 250 ms", h.o.DiskInterval, DefaultDiskInterval)
+	}
+	start := h.disk.samples.Load()
+	for range 10 {
+		h.step(t, h.o.DiskInterval)
+	}
+	if n := h.disk.samples.Load() - start; n != 10 {
+		t.Fatalf("%d samples in 10 intervals", n)
+	}
+	h.disk.Fill(45 * mib) // 95%, no event
+	h.step(t, h.o.DiskInterval)
+	if st := h.g.Status(); st.Passes != 1 || st.LastPass.Trigger != "disk" || !st.LastPass.Start.Equal(h.clock.Now()) {
+		t.Fatalf("crossing not acted on at the next sample: %+v", st.LastPass)
+	}
+}
+
+// TestImageTriggerNextSample: samples come every DiskInterval near the high
+// threshold and during an episode, further apart as the headroom grows, and
+// never further than a second (or DiskInterval when longer).
+func TestImageTriggerNextSample(t *testing.T) {
+	const gib = 1 << 30
+	p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 60, MinAge: 2 * m}
+	on := func(availableGiB uint64) DiskStats {
+		return DiskStats{CapacityBytes: 100 * gib, AvailableBytes: availableGiB * gib}
+	}
+	ms := time.Millisecond
+	tests := []struct {
+		name     string
+		interval time.Duration
+		high     int
+		samples  []DiskStats // the last is the one the next sample follows
+		failed   bool
+		want     time.Duration
+	}{
+		{"far from the threshold: a second", 100 * ms, 0, []DiskStats{on(50)}, false, time.Second},
+		{"4 GiB from it: a second", 100 * ms, 0, []DiskStats{on(20)}, false, time.Second},
+		{"2 GiB from it: half a second", 100 * ms, 0, []DiskStats{on(18)}, false, 500 * ms},
+		{"one byte from it: DiskInterval", 100 * ms, 0, []DiskStats{on(16)}, false, 100 * ms},
+		{"above it", 100 * ms, 0, []DiskStats{on(10)}, false, 100 * ms},
+		{"in an episode below it", 100 * ms, 0, []DiskStats{on(10), on(30)}, false, 100 * ms},
+		{"after the episode", 100 * ms, 0, []DiskStats{on(10), on(40)}, false, time.Second},
+		{"a small disk is always near", 100 * ms, 0, []DiskStats{{CapacityBytes: 1 << 30, AvailableBytes: 1 << 29}}, false, 100 * ms},
+		{"statfs failed", 100 * ms, 0, []DiskStats{{}}, true, time.Second},
+		{"threshold GC off", 100 * ms, 100, []DiskStats{on(1)}, false, time.Second},
+		{"DiskInterval longer than a second", 5 * time.Second, 0, []DiskStats{on(16)}, false, 5 * time.Second},
+		{"DiskInterval 200ms, far", 200 * ms, 0, []DiskStats{on(50)}, false, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pol := p
+			if tt.high != 0 {
+				pol.HighThresholdPercent = tt.high
+			}
+			tr := newImageTrigger(ImageGCOptions{Policy: pol, Retry: time.Minute, DiskInterval: tt.interval})
+			for i, d := range tt.samples {
+				tr.observe(at(time.Duration(i)*time.Second), d, !tt.failed)
+			}
+			if got := tr.nextSample(); got != tt.want {
+				t.Fatalf("next sample in %s, want %s (%s)", got, tt.want, &tr)
+			}
+		})
+	}
+}
+
+// TestImageGCRunSamplesFarFromThreshold: on a large disk far from the high
+// threshold the loop samples once a second; near it, every DiskInterval.
+func TestImageGCRunSamplesFarFromThreshold(t *testing.T) {
+	const gib = 1 << 30
+	h := startImageLoopGap(t, ImageGCOptions{Policy: policy8070}, 100*gib, 50*gib, time.Second, events.Synced{At: at(time.Hour)})
+	start := h.disk.samples.Load()
+	h.step(t, h.o.DiskInterval) // nothing due
+	if n := h.disk.samples.Load() - start; n != 0 {
+		t.Fatalf("%d samples %s after the last, 50%% used of 100 GiB", n, h.o.DiskInterval)
+	}
+	h.step(t, time.Second-h.o.DiskInterval)
+	if n := h.disk.samples.Load() - start; n != 1 {
+		t.Fatalf("%d samples a second after the last", n)
+	}
+	h.disk.Fill(34 * gib) // 84%: one byte from the high threshold, the next sample in DiskInterval
+	h.gap = h.o.DiskInterval
+	h.step(t, time.Second)
+	if st := h.g.Status(); st.Passes != 0 || st.Usage != 84 {
+		t.Fatalf("at 84%%: %d passes, usage %d%%", st.Passes, st.Usage)
+	}
+	h.disk.Fill(1) // 85%, no event
+	h.step(t, h.o.DiskInterval)
+	if st := h.g.Status(); st.Passes != 1 || st.LastPass.Trigger != "disk" {
+		t.Fatalf("crossing not acted on at the next sample, DiskInterval later: %+v", st.LastPass)
+	}
+}
