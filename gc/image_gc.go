@@ -2,7 +2,6 @@ package gc
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -47,7 +46,12 @@ type ImageGCOptions struct {
 	LearnSandboxImages func(ctx context.Context) ([]string, error)
 	// DryRun plans, logs and publishes but deletes nothing.
 	DryRun bool
-	// DiskInterval is how often the filesystem is sampled. Default 1s.
+	// DiskInterval is how often the filesystem is sampled (statfs) near
+	// the high threshold and during a GC episode; further from it, samples
+	// are spaced by the time the headroom takes to fill at assumedFillRate,
+	// up to a second (or DiskInterval when longer). Passes on projection
+	// changes alone and re-plans of the next age-out are spaced by the
+	// longer of it and a second. Default DefaultDiskInterval.
 	DiskInterval time.Duration
 	// Debounce coalesces projection changes before the disk is sampled.
 	// Default 20ms.
@@ -58,8 +62,11 @@ type ImageGCOptions struct {
 	// RelearnInterval is how often the sandbox images are asked again.
 	// Default 5m.
 	RelearnInterval time.Duration
-	// Now is the clock. Default time.Now.
+	// Now is the time when Clock is nil. Default time.Now.
 	Now func() time.Time
+	// Clock gives the time and the loop's timers. Default Go's timers, with
+	// Now as the time.
+	Clock ContainerClock
 	// Publisher receives one action per image removed or skipped and per
 	// pass, except for a pass that removes nothing and finds what the last
 	// one found (not triggered manually): that one is only logged, at debug.
@@ -73,7 +80,7 @@ type ImageGCOptions struct {
 type ImagePass struct {
 	Start   time.Time `json:"start"`
 	End     time.Time `json:"end"`
-	Trigger string    `json:"trigger"` // disk, max-age, min-age, retry, change, manual
+	Trigger string    `json:"trigger"` // disk, max-age, min-age, retry, change, episode, manual
 	DryRun  bool      `json:"dryRun,omitempty"`
 	Synced  bool      `json:"synced"`
 	// Disk, Usage and AmountToFree are the plan's, before any delete.
@@ -108,6 +115,7 @@ type ImageGCStatus struct {
 	SampledAt     time.Time  `json:"sampledAt,omitzero"`
 	Above         bool       `json:"aboveHigh"`
 	CrossedAt     time.Time  `json:"crossedAt,omitzero"`
+	Episode       time.Time  `json:"episode,omitzero"` // start of the GC episode under way; zero when none
 	NextAgeOut    time.Time  `json:"nextAgeOut,omitzero"`
 	NextWake      time.Time  `json:"nextWake,omitzero"`
 	SandboxImages []string   `json:"sandboxImages"`
@@ -115,13 +123,15 @@ type ImageGCStatus struct {
 	LastPass      *ImagePass `json:"lastPass,omitempty"`
 }
 
-// ImageGC runs image GC: it samples the image filesystem every DiskInterval
-// and on every projection change, runs a pass when usage reaches the high
-// threshold, and another when the earliest max-age or min-age deadline
-// passes. While usage stays above the high threshold and passes remove
-// nothing, passes on projection changes alone back off from DiskInterval to
-// a minute. One goroutine (Run) owns the passes, so two never overlap. Status
-// is safe for concurrent use.
+// ImageGC runs image GC: it samples the image filesystem (every
+// DiskInterval near the high threshold) and on every projection change,
+// runs a pass when usage reaches the high threshold, and another when the
+// earliest max-age deadline passes. Reaching the high threshold starts a GC
+// episode, which goes on until usage is at the low threshold: passes follow
+// min-age deadlines and projection changes, below the high threshold too.
+// While passes remove nothing, passes on projection changes alone back off
+// to a minute. One goroutine (Run) owns the passes, so two never overlap.
+// Status is safe for concurrent use.
 type ImageGC struct {
 	o        ImageGCOptions
 	changes  <-chan struct{}
@@ -155,7 +165,7 @@ type imageMetrics struct {
 // It registers its metrics on o.Registerer (which fails on a second one).
 func NewImageGC(o ImageGCOptions) *ImageGC {
 	if o.DiskInterval <= 0 {
-		o.DiskInterval = time.Second
+		o.DiskInterval = DefaultDiskInterval
 	}
 	if o.Debounce <= 0 {
 		o.Debounce = 20 * time.Millisecond
@@ -166,14 +176,15 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 	if o.RelearnInterval <= 0 {
 		o.RelearnInterval = 5 * time.Minute
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Clock == nil {
+		o.Clock = SystemContainerClock(o.Now)
 	}
+	o.Now = o.Clock.Now
 	if o.Publisher == nil {
 		o.Publisher = Discard{}
 	}
 	g := &ImageGC{o: o, changes: o.Projection.Subscribe(), requests: make(chan chan ImagePass), sandboxSeen: map[string]struct{}{}}
-	g.trig = imageTrigger{policy: o.Policy, retry: o.Retry, minGap: o.DiskInterval, dryRun: o.DryRun}
+	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
 		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
 		synced: o.Projection.Synced, deletes: o.Deletes, log: o.Log,
@@ -216,102 +227,6 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 	g.status = ImageGCStatus{DryRun: o.DryRun, High: o.Policy.HighThresholdPercent, Low: o.Policy.LowThresholdPercent,
 		SandboxImages: slices.Clone(o.Policy.SandboxImages)}
 	return g
-}
-
-// Run evaluates the triggers until ctx ends; it returns nil then.
-func (g *ImageGC) Run(ctx context.Context) error {
-	tick := time.NewTicker(g.o.DiskInterval)
-	defer tick.Stop()
-	wake := time.NewTimer(time.Hour)
-	wake.Stop()
-	defer wake.Stop()
-	var debounce <-chan time.Time
-	// changes is nil while a debounce is armed: the evaluation it leads to
-	// covers every change meanwhile, and a burst of events would otherwise
-	// wake this loop once per batch for nothing.
-	changes := g.changes
-	g.learn(ctx, g.o.Now())
-	g.evaluate(ctx)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case reply := <-g.requests:
-			d, ok := g.sample()
-			g.trig.observe(g.o.Now(), d, ok)
-			reply <- g.Pass(ctx, "manual")
-		case <-tick.C:
-		case <-wake.C:
-		case <-changes:
-			debounce, changes = time.After(g.o.Debounce), nil
-			continue
-		case <-debounce:
-			debounce, changes = nil, g.changes
-			drain(changes) // applied before this evaluation reads the state
-		}
-		g.evaluate(ctx)
-		wake.Stop()
-		if at := g.trig.wake(); !at.IsZero() {
-			wake.Reset(max(at.Sub(g.o.Now()), time.Millisecond))
-		}
-		g.setNextWake(g.trig.wake())
-	}
-}
-
-// RunNow asks Run for a pass now (trigger "manual") and returns it. It
-// waits for a pass in progress to end first; it fails when ctx ends before
-// Run answers (Run not running).
-func (g *ImageGC) RunNow(ctx context.Context) (ImagePass, error) {
-	reply := make(chan ImagePass, 1)
-	select {
-	case g.requests <- reply:
-	case <-ctx.Done():
-		return ImagePass{}, ctx.Err()
-	}
-	select {
-	case p := <-reply:
-		return p, nil
-	case <-ctx.Done():
-		return ImagePass{}, ctx.Err()
-	}
-}
-
-func (g *ImageGC) sample() (DiskStats, bool) {
-	d, err := g.o.Disk.Disk()
-	return d, err == nil
-}
-
-// evaluate samples the disk, decides and runs a pass when one is due.
-func (g *ImageGC) evaluate(ctx context.Context) {
-	now := g.o.Now()
-	disk, err := g.o.Disk.Disk()
-	if err != nil {
-		g.o.Log.Warn().Err(err).Msg("image filesystem not measured")
-	}
-	g.trig.observe(now, disk, err == nil)
-	g.noteDisk(now, disk)
-	var seq uint64
-	var synced bool
-	var plan ImagePlan
-	synced = g.o.Projection.Synced()
-	var replan bool
-	g.o.Projection.ViewAll(func(states []*projection.State) {
-		seq = projection.SeqOf(states)
-		// The next age-out moves with the state; a plan of 10,000 images
-		// takes tens of milliseconds, so it is re-planned at most once per
-		// minGap however fast the state changes.
-		if replan = synced && g.trig.replan(now, seq); replan {
-			g.observeSandboxes(states)
-			plan = PlanImages(states, disk, g.policy(), now)
-		}
-	})
-	if replan {
-		g.trig.planned(seq, plan)
-		g.setNextAgeOut(plan.NextAgeOut)
-	}
-	if trigger, ok := g.trig.due(now, seq, synced); ok {
-		g.Pass(ctx, trigger)
-	}
 }
 
 // Pass runs one pass now: plan against the projection and a fresh disk
@@ -540,13 +455,15 @@ func firstName(names []string) string {
 	return ""
 }
 
-// policy is the configured policy plus the sandbox images learned so far.
+// policy is the configured policy plus the sandbox images learned so far,
+// as a pass plans with it now (passPolicy: during a GC episode it plans down
+// to the low threshold).
 func (g *ImageGC) policy() ImagePolicy {
 	p := g.o.Policy
 	if len(g.sandboxCache) > 0 {
 		p.SandboxImages = g.sandboxCache
 	}
-	return p
+	return g.trig.passPolicy(p)
 }
 
 // learn asks the runtime for its sandbox images when due.
@@ -652,186 +569,4 @@ func (g *ImageGC) Status() ImageGCStatus {
 		st.LastPass = &p
 	}
 	return st
-}
-
-func (g *ImageGC) noteDisk(now time.Time, d DiskStats) {
-	usage, _ := usagePercent(d)
-	g.m.usage.Set(float64(usage))
-	g.mu.Lock()
-	g.status.Disk, g.status.Usage, g.status.SampledAt = d, usage, now
-	g.status.Above, g.status.CrossedAt = g.trig.above, g.trig.crossedAt
-	g.mu.Unlock()
-}
-
-func (g *ImageGC) setNextAgeOut(t time.Time) {
-	g.mu.Lock()
-	g.status.NextAgeOut = t
-	g.mu.Unlock()
-}
-
-func (g *ImageGC) setNextWake(t time.Time) {
-	g.mu.Lock()
-	g.status.NextWake = t
-	g.mu.Unlock()
-}
-
-// imageTrigger decides when a pass is due. It is pure: it holds what was
-// observed and what the last pass found, and every method takes the time.
-type imageTrigger struct {
-	policy ImagePolicy
-	retry  time.Duration // rerun a pass this soon while still above the high threshold
-	minGap time.Duration // at most one pass per minGap on projection changes alone
-	dryRun bool
-
-	above     bool      // the last sample was at or above the high threshold
-	crossedAt time.Time // when usage reached the high threshold; zero below it
-	didReact  bool      // a delete happened since crossedAt
-
-	passAt       time.Time     // end of the last pass; zero before the first
-	passSeq      uint64        // projection seq the last pass planned from
-	changeGap    time.Duration // spacing of change passes after fruitless ones above high; 0: minGap
-	passShort    bool          // the last pass was triggered and did not reach low
-	nextEligible time.Time     // earliest too-young image passing MinAge, when short
-
-	planSeq    uint64    // seq the next age-out was computed at
-	planAt     time.Time // when it was computed
-	stale      bool      // the state moved since, and the re-plan waits for minGap
-	nextAgeOut time.Time // earliest max-age deadline; zero when none
-}
-
-// observe takes a disk sample (ok false when statfs failed).
-func (tr *imageTrigger) observe(now time.Time, d DiskStats, ok bool) {
-	usage, valid := usagePercent(d)
-	above := ok && valid && (tr.policy.HighThresholdPercent < 100 || tr.policy.MaxAge > 0) && usage >= tr.policy.HighThresholdPercent
-	if above && !tr.above {
-		tr.crossedAt, tr.didReact = now, false
-	}
-	if !above {
-		tr.crossedAt, tr.changeGap = time.Time{}, 0
-	}
-	tr.above = above
-}
-
-// replan reports whether the next age-out must be re-planned at projection
-// seq: with a maximum age set, when the state moved since the last plan and
-// that plan is at least minGap old. A change sooner than that is noted, and
-// wake returns the end of the gap: a churn costs one plan per minGap, and
-// an age-out it moved earlier is late by at most minGap.
-func (tr *imageTrigger) replan(now time.Time, seq uint64) bool {
-	tr.stale = false
-	if tr.policy.MaxAge <= 0 || seq == tr.planSeq {
-		return false
-	}
-	if !tr.planAt.IsZero() && now.Before(tr.planAt.Add(tr.minGap)) {
-		tr.stale = true
-		return false
-	}
-	return true
-}
-
-// planned records the next age-out of a plan made at projection seq. Max-age
-// images in the plan are due now, but no sooner than minGap (retry in a dry
-// run, which deletes nothing) after the last pass, so that a failing delete
-// does not spin.
-func (tr *imageTrigger) planned(seq uint64, plan ImagePlan) {
-	tr.planSeq, tr.planAt, tr.nextAgeOut = seq, plan.Now, plan.NextAgeOut
-	for _, it := range plan.Delete {
-		if it.Reason == ReasonMaxAge {
-			gap := tr.minGap
-			if tr.dryRun {
-				gap = tr.retry
-			}
-			tr.nextAgeOut = plan.Now
-			if !tr.passAt.IsZero() {
-				tr.nextAgeOut = later(plan.Now, tr.passAt.Add(gap))
-			}
-			break
-		}
-	}
-}
-
-// due reports whether a pass should run now, and its trigger.
-func (tr *imageTrigger) due(now time.Time, seq uint64, synced bool) (string, bool) {
-	switch {
-	case !synced:
-		return "", false
-	case !tr.nextAgeOut.IsZero() && !now.Before(tr.nextAgeOut):
-		return "max-age", true
-	case !tr.above:
-		return "", false
-	case tr.passAt.IsZero() || tr.crossedAt.After(tr.passAt):
-		return "disk", true // a new crossing since the last pass
-	case !tr.nextEligible.IsZero() && !now.Before(tr.nextEligible):
-		return "min-age", true
-	case seq != tr.passSeq && !now.Before(tr.passAt.Add(max(tr.minGap, tr.changeGap))):
-		return "change", true
-	case !now.Before(tr.passAt.Add(tr.retry)):
-		return "retry", true // still above: something else may have become deletable
-	}
-	return "", false
-}
-
-// changeGapMax bounds the backoff of change passes above the high
-// threshold while they delete nothing.
-const changeGapMax = time.Minute
-
-// passed records a finished pass that planned from projection seq. Max-age
-// images it could not delete (and, in a dry run, all of them) are retried
-// when the projection changes. While above the high threshold, each pass
-// that removes nothing doubles the spacing of passes on changes alone, from
-// minGap up to changeGapMax.
-func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p ImagePass) {
-	tr.passAt, tr.passSeq = now, seq
-	switch {
-	case len(p.Removed) > 0 || !tr.above:
-		tr.changeGap = 0
-	case tr.changeGap == 0:
-		tr.changeGap = tr.minGap
-	default:
-		tr.changeGap = min(2*tr.changeGap, max(changeGapMax, tr.minGap))
-	}
-	tr.passShort = plan.Triggered && !p.LowReached
-	tr.planSeq, tr.planAt, tr.nextAgeOut = seq, plan.Now, plan.NextAgeOut
-	tr.nextEligible = time.Time{}
-	if tr.passShort {
-		for _, it := range plan.Keep {
-			if it.Reason == ReasonTooYoung {
-				earliest(&tr.nextEligible, it.EligibleAt)
-			}
-		}
-	}
-}
-
-// reacted reports whether a delete at t is the first since usage crossed
-// the high threshold, and records it.
-func (tr *imageTrigger) reacted(t time.Time) bool {
-	if tr.crossedAt.IsZero() || tr.didReact {
-		return false
-	}
-	tr.didReact = true
-	return !t.Before(tr.crossedAt)
-}
-
-// wake returns the next instant a timer must evaluate at (zero for none):
-// the next age-out, a re-plan that waits for minGap, and while above the
-// high threshold after a short pass, the end of min-age protection and the
-// retry.
-func (tr *imageTrigger) wake() time.Time {
-	var t time.Time
-	earliest(&t, tr.nextAgeOut)
-	if tr.stale {
-		earliest(&t, tr.planAt.Add(tr.minGap))
-	}
-	if tr.above && !tr.passAt.IsZero() {
-		earliest(&t, tr.nextEligible)
-		earliest(&t, tr.passAt.Add(tr.retry))
-	}
-	return t
-}
-
-// String renders the trigger state for debugging.
-func (tr *imageTrigger) String() string {
-	return fmt.Sprintf("above=%v crossed=%s pass=%s seq=%d gap=%s short=%v eligible=%s ageout=%s",
-		tr.above, tr.crossedAt.Format(time.RFC3339Nano), tr.passAt.Format(time.RFC3339Nano), tr.passSeq, tr.changeGap,
-		tr.passShort, tr.nextEligible.Format(time.RFC3339Nano), tr.nextAgeOut.Format(time.RFC3339Nano))
 }

@@ -48,7 +48,7 @@ type Config struct {
 	SandboxImage string
 	// KeepImages are globs; an image with a matching name is never deleted. Default none.
 	KeepImages []string
-	// DiskInterval is how often the image filesystem is sampled. Default 1s.
+	// DiskInterval is how often the image filesystem is sampled near the high threshold (up to 1s apart far from it). Default 100ms.
 	DiskInterval time.Duration
 	// MinimumContainerTTL is how long a dead container is kept after it exits. Default 0s.
 	MinimumContainerTTL time.Duration
@@ -130,7 +130,7 @@ func DefaultConfig() Config {
 		ImageGCLowThreshold:  80,
 		MinimumImageTTL:      2 * time.Minute,
 		UncollectedExitGrace: gc.DefaultUncollectedGrace,
-		DiskInterval:         time.Second,
+		DiskInterval:         gc.DefaultDiskInterval,
 		MaxDeadPerContainer:  1,
 		MaxDeadContainers:    -1,
 		PruneContainers:      "native",
