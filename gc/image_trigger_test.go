@@ -633,6 +633,9 @@ func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint6
 	}
 	h.live = live
 	o.Projection, o.Runtime, o.Disk, o.Clock, o.Publisher = live, h.rt, h.disk, h.clock, h.pub
+	if !o.DryRun {
+		o.Deletes = testDeletes1(t, h.pub, h.rt)
+	}
 	h.g = NewImageGC(o)
 	h.o = h.g.o
 	if h.gap == 0 {
