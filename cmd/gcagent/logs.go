@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
@@ -128,7 +127,7 @@ func (a *agent) setupLogs() error {
 		return nil
 	}
 	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live), logs.Options{
-		Publisher: &logsDeletes{d: a.deletes, pub: a.pub, txs: map[string]*deletion.Tx{}}, Metrics: m, Logger: a.log, Now: a.clock.Now,
+		Deletes: a.deletes, Publisher: a.pub, Metrics: m, Logger: a.log, Now: a.clock.Now,
 	})
 	if err != nil {
 		return err
