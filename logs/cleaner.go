@@ -57,12 +57,19 @@ type Removal struct {
 	UID       string `json:"uid,omitempty"`
 	// Bytes are the allocated bytes of the files removed, an estimate
 	// (hard links); in a dry run, of the files that would be.
-	Bytes  int64     `json:"bytes"`
-	At     time.Time `json:"at"`
-	DryRun bool      `json:"dryRun,omitempty"`
+	Bytes int64 `json:"bytes"`
+	// Entries counts what was removed (or would be): files, links and
+	// directories, a pod dir itself included.
+	Entries int       `json:"entries,omitempty"`
+	At      time.Time `json:"at"`
+	DryRun  bool      `json:"dryRun,omitempty"`
 	// Namespace is the containerd namespace of the pods the kubelet's logs
 	// belong to: CRI's.
 	Namespace string `json:"namespace"`
+	// Partial says the removal stopped partway: Bytes and Entries are what
+	// went, Error why the rest stayed.
+	Partial bool   `json:"partial,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // skip is the data of a published log.skipped: the removal that was not
@@ -348,14 +355,20 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		c.metrics.error("intent")
 		return fmt.Errorf("remove %s: %w", path, err)
 	}
-	var freed int64
+	var removed tally
 	if e.Kind == KindPodDir {
-		freed, err = removePodDir(root, dir, e.Name, false)
-	} else {
-		err = removeLink(root, dir, e.Name, false)
+		removed, err = removePodDir(root, dir, e.Name, false)
+	} else if err = removeLink(root, dir, e.Name, false); err == nil {
+		removed.entries = 1
 	}
-	if err != nil {
-		// The path says whether it is gone.
+	switch {
+	case err == nil:
+	case removed.entries > 0:
+		// Part of the pod dir went: that is a removal, reported with what
+		// went and why the rest stayed; the next pass tries the rest.
+		r.Partial, r.Error = true, err.Error()
+	default:
+		// Nothing went by our hand: the path says whether it is gone.
 		switch out, serr := tx.Settle(ctx); out {
 		case deletion.Happened:
 			c.log.Warn().Str("path", path).Err(err).Msg("the removal reported an error but the path is gone")
@@ -371,15 +384,20 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	}
 
 	at := c.now()
-	r.Bytes, r.At = freed, at
+	r.Bytes, r.Entries, r.At = removed.bytes, removed.entries, at
 	latency := at.Sub(planned.EligibleAt)
 	c.metrics.removal(d, latency.Seconds())
-	c.event(c.log.Info(), path, d).Int64("bytes", r.Bytes).Dur("latency", latency).Msg("removed")
-	if err := tx.Commit(r); err != nil {
-		c.metrics.error("publish")
-		c.log.Warn().Str("path", path).Err(err).Msg("store the removal's event")
+	ev, msg := c.log.Info(), "removed"
+	if r.Partial {
+		ev, msg = c.log.Warn().Err(err), "removed in part"
+		err = fmt.Errorf("remove %s: removed in part: %w", path, err)
 	}
-	return nil
+	c.event(ev, path, d).Int64("bytes", r.Bytes).Int("entries", r.Entries).Dur("latency", latency).Msg(msg)
+	if cerr := tx.Commit(r); cerr != nil {
+		c.metrics.error("publish")
+		c.log.Warn().Str("path", path).Err(cerr).Msg("store the removal's event")
+	}
+	return err
 }
 
 // dryRun reports, once per entry, that a dry run would remove it: logged,
@@ -388,7 +406,7 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 func (c *Cleaner) dryRun(root int, e Entry, planned Decision, r Removal, t *tracked) error {
 	path := c.path(planned)
 	if e.Kind == KindPodDir {
-		freed, err := removePodDir(root, r.Dir, e.Name, true)
+		found, err := removePodDir(root, r.Dir, e.Name, true)
 		if errors.Is(err, errMount) {
 			c.keptMounted(t, path, r.Kind, err)
 			return nil
@@ -396,7 +414,9 @@ func (c *Cleaner) dryRun(root int, e Entry, planned Decision, r Removal, t *trac
 		if err != nil {
 			return fmt.Errorf("check %s: %w", path, err)
 		}
-		r.Bytes = freed
+		r.Bytes, r.Entries = found.bytes, found.entries
+	} else {
+		r.Entries = 1
 	}
 	t.dryRun = true
 	r.At, r.DryRun = c.now(), true

@@ -100,20 +100,85 @@ func TestRemovalIsItsTransaction(t *testing.T) {
 		t.Fatalf("published %+v, want two log.removed", acts)
 	}
 	for i, want := range []struct {
-		kind Kind
-		path string
-	}{{KindPodDir, pod}, {KindSymlink, link}} {
+		kind    Kind
+		path    string
+		entries int
+	}{{KindPodDir, pod, 3}, {KindSymlink, link, 1}} {
 		a := acts[i]
 		r, _ := a.Data.(Removal)
 		if a.Kind != schema.KindLog || a.Action != schema.ActionRemoved || a.Subject != want.path || a.Key != string(want.kind)+":"+want.path {
 			t.Errorf("action %s.%s %q key %q, want log.removed %q key %q", a.Kind, a.Action, a.Subject, a.Key, want.path, string(want.kind)+":"+want.path)
 		}
-		if r.Kind != want.kind || filepath.Join(r.Dir, r.Name) != want.path || r.Namespace != "k8s.io" || r.DryRun {
-			t.Errorf("data %+v, want a %s removal of %s in k8s.io", r, want.kind, want.path)
+		if r.Kind != want.kind || filepath.Join(r.Dir, r.Name) != want.path || r.Namespace != "k8s.io" || r.Entries != want.entries || r.Partial || r.DryRun {
+			t.Errorf("data %+v, want a complete %s removal of %s (%d entries) in k8s.io", r, want.kind, want.path, want.entries)
 		}
 	}
 	if r := acts[0].Data.(Removal); r.Bytes < 5000 {
 		t.Errorf("pod dir removal of %d bytes, want >= 5000", r.Bytes)
+	}
+}
+
+// TestPartialPodDirRemovalIsReported: finding 10. A pod dir whose removal
+// fails partway (one log file is immutable, chattr +i: even root cannot
+// unlink it) is reported with what went: its transaction is committed as a
+// partial removal with the bytes and entries removed and the error, never
+// abandoned. The next pass, which can remove nothing more, records no
+// removal; once the file may go, the rest goes as a removal of its own.
+func TestPartialPodDirRemovalIsReported(t *testing.T) {
+	cfg, st := txDirs(t)
+	pod := filepath.Join(cfg.PodLogDir, "ns_p_uid1")
+	writeFile(t, filepath.Join(pod, "app", "0.log"), strings.Repeat("a", 8192))
+	writeFile(t, filepath.Join(pod, "app", "1.log"), strings.Repeat("b", 8192))
+	writeFile(t, filepath.Join(pod, "init", "0.log"), strings.Repeat("c", 8192))
+	stuck := filepath.Join(pod, "app", "2.log")
+	writeFile(t, stuck, "stuck\n")
+	setImmutable(t, stuck, true)
+	deletes, bus := newDeletes(t, lstatChecker{})
+	c, err := New(cfg, st, Options{Deletes: deletes, Publisher: bus, Now: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = c.Clean(context.Background())
+	if !errors.Is(err, unix.EPERM) || !strings.Contains(err.Error(), "removed in part") {
+		t.Errorf("pass error %v, want the removal's EPERM, removed in part", err)
+	}
+	if !exists(stuck) || exists(filepath.Join(pod, "app", "0.log")) || exists(filepath.Join(pod, "init")) {
+		t.Fatal("want everything but the immutable file and its parents removed")
+	}
+	if got, want := bus.journal(), []string{"intend " + pod, "complete " + pod}; !slices.Equal(got, want) {
+		t.Errorf("journal %q, want %q", got, want)
+	}
+	rs := bus.removals()
+	if len(rs) != 1 {
+		t.Fatalf("removals %+v, want one", rs)
+	}
+	// Removed: app/0.log, app/1.log, init/0.log, init.
+	if r := rs[0]; !r.Partial || !strings.Contains(r.Error, "operation not permitted") || r.Entries != 4 || r.Bytes < 3*8192 {
+		t.Errorf("removal %+v, want partial, 4 entries, >= 24 KiB and the EPERM", r)
+	}
+
+	// Nothing more can go: the intent is aborted, no second event.
+	if _, err := c.Clean(context.Background()); !errors.Is(err, unix.EPERM) {
+		t.Errorf("second pass error %v, want EPERM", err)
+	}
+	if got, want := bus.journal()[2:], []string{"intend " + pod, "abandon " + pod}; !slices.Equal(got, want) {
+		t.Errorf("second pass journal %q, want %q", got, want)
+	}
+	if n := len(bus.removals()); n != 1 {
+		t.Errorf("%d removals after a pass that removed nothing, want 1", n)
+	}
+
+	setImmutable(t, stuck, false)
+	if _, err := c.Clean(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if exists(pod) {
+		t.Fatal("pod dir left once it could go")
+	}
+	rs = bus.removals()
+	if len(rs) != 2 || rs[1].Partial || rs[1].Entries != 3 {
+		t.Errorf("removals %+v, want a second, complete one of 3 entries (app/2.log, app, the pod dir)", rs)
 	}
 }
 

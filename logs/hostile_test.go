@@ -285,8 +285,8 @@ func TestHostileTree(t *testing.T) {
 		if r.Kind == KindPodDir && r.UID == "" || r.Kind == KindSymlink && r.Container == "" {
 			t.Errorf("removal %+v: missing uid/container", r)
 		}
-		if r.Namespace != "k8s.io" {
-			t.Errorf("removal %+v: want namespace k8s.io", r)
+		if r.Partial || r.Error != "" || r.Namespace != "k8s.io" || r.Entries < 1 {
+			t.Errorf("removal %+v: want complete, of namespace k8s.io, with its entries", r)
 		}
 	}
 	if got, want := testutil.ToFloat64(m.removed.WithLabelValues("poddir", "pod-gone")), 3+len(h.unmounted()); got != float64(want) {
@@ -427,9 +427,9 @@ func TestRemovePodDirRefusesMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	_, err = removePodDir(fd, root, "ns_p_uid", false)
-	if !errors.Is(err, errMount) {
-		t.Fatalf("removePodDir = %v, want errMount", err)
+	removed, err := removePodDir(fd, root, "ns_p_uid", false)
+	if !errors.Is(err, errMount) || removed != (tally{}) {
+		t.Fatalf("removePodDir = %+v, %v, want nothing removed and errMount", removed, err)
 	}
 	if d := diffSnap(before, snapshot(t, root)); d != "" {
 		t.Errorf("tree changed:\n%s", d)
@@ -461,12 +461,13 @@ func TestRemovePodDirNeverFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	freed, err := removePodDir(fd, root, "ns_p_uid", false)
+	removed, err := removePodDir(fd, root, "ns_p_uid", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if freed < 10000 {
-		t.Errorf("freed = %d, want >= 10000", freed)
+	// ns_p_uid, app, app/0.log, app/out, up, app/sib, fifo
+	if removed.bytes < 10000 || removed.entries != 7 {
+		t.Errorf("removed %+v, want >= 10000 bytes in 7 entries", removed)
 	}
 	if d := diffSnap(want, snapshot(t, root)); d != "" {
 		t.Errorf("tree:\n%s", d)
