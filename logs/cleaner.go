@@ -3,11 +3,13 @@
 // /var/log/pods), reacting to fsnotify events, projection changes and
 // grace deadlines instead of polling.
 //
-// PlanLogs is the pure planner; the Cleaner scans, plans and applies. Every
-// delete is relative to an open directory (unlinkat with fstatat and statx
-// under AT_SYMLINK_NOFOLLOW, openat with O_NOFOLLOW|O_DIRECTORY when
-// descending): no symlink is ever followed for a delete, no mount point is
-// crossed, and nothing outside the two configured directories is touched.
+// PlanLogs is the pure planner; the Cleaner scans, plans and applies, each
+// removal a delete transaction (package deletion) whose commit is its
+// log.removed event. Every delete is relative to an open directory
+// (unlinkat with fstatat and statx under AT_SYMLINK_NOFOLLOW, openat with
+// O_NOFOLLOW|O_DIRECTORY when descending): no symlink is ever followed for
+// a delete, no mount point is crossed, and nothing outside the two
+// configured directories is touched.
 package logs
 
 import (
@@ -18,38 +20,72 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/gcagent/gcagent/deletion"
+	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
 
-// Publisher receives one call per removal, and in a dry run one per entry
-// that would be removed. It must not block on the network (natsbus puts the
+// deleteLog begins delete transactions; a *deletion.Manager is one.
+type deleteLog interface {
+	Begin(ctx context.Context, ns string, a schema.Action) (*deletion.Tx, error)
+}
+
+// Publisher hands to the fleet bus what is not a removal: a dry run's
+// log.skipped. Publish must not block on the network (natsbus puts the
 // event in its durable outbox); an error is logged and counted, never
 // retried here.
 type Publisher interface {
-	PublishRemoval(ctx context.Context, r Removal) error
+	Publish(a schema.Action) error
 }
 
-// Removal describes one removed entry.
+// Removal is the data of a published log.removed (and, inside a skip, of
+// a dry run's log.skipped): one removed entry.
 type Removal struct {
-	Kind      Kind      `json:"kind"`
-	Dir       string    `json:"dir"`  // the configured directory
-	Name      string    `json:"name"` // raw name relative to Dir
-	Reason    Reason    `json:"reason"`
-	Container string    `json:"container,omitempty"`
-	UID       string    `json:"uid,omitempty"`
-	Bytes     int64     `json:"bytes"` // allocated bytes of the files removed, an estimate (hard links)
-	At        time.Time `json:"at"`
-	DryRun    bool      `json:"dryRun,omitempty"`
+	Kind      Kind   `json:"kind"`
+	Dir       string `json:"dir"`  // the configured directory
+	Name      string `json:"name"` // raw name relative to Dir
+	Reason    Reason `json:"reason"`
+	Container string `json:"container,omitempty"`
+	UID       string `json:"uid,omitempty"`
+	// Bytes are the allocated bytes of the files removed, an estimate
+	// (hard links); in a dry run, of the files that would be.
+	Bytes int64 `json:"bytes"`
+	// Entries counts what was removed (or would be): files, links and
+	// directories, a pod dir itself included.
+	Entries int       `json:"entries,omitempty"`
+	At      time.Time `json:"at"`
+	DryRun  bool      `json:"dryRun,omitempty"`
+	// Namespace is the containerd namespace of the pods the kubelet's logs
+	// belong to: CRI's.
+	Namespace string `json:"namespace"`
+	// Partial says the removal stopped partway: Bytes and Entries are what
+	// went, Error why the rest stayed.
+	Partial bool   `json:"partial,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// skip is the data of a published log.skipped: the removal that was not
+// made, and why.
+type skip struct {
+	Removal
+	SkipReason string `json:"skipReason"`
 }
 
 // Options carries the Cleaner's collaborators; all are optional.
 type Options struct {
+	// Deletes begins each removal's delete transaction (a
+	// *deletion.Manager): its intent is recorded before the removal, and
+	// the removal's log.removed event is its commit. nil: nothing is
+	// removed, as in a dry run.
+	Deletes   deleteLog
 	Publisher Publisher        // nil: nothing published
 	Metrics   *Metrics         // nil: nothing recorded
 	Logger    zerolog.Logger   // the zero Logger logs nothing
@@ -61,6 +97,7 @@ type Options struct {
 type Cleaner struct {
 	cfg     Config
 	state   State
+	deletes deleteLog
 	pub     Publisher
 	metrics *Metrics
 	log     zerolog.Logger
@@ -104,7 +141,7 @@ func New(cfg Config, st State, opts Options) (*Cleaner, error) {
 		opts.Now = time.Now
 	}
 	return &Cleaner{
-		cfg: cfg, state: st, pub: opts.Publisher, metrics: opts.Metrics, now: opts.Now,
+		cfg: cfg, state: st, deletes: opts.Deletes, pub: opts.Publisher, metrics: opts.Metrics, now: opts.Now,
 		log:  opts.Logger.With().Str("component", "logs").Logger(),
 		kick: make(chan struct{}, 1),
 		seen: map[key]*tracked{},
@@ -194,6 +231,11 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 		if err := c.remove(ctx, roots[d.Kind], dir, byKey[key{d.Kind, d.Name}], d); err != nil {
 			c.metrics.error("remove")
 			errs = append(errs, err)
+			if errors.Is(err, deletion.ErrUnsettled) {
+				// No removal may begin until an earlier delete's outcome
+				// is known; each try would wait on the node again.
+				break
+			}
 		}
 	}
 	return plan, errors.Join(errs...)
@@ -275,8 +317,9 @@ func (c *Cleaner) path(d Decision) string {
 	return display(c.cfg.LogDir, d.Name)
 }
 
-// remove re-checks one entry the plan said to remove, removes it (or, in a
-// dry run, reports it once), logs, publishes and records it.
+// remove re-checks one entry the plan said to remove and removes it in a
+// delete transaction (or, in a dry run, reports it once), logs, publishes
+// and records it.
 func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, planned Decision) error {
 	path := c.path(planned)
 	fresh, gone, err := scanEntry(root, e.Kind, e.Name)
@@ -293,59 +336,125 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		return nil
 	}
 	t := c.seen[key{e.Kind, e.Name}]
-	if c.cfg.DryRun && t.dryRun {
-		return nil
+	r := Removal{Kind: d.Kind, Dir: dir, Name: d.Name, Reason: d.Reason, Container: d.Container, UID: d.UID,
+		Namespace: events.CRINamespace, At: c.now()}
+	if c.cfg.DryRun || c.deletes == nil {
+		if t.dryRun {
+			return nil
+		}
+		return c.dryRun(root, e, planned, r, t)
 	}
 
-	// Intent before action: a crash after the removal still gets its event.
-	intent := Removal{Kind: d.Kind, Dir: dir, Name: d.Name, Reason: d.Reason, Container: d.Container, UID: d.UID, At: c.now()}
-	intended := !c.cfg.DryRun && c.intendRemoval(ctx, intent)
-	var freed int64
-	if e.Kind == KindPodDir {
-		freed, err = removePodDir(root, dir, e.Name, c.cfg.DryRun)
-	} else {
-		err = removeLink(root, dir, e.Name, c.cfg.DryRun)
-	}
+	// The delete transaction: the intent is durable before the removal,
+	// so a crash or an unknown outcome after it still gets exactly its
+	// event. The outbox makes the key unique to this removal.
+	subject := filepath.Join(dir, e.Name)
+	tx, err := c.deletes.Begin(ctx, "", schema.Action{Kind: schema.KindLog, Action: schema.ActionRemoved,
+		Subject: subject, Key: string(d.Kind) + ":" + subject, Data: r})
 	if err != nil {
-		c.abandonRemoval(ctx, intent, intended)
-	}
-	if errors.Is(err, errMount) {
-		if t.noted != ReasonMountPoint {
-			t.noted = ReasonMountPoint
-			c.log.Warn().Str("path", path).Str("kind", string(d.Kind)).Str("reason", string(ReasonMountPoint)).
-				Err(err).Msg("kept")
-		}
-		return nil
-	}
-	if err != nil {
+		c.metrics.error("intent")
 		return fmt.Errorf("remove %s: %w", path, err)
+	}
+	var removed tally
+	if e.Kind == KindPodDir {
+		removed, err = removePodDir(root, dir, e.Name, false)
+	} else if err = removeLink(root, dir, e.Name, false); err == nil {
+		removed.entries = 1
+	}
+	switch {
+	case err == nil:
+	case removed.entries > 0:
+		// Part of the pod dir went: that is a removal, reported with what
+		// went and why the rest stayed; the next pass tries the rest.
+		r.Partial, r.Error = true, err.Error()
+	default:
+		// Nothing went by our hand: the path says whether it is gone.
+		switch out, serr := tx.Settle(ctx); out {
+		case deletion.Happened:
+			c.log.Warn().Str("path", path).Err(err).Msg("the removal reported an error but the path is gone")
+		case deletion.NotHappened:
+			if errors.Is(err, errMount) {
+				c.keptMounted(t, path, d.Kind, err)
+				return nil
+			}
+			return fmt.Errorf("remove %s: %w", path, err)
+		default:
+			return fmt.Errorf("remove %s: outcome unknown (%w): %w", path, serr, err)
+		}
 	}
 
 	at := c.now()
-	ev := c.log.Info().Str("path", path).Str("kind", string(d.Kind)).Str("reason", string(d.Reason))
+	r.Bytes, r.Entries, r.At = removed.bytes, removed.entries, at
+	latency := at.Sub(planned.EligibleAt)
+	c.metrics.removal(d, latency.Seconds())
+	ev, msg := c.log.Info(), "removed"
+	if r.Partial {
+		ev, msg = c.log.Warn().Err(err), "removed in part"
+		err = fmt.Errorf("remove %s: removed in part: %w", path, err)
+	}
+	c.event(ev, path, d).Int64("bytes", r.Bytes).Int("entries", r.Entries).Dur("latency", latency).Msg(msg)
+	if cerr := tx.Commit(r); cerr != nil {
+		c.metrics.error("publish")
+		c.log.Warn().Str("path", path).Err(cerr).Msg("store the removal's event")
+	}
+	return err
+}
+
+// dryRun reports, once per entry, that a dry run would remove it: logged,
+// and published as log.skipped with reason dry-run, never on the removal
+// subject.
+func (c *Cleaner) dryRun(root int, e Entry, planned Decision, r Removal, t *tracked) error {
+	path := c.path(planned)
+	if e.Kind == KindPodDir {
+		found, err := removePodDir(root, r.Dir, e.Name, true)
+		if errors.Is(err, errMount) {
+			c.keptMounted(t, path, r.Kind, err)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("check %s: %w", path, err)
+		}
+		r.Bytes, r.Entries = found.bytes, found.entries
+	} else {
+		r.Entries = 1
+	}
+	t.dryRun = true
+	r.At, r.DryRun = c.now(), true
+	latency := r.At.Sub(planned.EligibleAt)
+	c.event(c.log.Info(), path, planned).Int64("bytes", r.Bytes).Dur("latency", latency).Bool("dryRun", true).Msg("would remove")
+	if c.pub == nil {
+		return nil
+	}
+	subject := filepath.Join(r.Dir, e.Name)
+	if err := c.pub.Publish(schema.Action{Kind: schema.KindLog, Action: schema.ActionSkipped, Subject: subject,
+		Key:  string(r.Kind) + ":" + subject + "@" + strconv.FormatInt(r.At.UnixNano(), 10) + "#dry-run",
+		Data: skip{Removal: r, SkipReason: schema.ReasonDryRun}}); err != nil {
+		c.metrics.error("publish")
+		c.log.Warn().Str("path", path).Err(err).Msg("publish dry run")
+	}
+	return nil
+}
+
+// keptMounted logs, once per entry, that a pod dir is kept because the
+// walk met a mount point in it.
+func (c *Cleaner) keptMounted(t *tracked, path string, kind Kind, err error) {
+	if t.noted == ReasonMountPoint {
+		return
+	}
+	t.noted = ReasonMountPoint
+	c.log.Warn().Str("path", path).Str("kind", string(kind)).Str("reason", string(ReasonMountPoint)).Err(err).Msg("kept")
+}
+
+// event adds an entry's fields to a log line.
+func (c *Cleaner) event(ev *zerolog.Event, path string, d Decision) *zerolog.Event {
+	ev = ev.Str("path", path).Str("kind", string(d.Kind)).Str("reason", string(d.Reason))
 	if d.Container != "" {
 		ev = ev.Str("container", d.Container)
 	}
 	if d.UID != "" {
 		ev = ev.Str("uid", d.UID)
 	}
-	ev = ev.Int64("bytes", freed).Dur("latency", at.Sub(planned.EligibleAt))
-	if c.cfg.DryRun {
-		t.dryRun = true
-		ev.Bool("dryRun", true).Msg("would remove")
-	} else {
-		c.metrics.removal(d, at.Sub(planned.EligibleAt).Seconds())
-		ev.Msg("removed")
-	}
-	if c.pub != nil {
-		r := Removal{Kind: d.Kind, Dir: dir, Name: d.Name, Reason: d.Reason, Container: d.Container,
-			UID: d.UID, Bytes: freed, At: at, DryRun: c.cfg.DryRun}
-		if err := c.pub.PublishRemoval(ctx, r); err != nil {
-			c.metrics.error("publish")
-			c.log.Warn().Str("path", path).Err(err).Msg("publish removal")
-		}
-	}
-	return nil
+	return ev
 }
 
 // Run watches both directories and runs a pass at start, on every change in

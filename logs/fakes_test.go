@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -13,12 +15,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/deletion"
+	"github.com/gcagent/gcagent/schema"
 	"golang.org/x/sys/unix"
 )
 
 var (
-	_ State     = (*fakeState)(nil)
-	_ Publisher = (*fakePublisher)(nil)
+	_ State            = (*fakeState)(nil)
+	_ Publisher        = (*fakeBus)(nil)
+	_ deletion.Journal = (*fakeBus)(nil)
+	_ deleteLog        = (*deletion.Manager)(nil)
 )
 
 // fakeState is a hand-written projection.
@@ -97,22 +103,124 @@ func (c *fakeClock) Set(t time.Time) {
 	c.t = t
 }
 
-type fakePublisher struct {
-	mu       sync.Mutex
-	removals []Removal
+// fakeBus is the journal of the delete transactions (a deletion.Journal
+// in memory: a completed intent is published under its key, as the outbox
+// stores it) and the Publisher of skips. log records "intend S",
+// "complete S" and "abandon S" in order.
+type fakeBus struct {
+	mu      sync.Mutex
+	seq     uint64
+	pending map[uint64]deletion.Intent
+	log     []string
+	actions []schema.Action
 }
 
-func (p *fakePublisher) PublishRemoval(_ context.Context, r Removal) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.removals = append(p.removals, r)
+func (b *fakeBus) Intend(ns string, a schema.Action) (deletion.Intent, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, err := json.Marshal(a.Data)
+	if err != nil {
+		return deletion.Intent{}, err
+	}
+	b.seq++
+	in := deletion.Intent{Seq: b.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d}
+	if b.pending == nil {
+		b.pending = map[uint64]deletion.Intent{}
+	}
+	b.pending[in.Seq] = in
+	b.log = append(b.log, "intend "+a.Subject)
+	return in, nil
+}
+
+func (b *fakeBus) Complete(in deletion.Intent, d any) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.pending[in.Seq]; !ok {
+		return nil
+	}
+	delete(b.pending, in.Seq)
+	b.log = append(b.log, "complete "+in.Subject)
+	if d == nil {
+		d = in.Data
+	}
+	b.actions = append(b.actions, schema.Action{Kind: in.Kind, Action: in.Action, Subject: in.Subject, Key: in.Key, Data: d})
 	return nil
 }
 
-func (p *fakePublisher) all() []Removal {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]Removal(nil), p.removals...)
+func (b *fakeBus) Abandon(in deletion.Intent) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.pending, in.Seq)
+	b.log = append(b.log, "abandon "+in.Subject)
+	return nil
+}
+
+func (b *fakeBus) Pending() ([]deletion.Intent, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []deletion.Intent
+	for _, in := range b.pending {
+		out = append(out, in)
+	}
+	return out, nil
+}
+
+func (b *fakeBus) Publish(a schema.Action) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.actions = append(b.actions, a)
+	return nil
+}
+
+// all returns every action published, in order.
+func (b *fakeBus) all() []schema.Action {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]schema.Action(nil), b.actions...)
+}
+
+// removals returns the data of the log.removed actions, in order.
+func (b *fakeBus) removals() []Removal {
+	var out []Removal
+	for _, a := range b.all() {
+		if a.Kind == schema.KindLog && a.Action == schema.ActionRemoved {
+			out = append(out, a.Data.(Removal))
+		}
+	}
+	return out
+}
+
+func (b *fakeBus) journal() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.log...)
+}
+
+// lstatChecker is the node's Gone check for logs, an lstat of the path;
+// err, when set, is what the node says instead.
+type lstatChecker struct{ err error }
+
+func (c lstatChecker) Gone(_ context.Context, in deletion.Intent) (bool, error) {
+	if c.err != nil {
+		return false, c.err
+	}
+	_, err := os.Lstat(in.Subject)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	return false, err
+}
+
+// newDeletes returns delete transactions journaled in a new fakeBus and
+// settled by c.
+func newDeletes(t testing.TB, c deletion.Checker) (*deletion.Manager, *fakeBus) {
+	t.Helper()
+	b := &fakeBus{}
+	m, err := deletion.New(deletion.Deps{Journal: b, Checker: c}, deletion.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, b
 }
 
 // snapshot describes every entry under root without following symlinks:

@@ -161,14 +161,14 @@ func (h *hostile) config() Config {
 
 func TestHostileTree(t *testing.T) {
 	h := newHostile(t)
-	pub := &fakePublisher{}
+	deletes, bus := newDeletes(t, lstatChecker{})
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logBuf bytes.Buffer
-	c, err := New(h.config(), h.state, Options{Publisher: pub, Metrics: m, Now: h.clock.Now, Logger: zerolog.New(&logBuf)})
+	c, err := New(h.config(), h.state, Options{Deletes: deletes, Publisher: bus, Metrics: m, Now: h.clock.Now, Logger: zerolog.New(&logBuf)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,9 +273,9 @@ func TestHostileTree(t *testing.T) {
 		t.Errorf("Next = %v, want none", plan.Next)
 	}
 
-	// Publisher, metrics and logs: once per removal.
-	pubs := pub.all()
-	if len(pubs) != len(removedAll) {
+	// Events, metrics and logs: once per removal.
+	pubs := bus.removals()
+	if len(pubs) != len(removedAll) || len(bus.all()) != len(pubs) {
 		t.Errorf("published %d removals, want %d: %+v", len(pubs), len(removedAll), pubs)
 	}
 	for _, r := range pubs {
@@ -284,6 +284,9 @@ func TestHostileTree(t *testing.T) {
 		}
 		if r.Kind == KindPodDir && r.UID == "" || r.Kind == KindSymlink && r.Container == "" {
 			t.Errorf("removal %+v: missing uid/container", r)
+		}
+		if r.Partial || r.Error != "" || r.Namespace != "k8s.io" || r.Entries < 1 {
+			t.Errorf("removal %+v: want complete, of namespace k8s.io, with its entries", r)
 		}
 	}
 	if got, want := testutil.ToFloat64(m.removed.WithLabelValues("poddir", "pod-gone")), 3+len(h.unmounted()); got != float64(want) {
@@ -333,8 +336,8 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	h := newHostile(t)
 	cfg := h.config()
 	cfg.DryRun = true
-	pub := &fakePublisher{}
-	c, err := New(cfg, h.state, Options{Publisher: pub, Now: h.clock.Now})
+	deletes, bus := newDeletes(t, lstatChecker{})
+	c, err := New(cfg, h.state, Options{Deletes: deletes, Publisher: bus, Now: h.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,12 +358,19 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	if d := diffSnap(outside0, snapshot(t, h.outside)); d != "" {
 		t.Errorf("dry run changed the outside tree:\n%s", d)
 	}
-	if got, want := len(pub.all()), 8+len(h.unmounted()); got != want {
-		t.Errorf("published %d dry-run removals, want %d: %+v", got, want, pub.all())
+	if got, want := len(bus.all()), 8+len(h.unmounted()); got != want {
+		t.Errorf("published %d dry-run skips, want %d: %+v", got, want, bus.all())
 	}
-	for _, r := range pub.all() {
-		if !r.DryRun {
-			t.Errorf("removal %+v not marked dry run", r)
+	if j := bus.journal(); len(j) != 0 {
+		t.Errorf("a dry run recorded delete intents: %v", j)
+	}
+	// Finding 8: a dry run publishes log.skipped with reason dry-run, never
+	// log.removed.
+	for _, a := range bus.all() {
+		s, ok := a.Data.(skip)
+		if a.Kind != "log" || a.Action != "skipped" || !ok || s.SkipReason != "dry-run" || !s.DryRun ||
+			a.Subject != filepath.Join(s.Dir, s.Name) || !strings.HasSuffix(a.Key, "#dry-run") {
+			t.Errorf("dry run published %s.%s %q key %q data %+v, want log.skipped of the path, reason dry-run", a.Kind, a.Action, a.Subject, a.Key, a.Data)
 		}
 	}
 }
@@ -417,9 +427,9 @@ func TestRemovePodDirRefusesMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	_, err = removePodDir(fd, root, "ns_p_uid", false)
-	if !errors.Is(err, errMount) {
-		t.Fatalf("removePodDir = %v, want errMount", err)
+	removed, err := removePodDir(fd, root, "ns_p_uid", false)
+	if !errors.Is(err, errMount) || removed != (tally{}) {
+		t.Fatalf("removePodDir = %+v, %v, want nothing removed and errMount", removed, err)
 	}
 	if d := diffSnap(before, snapshot(t, root)); d != "" {
 		t.Errorf("tree changed:\n%s", d)
@@ -451,12 +461,13 @@ func TestRemovePodDirNeverFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	freed, err := removePodDir(fd, root, "ns_p_uid", false)
+	removed, err := removePodDir(fd, root, "ns_p_uid", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if freed < 10000 {
-		t.Errorf("freed = %d, want >= 10000", freed)
+	// ns_p_uid, app, app/0.log, app/out, up, app/sib, fifo
+	if removed.bytes < 10000 || removed.entries != 7 {
+		t.Errorf("removed %+v, want >= 10000 bytes in 7 entries", removed)
 	}
 	if d := diffSnap(want, snapshot(t, root)); d != "" {
 		t.Errorf("tree:\n%s", d)

@@ -55,13 +55,20 @@ func (ref mountRef) crosses(stx *unix.Statx_t) bool {
 	return unix.Mkdev(stx.Dev_major, stx.Dev_minor) != ref.dev
 }
 
+// tally counts what a walk found or removed.
+type tally struct {
+	bytes   int64 // allocated bytes of non-directories, an estimate (hard links)
+	entries int   // entries of every type, directories (the root included) too
+}
+
 // walk visits the tree at name in the directory open as parent without
-// following any symlink and without crossing a mount point, and adds the
-// allocated bytes of its non-directories to *freed. With remove it unlinks
-// every entry bottom-up (a symlink is unlinked as a link), the root last;
-// otherwise it only checks, and stops at the first mount point. An entry
-// already gone counts as removed. path is for messages only.
-func walk(parent int, name, path string, ref mountRef, depth int, remove bool, freed *int64) error {
+// following any symlink and without crossing a mount point. With remove it
+// unlinks every entry bottom-up (a symlink is unlinked as a link), the root
+// last, goes on past an entry it cannot remove, and adds to *t what it
+// removed; otherwise it only checks, adds to *t everything it would remove,
+// and stops at the first mount point or error. An entry already gone is
+// neither counted nor an error. path is for messages only.
+func walk(parent int, name, path string, ref mountRef, depth int, remove bool, t *tally) error {
 	stx, err := statx(parent, name, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return nil
@@ -73,8 +80,7 @@ func walk(parent int, name, path string, ref mountRef, depth int, remove bool, f
 		return fmt.Errorf("%s: %w", path, errMount)
 	}
 	if stx.Mode&unix.S_IFMT != unix.S_IFDIR {
-		*freed += int64(stx.Blocks) * 512
-		return unlink(parent, name, path, remove, 0)
+		return count(t, int64(stx.Blocks)*512, unlink(parent, name, path, remove, 0))
 	}
 	if depth >= maxDepth {
 		return fmt.Errorf("%s: deeper than %d levels", path, maxDepth)
@@ -102,7 +108,7 @@ func walk(parent int, name, path string, ref mountRef, depth int, remove bool, f
 	}
 	var errs []error
 	for _, child := range names {
-		err := walk(fd, child, display(path, child), ref, depth+1, remove, freed)
+		err := walk(fd, child, display(path, child), ref, depth+1, remove, t)
 		if err != nil && !remove {
 			return err
 		}
@@ -111,14 +117,36 @@ func walk(parent int, name, path string, ref mountRef, depth int, remove bool, f
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return unlink(parent, name, path, remove, unix.AT_REMOVEDIR)
+	return count(t, 0, unlink(parent, name, path, remove, unix.AT_REMOVEDIR))
 }
 
+// count adds an entry of bytes to t unless err says it was not removed
+// (errGone: it was already gone, removed by someone else).
+func count(t *tally, bytes int64, err error) error {
+	if errors.Is(err, errGone) {
+		return nil
+	}
+	if err == nil {
+		t.bytes += bytes
+		t.entries++
+	}
+	return err
+}
+
+// errGone says an entry to unlink was already gone.
+var errGone = errors.New("already gone")
+
+// unlink removes name of the directory open as dirfd when remove is set:
+// errGone when it was already gone.
 func unlink(dirfd int, name, path string, remove bool, flags int) error {
 	if !remove {
 		return nil
 	}
-	if err := unix.Unlinkat(dirfd, name, flags); err != nil && !errors.Is(err, unix.ENOENT) {
+	err := unix.Unlinkat(dirfd, name, flags)
+	if errors.Is(err, unix.ENOENT) {
+		return errGone
+	}
+	if err != nil {
 		return fmt.Errorf("unlink %s: %w", path, err)
 	}
 	return nil
@@ -126,23 +154,35 @@ func unlink(dirfd int, name, path string, remove bool, flags int) error {
 
 // removePodDir removes the pod dir name of the directory open as root,
 // recursively, after checking that nothing in it is a mount point. With
-// dryRun it only checks. It returns the bytes the tree held.
-func removePodDir(root int, rootPath, name string, dryRun bool) (freed int64, err error) {
+// dryRun it only checks and returns what it would remove. Otherwise it
+// returns what it removed: with an error, nothing when the check failed
+// (nothing was touched), else what went before and after the entries it
+// could not remove (a partial removal).
+func removePodDir(root int, rootPath, name string, dryRun bool) (tally, error) {
 	ref, err := mountOf(root)
 	if err != nil {
-		return 0, fmt.Errorf("statx %s: %w", rootPath, err)
+		return tally{}, fmt.Errorf("statx %s: %w", rootPath, err)
 	}
 	path := display(rootPath, name)
-	if err := walk(root, name, path, ref, 0, false, &freed); err != nil || dryRun {
-		return freed, err
+	var found tally
+	err = walk(root, name, path, ref, 0, false, &found)
+	switch {
+	case dryRun:
+		return found, err
+	case err != nil:
+		return tally{}, err
 	}
-	var ignored int64
-	return freed, walk(root, name, path, ref, 0, true, &ignored)
+	var removed tally
+	err = walk(root, name, path, ref, 0, true, &removed)
+	return removed, err
 }
 
 // removeLink unlinks the symlink name of the directory open as root. The
 // caller has just re-checked that it is a dangling symlink; unlinkat never
-// follows it.
+// follows it. An entry already gone is no error.
 func removeLink(root int, rootPath, name string, dryRun bool) error {
-	return unlink(root, name, display(rootPath, name), !dryRun, 0)
+	if err := unlink(root, name, display(rootPath, name), !dryRun, 0); !errors.Is(err, errGone) {
+		return err
+	}
+	return nil
 }

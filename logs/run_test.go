@@ -20,7 +20,8 @@ func startCleaner(t *testing.T, cfg Config, st State) *Cleaner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(cfg, st, Options{Metrics: m, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	deletes, _ := newDeletes(t, lstatChecker{})
+	c, err := New(cfg, st, Options{Deletes: deletes, Metrics: m, Logger: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,30 +8,27 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
 	"golang.org/x/sync/errgroup"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // logsState answers the log cleaner's questions from the projection: the
-// agent's Live one, or a state built once (for `gcagent plan`).
+// agent's Live one, or a state built once (for `gcagent plan`). It asks
+// nothing of containerd or CRI: every answer is the projection's, kept up
+// to date by containerd's events and relists, so a pass costs no call
+// however many pod dirs it judges (PodState says why that is safe).
 type logsState struct {
 	view func(fn func(*projection.State))
-	// cri, when set, confirms that a pod the projection does not see alive
-	// has no sandbox: a pod log dir is the one thing deleted on the
-	// projection's word alone, and the projection sees one namespace.
-	cri runtimeapi.RuntimeServiceClient
 }
 
 var _ logs.State = logsState{}
 
 // liveLogsState reads the agent's projection of CRI's namespace (the only
 // one with kubelet logs) under its lock.
-func liveLogsState(sp *projection.Spaces, cri runtimeapi.RuntimeServiceClient) logsState {
-	return logsState{view: sp.In(events.CRINamespace).View, cri: cri}
+func liveLogsState(sp *projection.Spaces) logsState {
+	return logsState{view: sp.In(events.CRINamespace).View}
 }
 
 // staticLogsState reads s, which nothing else may modify meanwhile.
@@ -85,37 +82,29 @@ func (s logsState) CRIContainersRunning() (running bool) {
 // PodState reports whether a sandbox of uid exists and since when the last
 // one is gone, from the projection's pods (remembered for --pod-log-grace
 // and longer after they go).
+//
+// CRI is not asked: its sandboxes are containerd containers of CRI's
+// namespace (io.cri-containerd.kind=sandbox, made by its podsandbox
+// controller, the only one gcagent supports), and this is the projection
+// of that namespace, which holds every container there once synced
+// (subscribe, then list, relist after every reconnect) and places each
+// sandbox in its pod by the kubelet's uid label or, failing that, CRI's
+// sandbox-uid annotation: it sees every sandbox CRI's uid label selector
+// did. Nothing is judged before the projection is synced; a pod dir the
+// kubelet made before its sandbox existed is a uid the projection does not
+// know, kept for the grace from when the dir was first seen. Asking CRI
+// per dir cost a call per dead pod dir per pass for ever (a dir kept as a
+// mount point) and stalled a pass for 5 s per dir while CRI hung.
 func (s logsState) PodState(uid string) (alive bool, goneSince time.Time, known bool) {
 	s.view(func(st *projection.State) {
 		if p := st.Pods[uid]; p != nil {
-			alive, goneSince, known = p.Alive(), p.GoneAt, true
+			alive, known = p.Alive(), true
+			if !alive {
+				goneSince = p.GoneAt
+			}
 		}
 	})
-	if !alive && s.cri != nil {
-		switch found, err := s.criHasSandbox(uid); {
-		case err != nil:
-			return true, time.Time{}, true // cannot confirm: keep
-		case found:
-			return true, time.Time{}, true
-		}
-	}
-	if alive {
-		goneSince = time.Time{}
-	}
 	return alive, goneSince, known
-}
-
-// criHasSandbox asks CRI for sandboxes of pod uid (any state).
-func (s logsState) criHasSandbox(uid string) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := s.cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{
-		Filter: &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid}},
-	})
-	if err != nil {
-		return false, err
-	}
-	return len(resp.Items) > 0, nil
 }
 
 func (c Config) logsConfig() logs.Config {
@@ -137,8 +126,8 @@ func (a *agent) setupLogs() error {
 			Msg("log cleanup off: the kubelet's logs belong to namespace " + events.CRINamespace + ", which is not managed")
 		return nil
 	}
-	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live, a.runtime.CRI), logs.Options{
-		Publisher: &logsDeletes{d: a.deletes, pub: a.pub, txs: map[string]*deletion.Tx{}}, Metrics: m, Logger: a.log, Now: a.clock.Now,
+	cl, err := logs.New(a.cfg.logsConfig(), liveLogsState(a.live), logs.Options{
+		Deletes: a.deletes, Publisher: a.pub, Metrics: m, Logger: a.log, Now: a.clock.Now,
 	})
 	if err != nil {
 		return err
