@@ -203,7 +203,7 @@ func TestFailedRemovalIsAbortedOrSettled(t *testing.T) {
 			symlink(t, filepath.Join(cfg.PodLogDir, "gone.log"), link)
 			setImmutable(t, cfg.LogDir, true)
 			bus := &fakeBus{}
-			deletes, err := deletion.New(deletion.Deps{Journal: bus, Checker: tc.checker}, deletion.Options{})
+			deletes, err := deletion.New(deletion.Deps{Journal: bus, Checker: tc.checker}, deletion.Options{RetryGap: time.Nanosecond})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -216,7 +216,7 @@ func (c lstatChecker) Gone(_ context.Context, in deletion.Intent) (bool, error) 
 func newDeletes(t testing.TB, c deletion.Checker) (*deletion.Manager, *fakeBus) {
 	t.Helper()
 	b := &fakeBus{}
-	m, err := deletion.New(deletion.Deps{Journal: b, Checker: c}, deletion.Options{})
+	m, err := deletion.New(deletion.Deps{Journal: b, Checker: c}, deletion.Options{RetryGap: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}

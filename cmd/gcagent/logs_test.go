@@ -68,6 +68,7 @@ func (j *logsJournal) Complete(in deletion.Intent, d any) error {
 
 func (j *logsJournal) Abandon(deletion.Intent) error       { return nil }
 func (j *logsJournal) Pending() ([]deletion.Intent, error) { return nil, nil }
+func (j *logsJournal) Publish(schema.Action) error         { return nil }
 
 // logsGone is the node's Gone check for logs.
 type logsGone struct{}
@@ -114,7 +115,7 @@ func TestLogsPassAsksCRINothingPerPodDir(t *testing.T) {
 				events.Scoped{Event: events.Round{At: now, Namespaces: []string{events.CRINamespace}}})
 			cri := &logsCRI{hang: hang}
 			j := &logsJournal{}
-			d, err := deletion.New(deletion.Deps{Journal: j, Checker: logsGone{}}, deletion.Options{})
+			d, err := deletion.New(deletion.Deps{Journal: j, Checker: logsGone{}}, deletion.Options{RetryGap: time.Nanosecond})
 			if err != nil {
 				t.Fatal(err)
 			}
