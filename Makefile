@@ -8,7 +8,7 @@ APT_PACKAGES := containerd runc busybox-static prometheus systemd
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 COMMIT_TIME ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
-LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+LDFLAGS := -X github.com/gcagent/gcagent/internal/version.Version=$(VERSION) -X github.com/gcagent/gcagent/internal/version.Commit=$(COMMIT)
 # TAGS are Go build tags for `build` and `image`: TAGS=noembeddednats leaves
 # the embedded NATS server out (nodes that publish to a fleet NATS with
 # --nats-url): a 16 MiB binary instead of 25, 2 MiB less resident.
@@ -53,7 +53,7 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 	$(GO) test -count=1 -timeout 30m ./...
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./natsbus/ ./cmd/... ./deploy/ ./internal/ociimage/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./internal/agent/ ./cmd/... ./deploy/ ./internal/ociimage/
 
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 30m -v ./e2e/

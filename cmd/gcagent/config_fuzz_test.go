@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/gcagent/gcagent/internal/agent"
 )
 
 // FuzzConfigFile feeds arbitrary config file contents to parseRun. It must
-// return an error or a Config that passes Validate, never panic: a broken
+// return an error or a agent.Config that passes Validate, never panic: a broken
 // file on one node must end in exit status 2 and one line, not a crash.
 func FuzzConfigFile(f *testing.F) {
 	f.Add([]byte("# fleet defaults\nimage-gc-high-threshold = 90\nimage-gc-low-threshold = 70\nkeep-image = \"registry.test/*\"\n"))
@@ -38,10 +40,10 @@ func FuzzConfigFile(f *testing.F) {
 
 // FuzzEnvValue sets one GCAGENT_* variable (picked from the real flags) to
 // an arbitrary value. parseRun must return an error naming the variable or
-// a Config that passes Validate, never panic.
+// a agent.Config that passes Validate, never panic.
 func FuzzEnvValue(f *testing.F) {
 	var names []string
-	runFlags(new(Config)).VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
+	runFlags(new(agent.Config)).VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
 	for i, v := range []string{"90", "-1", "1e400", "all", "5m", "-5m", "", "[x", "relative/dir", "\x00", "loud", "0x10", "true"} {
 		f.Add(uint8(i), v)
 	}

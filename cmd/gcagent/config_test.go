@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gcagent/gcagent/internal/agent"
 )
 
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -22,23 +24,23 @@ func TestParseRun(t *testing.T) {
 		name    string
 		args    []string
 		env     map[string]string
-		check   func(Config) bool
+		check   func(agent.Config) bool
 		wantErr string
 	}{
-		{name: "defaults", check: func(c Config) bool {
+		{name: "defaults", check: func(c agent.Config) bool {
 			return c.ImageGCHighThreshold == 85 && c.ImageGCLowThreshold == 80 && c.MinimumImageTTL == 2*time.Minute &&
 				c.MaxDeadPerContainer == 1 && c.MaxDeadContainers == -1 && c.PruneContainers == "native"
 		}},
 		{name: "kubelet flags", args: []string{"--image-gc-high-threshold=95", "--image-gc-low-threshold", "90", "--minimum-image-ttl-duration=30s", "--keep-image=a/*", "--keep-image=b:*"},
-			check: func(c Config) bool {
+			check: func(c agent.Config) bool {
 				return c.ImageGCHighThreshold == 95 && c.ImageGCLowThreshold == 90 && c.MinimumImageTTL == 30*time.Second && len(c.KeepImages) == 2
 			}},
 		{name: "env", env: map[string]string{"GCAGENT_PRUNE_CONTAINERS": "all", "GCAGENT_NODE_NAME": "n1"},
-			check: func(c Config) bool { return c.PruneContainers == "all" && c.NodeName == "n1" }},
+			check: func(c agent.Config) bool { return c.PruneContainers == "all" && c.NodeName == "n1" }},
 		{name: "flag beats env", args: []string{"--prune-containers=off"}, env: map[string]string{"GCAGENT_PRUNE_CONTAINERS": "all"},
-			check: func(c Config) bool { return c.PruneContainers == "off" }},
+			check: func(c agent.Config) bool { return c.PruneContainers == "off" }},
 		{name: "file, env beats file", args: []string{"--config", file}, env: map[string]string{"GCAGENT_IMAGE_GC_LOW_THRESHOLD": "75"},
-			check: func(c Config) bool {
+			check: func(c agent.Config) bool {
 				return c.ImageGCHighThreshold == 90 && c.ImageGCLowThreshold == 75 && len(c.KeepImages) == 1
 			}},
 		{name: "high over 100", args: []string{"--image-gc-high-threshold=101"}, wantErr: "invalid --image-gc-high-threshold 101"},
@@ -55,14 +57,14 @@ func TestParseRun(t *testing.T) {
 		{name: "nested log dirs", args: []string{"--log-dir=/var/log/pods/x"}, wantErr: "invalid log dirs"},
 		{name: "bad log level", args: []string{"--log-level=loud"}, wantErr: "invalid --log-level"},
 		{name: "stray argument", args: []string{"now"}, wantErr: `unexpected argument "now"`},
-		{name: "embedded NATS bounds default", check: func(c Config) bool {
-			po := c.publisherOptions()
+		{name: "embedded NATS bounds default", check: func(c agent.Config) bool {
+			po := c.PublisherOptions()
 			return c.EmbeddedNATSMaxStore == 256<<20 && po.StreamMaxBytes == 256<<20 && po.StreamMaxAge == 7*24*time.Hour
 		}},
 		{name: "embedded max store too small", args: []string{"--embedded-nats-max-store=1000"}, wantErr: "invalid --embedded-nats-max-store 1000"},
 		{name: "embedded max age below the dedupe window", args: []string{"--embedded-nats-max-age=1h"}, wantErr: "invalid --embedded-nats-max-age 1h"},
 		{name: "embedded bounds ignored with a NATS URL", args: []string{"--nats-url=nats://127.0.0.1:4222", "--embedded-nats-max-store=1"},
-			check: func(c Config) bool { return c.publisherOptions().StreamMaxBytes == 0 }},
+			check: func(c agent.Config) bool { return c.PublisherOptions().StreamMaxBytes == 0 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,15 +14,9 @@ import (
 	"runtime"
 	"syscall"
 
+	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/version"
 	"github.com/gcagent/gcagent/natsbus"
-)
-
-// version and commit are stamped at build time by `make build` and `make
-// image` (-ldflags "-X main.version=... -X main.commit=..."), so that an
-// operator can tell which build a node runs.
-var (
-	version = "dev"
-	commit  = "unknown"
 )
 
 // usageError is a bad command line: exit status 2, one line.
@@ -73,7 +67,7 @@ func dispatch(ctx context.Context, args []string, env func(string) string, stdou
 			}
 			return usageError{err}
 		}
-		return run(ctx, cfg, stderr)
+		return agent.Run(ctx, cfg, stderr)
 	case "plan":
 		return planCmd(ctx, args[1:], env, stdout, stderr)
 	case "status":
@@ -87,7 +81,7 @@ func dispatch(ctx context.Context, args []string, env func(string) string, stdou
 		if !natsbus.EmbeddedBuilt {
 			embedded = "without"
 		}
-		fmt.Fprintf(stdout, "gcagent %s commit %s %s, %s the embedded NATS server\n", version, commit, runtime.Version(), embedded)
+		fmt.Fprintf(stdout, "gcagent %s commit %s %s, %s the embedded NATS server\n", version.Version, version.Commit, runtime.Version(), embedded)
 		return nil
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)

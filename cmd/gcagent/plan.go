@@ -20,6 +20,7 @@ import (
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/node"
@@ -112,12 +113,12 @@ func splitJSONFlag(args []string) ([]string, bool, error) {
 }
 
 // buildPlan lists containerd and plans against it.
-func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
+func buildPlan(ctx context.Context, cfg agent.Config) (planDoc, error) {
 	// The running agent's time (a wall-clock step since it started does
 	// not move it), so that this plan's ages are the agent's.
 	clk, _ := clock.Continue(nil, filepath.Join(cfg.StateDir, clock.File))
 	doc := planDoc{At: clk.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS}
-	nss, err := cfg.namespaces()
+	nss, err := cfg.Namespaces()
 	if err != nil {
 		return doc, err
 	}
@@ -164,14 +165,14 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 		}
 	}
 
-	p := cfg.imagePolicy()
+	p := cfg.ImagePolicy()
 	learned, err := (&node.Runtime{CRI: cri}).SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
 	}
 	p.SandboxImages = gc.SandboxImageSet(p.SandboxImages, learned, gc.SandboxImagesOf(states...))
 	doc.SandboxImages = p.SandboxImages
-	fs := node.NewImageFS(cfg.ImageFS, defaultContainerdRoot, runtimeapi.NewImageServiceClient(conn))
+	fs := node.NewImageFS(cfg.ImageFS, agent.DefaultContainerdRoot, runtimeapi.NewImageServiceClient(conn))
 	disk, err := fs.Disk()
 	doc.ImageFS = fs.Chosen()
 	if note := fs.Note(); note != "" {
@@ -181,12 +182,12 @@ func buildPlan(ctx context.Context, cfg Config) (planDoc, error) {
 		return doc, err
 	}
 	doc.Images = gc.PlanImages(states, disk, p, doc.At)
-	doc.ContainerPolicy = cfg.containerPolicy()
-	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, podLogDirExists(cfg.PodLogDir))
-	doc.LogsConfig = cfg.logsConfig()
+	doc.ContainerPolicy = cfg.ContainerPolicy()
+	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, logs.PodLogDirExists(cfg.PodLogDir))
+	doc.LogsConfig = cfg.LogsConfig()
 	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
 	// empty and unsynced, and the log plan removes nothing.
-	if doc.Logs, err = planLogs(cfg, criState); err != nil {
+	if doc.Logs, err = agent.PlanLogs(cfg, criState); err != nil {
 		return doc, err
 	}
 	return doc, nil

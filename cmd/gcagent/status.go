@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
 )
@@ -20,7 +21,7 @@ import (
 func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("address", DefaultConfig().MetricsAddress, "the agent's --metrics-address")
+	addr := fs.String("address", agent.DefaultConfig().MetricsAddress, "the agent's --metrics-address")
 	asJSON := fs.Bool("json", false, "print the raw /status document")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -50,7 +51,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		_, err = stdout.Write(body)
 		return err
 	}
-	var doc statusDoc
+	var doc agent.StatusDoc
 	if err := json.Unmarshal(body, &doc); err != nil {
 		return fmt.Errorf("agent at %s: bad /status: %w", *addr, err)
 	}

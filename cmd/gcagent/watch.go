@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,7 +26,7 @@ import (
 
 // watchOptions are the flags of `gcagent watch`.
 type watchOptions struct {
-	cfg     Config // NATS URL, credentials, cluster, stream
+	cfg     agent.Config // NATS URL, credentials, cluster, stream
 	since   time.Duration
 	json    bool
 	refresh time.Duration
@@ -33,7 +34,7 @@ type watchOptions struct {
 }
 
 // natsClientFlags binds the flags a NATS client command shares with run.
-func natsClientFlags(fs *flag.FlagSet, cfg *Config) {
+func natsClientFlags(fs *flag.FlagSet, cfg *agent.Config) {
 	fs.StringVar(&cfg.NATSURL, "nats-url", cfg.NATSURL, "NATS server URLs, comma separated (run: empty starts an embedded server)")
 	fs.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, "cluster name in NATS subjects (watch: * for every cluster)")
 	fs.StringVar(&cfg.NATSCreds, "nats-creds", cfg.NATSCreds, "NATS credentials file")
@@ -49,19 +50,14 @@ func natsClientFlags(fs *flag.FlagSet, cfg *Config) {
 
 // localStateDirFlag binds --state-dir for a local NATS client: where it
 // finds the local agent's embedded server URL and credentials.
-func localStateDirFlag(fs *flag.FlagSet, cfg *Config) {
+func localStateDirFlag(fs *flag.FlagSet, cfg *agent.Config) {
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "the local agent's state dir: without --nats-url, the embedded NATS server's URL and credentials are read from it")
-}
-
-// hasNATSAuth reports whether any NATS credential is configured.
-func (c Config) hasNATSAuth() bool {
-	return c.NATSCreds != "" || c.NATSNKey != "" || c.NATSUser != "" || c.NATSPassword != "" || c.NATSToken != "" || c.NATSTLSCert != ""
 }
 
 // parseNATSClient parses a NATS client command's flags, then fills the ones
 // not given from GCAGENT_<FLAG> like run does. The connection is named
 // gcagent/<cluster>/<tool>@<host>, which control requests carry as their caller.
-func parseNATSClient(fs *flag.FlagSet, cfg *Config, args []string, env func(string) string, tool string) error {
+func parseNATSClient(fs *flag.FlagSet, cfg *agent.Config, args []string, env func(string) string, tool string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -73,8 +69,8 @@ func parseNATSClient(fs *flag.FlagSet, cfg *Config, args []string, env func(stri
 	// Only the settings shared with run come from the environment: a tool's
 	// own flags (--image, --json, ...) are never set behind its back.
 	shared := flag.NewFlagSet("", flag.ContinueOnError)
-	natsClientFlags(shared, &Config{})
-	localStateDirFlag(shared, &Config{})
+	natsClientFlags(shared, &agent.Config{})
+	localStateDirFlag(shared, &agent.Config{})
 	var err error
 	shared.VisitAll(func(f *flag.Flag) {
 		if v := env(envName(f.Name)); v != "" && !onCLI[f.Name] && err == nil && fs.Lookup(f.Name) != nil {
@@ -84,7 +80,7 @@ func parseNATSClient(fs *flag.FlagSet, cfg *Config, args []string, env func(stri
 	if err != nil {
 		return usageError{err}
 	}
-	if cfg.NATSURL == "" && !cfg.hasNATSAuth() {
+	if cfg.NATSURL == "" && !cfg.HasNATSAuth() {
 		// The local agent's embedded server: its URL and credentials are in
 		// its state dir.
 		url, seed, err := natsbus.LocalClient(cfg.StateDir)
@@ -94,11 +90,11 @@ func parseNATSClient(fs *flag.FlagSet, cfg *Config, args []string, env func(stri
 		cfg.NATSURL, cfg.NATSNKey = url, seed
 	}
 	if cfg.NATSURL == "" {
-		cfg.NATSURL = "nats://" + DefaultConfig().EmbeddedNATSListen
+		cfg.NATSURL = "nats://" + agent.DefaultConfig().EmbeddedNATSListen
 	}
 	host, _ := os.Hostname()
 	cfg.NodeName = tool + "@" + host
-	if err := cfg.connOptions().Validate(); err != nil {
+	if err := cfg.ConnOptions().Validate(); err != nil {
 		return usageError{fmt.Errorf("invalid NATS settings: %v", err)}
 	}
 	return nil
@@ -108,7 +104,7 @@ func parseNATSClient(fs *flag.FlagSet, cfg *Config, args []string, env func(stri
 // from the stream, then follows it live, as a table refreshed every
 // --refresh with a tail of actions, or as raw CloudEvents (--json).
 func watch(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	o := watchOptions{cfg: DefaultConfig(), since: time.Hour, refresh: 2 * time.Second, tail: 15}
+	o := watchOptions{cfg: agent.DefaultConfig(), since: time.Hour, refresh: 2 * time.Second, tail: 15}
 	o.cfg.NATSURL = ""
 	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -127,7 +123,7 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 	if o.since < 0 || o.refresh <= 0 || o.tail < 0 {
 		return usageError{errors.New("--since and --tail must not be negative, --refresh must be positive")}
 	}
-	nc, err := natsbus.Connect(o.cfg.connOptions())
+	nc, err := natsbus.Connect(o.cfg.ConnOptions())
 	if err != nil {
 		return err
 	}
@@ -487,7 +483,7 @@ func splitSource(src string) (cluster, node string) {
 // renderFleet prints the table and the tail as of now.
 func renderFleet(w io.Writer, f *fleet, now time.Time, url string, bad int) {
 	rows := f.rows(now)
-	fmt.Fprintf(w, "gcagent fleet  %s  %s  nodes: %d", now.Format(time.TimeOnly), redactURL(url), len(rows))
+	fmt.Fprintf(w, "gcagent fleet  %s  %s  nodes: %d", now.Format(time.TimeOnly), natsbus.RedactURL(url), len(rows))
 	if bad > 0 {
 		fmt.Fprintf(w, "  undecodable events: %d", bad)
 	}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
-	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -230,13 +230,12 @@ func TestCtlCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agent{cfg: DefaultConfig(), live: live}
-	a.cfg.Cluster, a.cfg.NodeName, a.cfg.ImageFS = "c1", "n1", t.TempDir()
-	a.imageFS = node.NewImageFS(a.cfg.ImageFS, "", nil)
+	cfg := agent.DefaultConfig()
+	cfg.Cluster, cfg.NodeName, cfg.ImageFS = "c1", "n1", t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- natsbus.ServeControl(ctx, nc, controlHandler{a}, natsbus.ControlOptions{Cluster: "c1", Node: "n1", Logger: newLogger(a.cfg, &logs)})
+		done <- natsbus.ServeControl(ctx, nc, agent.NewControl(cfg, live), natsbus.ControlOptions{Cluster: "c1", Node: "n1", Logger: agent.NewLogger(cfg, &logs)})
 	}()
 	defer func() { cancel(); <-done }()
 	env := func(string) string { return "" }
@@ -267,7 +266,7 @@ func TestCtlCommand(t *testing.T) {
 // TestNATSClientEnvOnlySharedSettings: GCAGENT_<FLAG> sets the NATS
 // settings shared with run, never a tool's own flags.
 func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	natsClientFlags(fs, &cfg)
@@ -334,9 +333,9 @@ func TestNATSClientLocalCredentials(t *testing.T) {
 	if err := natsbus.WriteLocalURL(dir, "nats://127.0.0.1:4333"); err != nil {
 		t.Fatal(err)
 	}
-	parse := func(args []string, env map[string]string) Config {
+	parse := func(args []string, env map[string]string) agent.Config {
 		t.Helper()
-		cfg := DefaultConfig()
+		cfg := agent.DefaultConfig()
 		cfg.NATSURL = ""
 		fs := flag.NewFlagSet("watch", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/internal/version"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
@@ -33,7 +34,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-func newLogger(cfg Config, w io.Writer) zerolog.Logger {
+// NewLogger is the agent's logger as cfg says (format, level, node).
+func NewLogger(cfg Config, w io.Writer) zerolog.Logger {
 	if cfg.LogFormat == "console" {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
 	}
@@ -80,10 +82,10 @@ type agent struct {
 	clock *clock.Clock
 }
 
-// run is the daemon: it returns when ctx ends or a part fails for good.
-func run(ctx context.Context, cfg Config, logOut io.Writer) error {
+// Run is the daemon: it returns when ctx ends or a part fails for good.
+func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	sampleAllocations(cfg.Profiling)
-	log := newLogger(cfg, logOut)
+	log := NewLogger(cfg, logOut)
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -100,7 +102,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	nss, err := cfg.namespaces()
+	nss, err := cfg.Namespaces()
 	if err != nil {
 		return err
 	}
@@ -182,7 +184,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.version = cl.Version
-	a.imageFS = node.NewImageFS(cfg.ImageFS, defaultContainerdRoot, a.runtime.CRIImages)
+	a.imageFS = node.NewImageFS(cfg.ImageFS, DefaultContainerdRoot, a.runtime.CRIImages)
 
 	b, err := a.startNATS()
 	if err != nil {
@@ -219,7 +221,7 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
 
-	log.Info().Str("version", version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
+	log.Info().Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
 		Strs("exclude_namespaces", nss.Exclude).
 		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
@@ -270,10 +272,10 @@ func run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	return err
 }
 
-// statusDoc is /status: the projection report's fields at the top level (so
+// StatusDoc is /status: the projection report's fields at the top level (so
 // clients reading a projection.Report keep working), plus each component's
 // state in an optional field.
-type statusDoc struct {
+type StatusDoc struct {
 	projection.Report
 	ImageGC *gc.ImageGCStatus `json:"imageGC,omitempty"`
 	// ContainerGC is the container GC's last pass; Logs the log cleaner's.
@@ -327,7 +329,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		var doc statusDoc
+		var doc StatusDoc
 		a.live.ViewAll(func(states []*projection.State) { doc.Report = projection.NewReport(a.clock.Now(), states...) })
 		if a.imageGC != nil {
 			st := a.imageGC.Status()

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -10,10 +10,7 @@ import (
 // setupImageGC builds the image GC and subscribes it to the projection;
 // call it before the projection runs (Subscribe's contract).
 func (a *agent) setupImageGC() error {
-	p := a.cfg.imagePolicy()
-	if err := p.Validate(); err != nil {
-		return usageError{err}
-	}
+	p := a.cfg.ImagePolicy() // Config.Validate checked it
 	a.imageGC = gc.NewImageGC(gc.ImageGCOptions{
 		Projection:         a.live,
 		Runtime:            a.runtime,

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
@@ -177,7 +178,7 @@ func TestPodStateFromProjection(t *testing.T) {
 		{"gone", false, true, gone},
 		{"never", false, false, time.Time{}},
 	} {
-		alive, since, known := staticLogsState(s).PodState(tc.uid)
+		alive, since, known := logs.StaticState(s).PodState(tc.uid)
 		if alive != tc.alive || known != tc.known || !since.Equal(tc.since) {
 			t.Errorf("PodState(%q) = %v %v %v, want %v %v %v", tc.uid, alive, since, known, tc.alive, tc.since, tc.known)
 		}

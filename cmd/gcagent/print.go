@@ -3,69 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/logs"
 )
-
-// containerPolicy is the container GC policy the flags describe.
-func (c Config) containerPolicy() gc.ContainerPolicy {
-	return gc.ContainerPolicy{
-		MinAge:          c.MinimumContainerTTL,
-		MaxPerEvictUnit: c.MaxDeadPerContainer,
-		MaxContainers:   c.MaxDeadContainers,
-		Prune:           gc.PruneMode(c.PruneContainers),
-
-		UncollectedGrace: c.UncollectedExitGrace,
-	}
-}
-
-// containerGCMinGap spaces the container GC's passes in a burst of events:
-// at most 20 full plans a second, whatever the event rate, for at most
-// 50 ms more latency.
-const containerGCMinGap = 50 * time.Millisecond
-
-// setupContainerGC builds the container GC and subscribes it to the
-// projection; call it before the projection runs (Subscribe's contract).
-func (a *agent) setupContainerGC() error {
-	m, err := gc.NewContainerMetrics(a.reg)
-	if err != nil {
-		return err
-	}
-	cgc, err := gc.NewContainerGC(a.live, a.live.Subscribe(), a.runtime, gc.ContainerGCOptions{
-		Policy:    a.cfg.containerPolicy(),
-		DryRun:    a.cfg.DryRun,
-		Publisher: a.pub,
-		Deletes:   a.deletes,
-		Metrics:   m,
-		Logger:    a.log,
-		PodKept:   podLogDirExists(a.cfg.PodLogDir),
-		Clock:     gc.SystemContainerClock(a.clock.Now),
-		MinGap:    containerGCMinGap,
-	})
-	if err != nil {
-		return err
-	}
-	a.containerGC = cgc
-	return nil
-}
-
-// podLogDirExists says a pod is still there while the kubelet keeps its log
-// dir (<pod-log-dir>/<namespace>_<name>_<uid>): it removes that dir only
-// for pods that are gone.
-func podLogDirExists(podLogDir string) func(uid, namespace, name string) bool {
-	return func(uid, namespace, name string) bool {
-		if uid == "" || namespace == "" || name == "" || strings.ContainsRune(namespace+name+uid, '/') {
-			return false
-		}
-		st, err := os.Lstat(filepath.Join(podLogDir, namespace+"_"+name+"_"+uid))
-		return err == nil && st.IsDir()
-	}
-}
 
 // printContainerPlan prints a container plan for humans: what goes, what
 // stays and why.
@@ -125,6 +69,43 @@ func printContainerGCStatus(w io.Writer, st gc.ContainerGCStatus) {
 	fmt.Fprintln(tw, "\nLAST PASS\tCONTAINER\tKIND\tRE-CHECK\tAT\tERROR")
 	for _, r := range st.Results {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Outcome, short(r.ID), r.Kind, r.Live, r.At.Format(time.RFC3339Nano), r.Error)
+	}
+	tw.Flush()
+}
+
+// printLogsPlan prints a log plan for humans; names are quoted, as they may
+// hold any byte.
+func printLogsPlan(w io.Writer, cfg logs.Config, p logs.Plan) {
+	remove := 0
+	for _, d := range p.Decisions {
+		if d.Action == logs.ActionRemove {
+			remove++
+		}
+	}
+	fmt.Fprint(w, "\nLOGS  ")
+	if cfg.LogDir != "" {
+		fmt.Fprintf(w, "log dir %s, pod log dir %s, grace %s, ", cfg.LogDir, cfg.PodLogDir, cfg.PodLogGrace)
+	} else if !p.At.IsZero() {
+		fmt.Fprintf(w, "last pass %s, ", p.At.Format(time.RFC3339Nano))
+	}
+	fmt.Fprintf(w, "synced %v, dry run %v: %d to remove, %d kept or waiting\n", p.Synced, p.DryRun, remove, len(p.Decisions)-remove)
+	if !p.Next.IsZero() {
+		fmt.Fprintf(w, "next grace deadline: %s\n", p.Next.Format(time.RFC3339Nano))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTION\tREASON\tKIND\tNAME\tDETAIL")
+	for _, d := range p.Decisions {
+		detail := d.Detail
+		switch {
+		case detail != "":
+		case d.Action == logs.ActionWait:
+			detail = "eligible at " + d.EligibleAt.Format(time.RFC3339Nano)
+		case d.Container != "":
+			detail = "container " + short(d.Container)
+		case d.UID != "":
+			detail = "pod " + d.UID
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%q\t%s\n", d.Action, d.Reason, d.Kind, d.Name, detail)
 	}
 	tw.Flush()
 }

@@ -1,19 +1,19 @@
-package main
+package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/version"
+	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -21,6 +21,14 @@ import (
 type controlHandler struct{ a *agent }
 
 var _ natsbus.Handler = controlHandler{}
+
+// NewControl returns the control handler of an agent that reads live with
+// cfg and runs no GC component (for tools and tests): status, plan and
+// explain answer from live, gc is refused.
+func NewControl(cfg Config, live *projection.Spaces) natsbus.Handler {
+	a := &agent{cfg: cfg, live: live, imageFS: node.NewImageFS(cfg.ImageFS, "", nil)}
+	return controlHandler{a}
+}
 
 // runControl answers control requests on the agent's NATS connection until
 // ctx ends. gc requests run only with --allow-remote-gc.
@@ -50,7 +58,7 @@ func (h controlHandler) Status(context.Context) (any, error) {
 	a := h.a
 	now := time.Now().UTC()
 	st := ControlStatus{Heartbeat: a.heartbeat(now, a.bus), Node: a.cfg.NodeName, Cluster: a.cfg.Cluster,
-		Version: version, Now: now, DryRun: a.cfg.DryRun, AllowRemoteGC: a.cfg.AllowRemoteGC}
+		Version: version.Version, Now: now, DryRun: a.cfg.DryRun, AllowRemoteGC: a.cfg.AllowRemoteGC}
 	a.live.View(func(s *projection.State) {
 		st.Pods += len(s.Pods)
 		st.Seq += s.Seq
@@ -82,7 +90,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	p.Synced = a.live.Synced()
 	a.live.ViewAll(func(states []*projection.State) {
 		p.Images = gc.PlanImages(states, disk, a.imagePolicy(), now)
-		p.Containers = gc.PlanContainersAcross(states, a.cfg.containerPolicy(), now, podLogDirExists(a.cfg.PodLogDir))
+		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, logs.PodLogDirExists(a.cfg.PodLogDir))
 	})
 	return p, nil
 }
@@ -227,73 +235,4 @@ func (h controlHandler) GC(ctx context.Context) (any, error) {
 		return nil, errNoGCNow
 	}
 	return h.a.runGCNow(ctx)
-}
-
-// ctl sends one control request over NATS to a node or to every node of
-// the cluster and prints each reply as one JSON line. It fails when no node
-// answers or a reply is an error.
-func ctl(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	cfg := DefaultConfig()
-	cfg.NATSURL = ""
-	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	natsClientFlags(fs, &cfg)
-	localStateDirFlag(fs, &cfg)
-	node := fs.String("node", natsbus.AllNodes, "node to ask, or all")
-	image := fs.String("image", "", "image name or digest (explain)")
-	id := fs.String("id", "", "request id (default random)")
-	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for replies")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: gcagent ctl [flags] %s\n", strings.Join(natsbus.Verbs, "|"))
-		fs.PrintDefaults()
-	}
-	if err := parseNATSClient(fs, &cfg, args, env, "ctl"); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return usageError{fmt.Errorf("want one verb (%s)", strings.Join(natsbus.Verbs, ", "))}
-	}
-	verb := fs.Arg(0)
-	o := natsbus.RequestOptions{ID: *id}
-	if verb == natsbus.VerbExplain {
-		if *image == "" {
-			return usageError{errors.New("explain needs --image")}
-		}
-		o.Args = natsbus.ExplainArgs{Image: *image}
-	}
-	nc, err := natsbus.Connect(cfg.connOptions())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	var replies []natsbus.ControlReply
-	if *node == natsbus.AllNodes {
-		replies, err = natsbus.RequestAll(ctx, nc, cfg.Cluster, verb, 0, o)
-	} else {
-		var r natsbus.ControlReply
-		r, err = natsbus.Request(ctx, nc, cfg.Cluster, *node, verb, o)
-		replies = append(replies, r)
-	}
-	if err != nil {
-		return err
-	}
-	if len(replies) == 0 {
-		return fmt.Errorf("no node of cluster %s answered within %s", cfg.Cluster, *timeout)
-	}
-	failed := 0
-	enc := json.NewEncoder(stdout)
-	for _, r := range replies {
-		if !r.OK {
-			failed++
-		}
-		if err := enc.Encode(r); err != nil {
-			return err
-		}
-	}
-	if failed > 0 {
-		return fmt.Errorf("%d of %d replies are errors", failed, len(replies))
-	}
-	return nil
 }

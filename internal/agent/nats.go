@@ -1,21 +1,21 @@
-package main
+package agent
 
 import (
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/version"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/nats-io/nats.go"
 )
 
-func (c Config) connOptions() natsbus.ConnOptions {
+func (c Config) ConnOptions() natsbus.ConnOptions {
 	return natsbus.ConnOptions{
 		URL: c.NATSURL, Cluster: c.Cluster, Node: c.NodeName,
 		CredsFile: c.NATSCreds, NkeyFile: c.NATSNKey, User: c.NATSUser, Password: c.NATSPassword, Token: c.NATSToken,
@@ -23,7 +23,7 @@ func (c Config) connOptions() natsbus.ConnOptions {
 	}
 }
 
-func (c Config) publisherOptions() natsbus.PublisherOptions {
+func (c Config) PublisherOptions() natsbus.PublisherOptions {
 	o := natsbus.PublisherOptions{
 		Cluster: c.Cluster, Node: c.NodeName, StateDir: c.StateDir, Stream: c.NATSStream,
 		NoCreateStream: c.NATSNoCreateStream, MaxBytes: c.OutboxMaxBytes, MaxAge: c.OutboxMaxAge,
@@ -47,7 +47,7 @@ const (
 )
 
 // embeddedOptions are the embedded server's options (without auth and logger).
-func (c Config) embeddedOptions() natsbus.EmbeddedOptions {
+func (c Config) EmbeddedOptions() natsbus.EmbeddedOptions {
 	return natsbus.EmbeddedOptions{StateDir: c.StateDir, Listen: c.EmbeddedNATSListen,
 		ServerName: natsbus.SafeToken(c.NodeName), MaxStore: c.EmbeddedNATSMaxStore}
 }
@@ -75,7 +75,7 @@ func (a *agent) startNATS() (*bus, error) {
 	cfg := a.cfg
 	// natsbus's constructors name their own component in the log.
 	b := &bus{}
-	opts := cfg.connOptions()
+	opts := cfg.ConnOptions()
 	opts.Logger = a.log
 	opts.InboxPrefix = natsbus.InboxPrefix(cfg.Cluster, cfg.NodeName)
 	var ncReady atomic.Pointer[nats.Conn]
@@ -84,7 +84,7 @@ func (a *agent) startNATS() (*bus, error) {
 		if err != nil {
 			return nil, err
 		}
-		eo := cfg.embeddedOptions()
+		eo := cfg.EmbeddedOptions()
 		eo.Logger, eo.AuthNkey = a.log, pub
 		emb, err := natsbus.RunEmbedded(eo, natsbus.EmbeddedRunOptions{Registerer: a.reg, OnUp: func(url string) {
 			if err := natsbus.WriteLocalURL(cfg.StateDir, url); err != nil {
@@ -112,13 +112,13 @@ func (a *agent) startNATS() (*bus, error) {
 		b.close()
 		return nil, err
 	}
-	po := cfg.publisherOptions()
+	po := cfg.PublisherOptions()
 	po.Logger, po.Metrics = a.log, m
 	if b.pub, err = natsbus.NewPublisher(nc, po); err != nil {
 		b.close()
 		return nil, fmt.Errorf("nats publisher: %w", err)
 	}
-	a.log.Info().Str("component", "natsbus").Str("url", redactURL(opts.URL)).Bool("embedded", b.emb != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
+	a.log.Info().Str("component", "natsbus").Str("url", natsbus.RedactURL(opts.URL)).Bool("embedded", b.emb != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
 	return b, nil
 }
 
@@ -144,20 +144,11 @@ func (b *bus) problem() string {
 	return b.emb.Problem()
 }
 
-func redactURL(u string) string {
-	if i := strings.Index(u, "@"); i >= 0 {
-		if j := strings.Index(u, "://"); j >= 0 && j < i {
-			return u[:j+3] + "***" + u[i:]
-		}
-	}
-	return u
-}
-
 // startedAction is the agent.started event of this boot.
 func (a *agent) startedAction(boot time.Time) gc.Action {
 	host, _ := os.Hostname()
 	return gc.Action{Kind: "agent", Action: "started", Subject: a.cfg.NodeName, Key: fmt.Sprint(boot.UnixNano()),
-		Data: map[string]any{"version": version, "hostname": host, "namespace": a.cfg.Namespace,
+		Data: map[string]any{"version": version.Version, "hostname": host, "namespace": a.cfg.Namespace,
 			"excludeNamespace": a.cfg.ExcludeNamespace, "dryRun": a.cfg.DryRun,
 			"pruneContainers": a.cfg.PruneContainers, "imageGCHighThreshold": a.cfg.ImageGCHighThreshold,
 			"imageGCLowThreshold": a.cfg.ImageGCLowThreshold}}
@@ -237,12 +228,12 @@ func (a *agent) imagePolicy() gc.ImagePolicy {
 	if a.imageGC != nil {
 		return a.imageGC.Policy()
 	}
-	return a.cfg.imagePolicy()
+	return a.cfg.ImagePolicy()
 }
 
 // imagePolicy is the image GC policy of the configuration (without the
 // sandbox images learned at run time).
-func (c Config) imagePolicy() gc.ImagePolicy {
+func (c Config) ImagePolicy() gc.ImagePolicy {
 	p := gc.ImagePolicy{
 		HighThresholdPercent: c.ImageGCHighThreshold, LowThresholdPercent: c.ImageGCLowThreshold,
 		MinAge: c.MinimumImageTTL, MaxAge: c.ImageMaximumGCAge, KeepPatterns: c.KeepImages,

@@ -1,10 +1,11 @@
-package main
+package agent
 
 import (
 	"runtime"
 	"sync"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/version"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -60,7 +61,7 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	gauge(c.build, 1, version, commit, runtime.Version())
+	gauge(c.build, 1, version.Version, version.Commit, runtime.Version())
 	gauge(c.high, float64(a.cfg.ImageGCHighThreshold))
 	gauge(c.low, float64(a.cfg.ImageGCLowThreshold))
 	if a.imageGC != nil {

@@ -1,10 +1,8 @@
-package main
+package agent
 
 import (
 	"context"
 	"errors"
-	"io"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -149,18 +147,4 @@ func TestLoopHealth(t *testing.T) {
 	}
 	close(block)
 	waitFor(t, "healthy after the read answers", func() bool { return h.check() == nil })
-}
-
-// TestVersionCommand: `gcagent version` names the version, the commit and
-// the Go version, as stamped by -ldflags.
-func TestVersionCommand(t *testing.T) {
-	defer func(v, c string) { version, commit = v, c }(version, commit)
-	version, commit = "v9.8.7", "0123abc"
-	var out strings.Builder
-	if err := dispatch(context.Background(), []string{"version"}, func(string) string { return "" }, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := out.String(), "gcagent v9.8.7 commit 0123abc "+runtime.Version()+", with the embedded NATS server\n"; got != want {
-		t.Errorf("version printed %q, want %q", got, want)
-	}
 }

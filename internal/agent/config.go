@@ -1,0 +1,289 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/node"
+	"github.com/rs/zerolog"
+)
+
+// Config is everything `gcagent run` can be told. Flag names follow the
+// kubelet where one exists; every flag also reads GCAGENT_<FLAG> from the
+// environment and `name = value` lines from --config. Precedence: flag, then
+// environment, then file, then default.
+type Config struct {
+	// ContainerdAddress is containerd's socket. Default /run/containerd/containerd.sock.
+	ContainerdAddress string
+	// Namespace is the containerd namespaces to manage: a comma-separated
+	// list, or * for every one (also those created later). Default k8s.io.
+	Namespace string
+	// ExcludeNamespace are namespaces never managed (comma-separated).
+	// Default moby,plugins.moby: Docker keeps its own state about them.
+	ExcludeNamespace string
+	// ImageFS is the directory whose filesystem is measured. Default empty:
+	// CRI's image filesystem (ImageFsInfo), else /var/lib/containerd.
+	ImageFS string
+	// ImageGCHighThreshold is the disk usage percent that starts image GC. Default 85.
+	ImageGCHighThreshold int
+	// ImageGCLowThreshold is the usage percent image GC frees down to. Default 80.
+	ImageGCLowThreshold int
+	// MinimumImageTTL is the minimum age, from first seen, of an image GC may delete. Default 2m.
+	MinimumImageTTL time.Duration
+	// ImageMaximumGCAge deletes images unused for longer than this; 0 is off. Default 0.
+	ImageMaximumGCAge time.Duration
+	// SandboxImage is the pause image; it is also learned from CRI. Default empty.
+	SandboxImage string
+	// KeepImages are globs; an image with a matching name is never deleted. Default none.
+	KeepImages []string
+	// DiskInterval is how often the image filesystem is sampled near the high threshold (up to 1s apart far from it). Default 100ms.
+	DiskInterval time.Duration
+	// MinimumContainerTTL is how long a dead container is kept after it exits. Default 0s.
+	MinimumContainerTTL time.Duration
+	// UncollectedExitGrace is how long a plain container's exited task waits
+	// for its client to collect it before the agent counts the client as done. Default 10s.
+	UncollectedExitGrace time.Duration
+	// MaxDeadPerContainer is the dead containers kept per evict unit; -1 is no limit. Default 1.
+	MaxDeadPerContainer int
+	// MaxDeadContainers is the dead containers kept on the node; -1 is no limit. Default -1.
+	MaxDeadContainers int
+	// PruneContainers is native, all or off. Default native.
+	PruneContainers string
+	// NerdctlDataRoot is nerdctl's --data-root: where the containers
+	// nerdctl made keep the state (name lock, hosts, state dir with json
+	// logs) that is removed after their delete. A nerdctl container whose
+	// state lies elsewhere is never deleted. Default /var/lib/nerdctl.
+	NerdctlDataRoot string
+	// LogDir holds the kubelet's container log symlinks. Default /var/log/containers.
+	LogDir string
+	// PodLogDir holds the pod log directories. Default /var/log/pods.
+	PodLogDir string
+	// PodLogGrace is how long a pod must be gone before its log dir goes. Default 1m.
+	PodLogGrace time.Duration
+	// StateDir holds the journal, snapshots and the NATS outbox. Default /var/lib/gcagent.
+	StateDir string
+	// ResyncInterval is the period of full listings of containerd. Default 5m.
+	ResyncInterval time.Duration
+	// NodeName names this node in NATS subjects and events. Default the hostname.
+	NodeName string
+	// Cluster names the fleet in NATS subjects. Default default.
+	Cluster string
+	// NATSURL is the NATS server; empty starts an embedded one. Default empty.
+	NATSURL string
+	// NATSCreds, NATSNKey, NATSUser, NATSPassword, NATSToken, NATSTLSCA,
+	// NATSTLSCert and NATSTLSKey authenticate to NATS. Default none.
+	NATSCreds, NATSNKey, NATSUser, NATSPassword, NATSToken string
+	NATSTLSCA, NATSTLSCert, NATSTLSKey                     string
+	// EmbeddedNATSListen is where the embedded NATS server listens. Default 127.0.0.1:4222.
+	EmbeddedNATSListen string
+	// EmbeddedNATSMaxStore bounds the embedded server's JetStream store and
+	// the stream in it, so events never fill the disk GC protects. Default 256MiB.
+	EmbeddedNATSMaxStore int64
+	// EmbeddedNATSMaxAge is how long the embedded server's stream keeps
+	// events; at least the duplicate window (the outbox max age, at least 24h). Default 168h.
+	EmbeddedNATSMaxAge time.Duration
+	// NATSStream is the JetStream stream of events. Default GCAGENT_EVT.
+	NATSStream string
+	// NATSNoCreateStream uses the stream as it is instead of ensuring it. Default false.
+	NATSNoCreateStream bool
+	// OutboxMaxBytes bounds the local outbox of unacked events. Default 64MiB.
+	OutboxMaxBytes int64
+	// OutboxMaxAge drops unacked events older than this, loudly. Default 24h.
+	OutboxMaxAge time.Duration
+	// HeartbeatInterval is the period of agent.heartbeat events. Default 30s.
+	HeartbeatInterval time.Duration
+	// AllowRemoteGC lets NATS control requests run GC. Default false.
+	AllowRemoteGC bool
+	// Profiling serves Go's profiles under /debug/pprof/ on the metrics
+	// address. Default false.
+	Profiling bool
+	// MetricsAddress serves /metrics, /healthz, /readyz and /status. Default 127.0.0.1:9617.
+	MetricsAddress string
+	// DryRun plans, logs and publishes but deletes nothing. Default false.
+	DryRun bool
+	// LogFormat is json or console. Default json.
+	LogFormat string
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		ContainerdAddress:    "/run/containerd/containerd.sock",
+		Namespace:            events.CRINamespace,
+		ExcludeNamespace:     strings.Join(events.DefaultExcluded, ","),
+		ImageGCHighThreshold: 85,
+		ImageGCLowThreshold:  80,
+		MinimumImageTTL:      2 * time.Minute,
+		UncollectedExitGrace: gc.DefaultUncollectedGrace,
+		DiskInterval:         gc.DefaultDiskInterval,
+		MaxDeadPerContainer:  1,
+		MaxDeadContainers:    -1,
+		PruneContainers:      "native",
+		NerdctlDataRoot:      node.DefaultNerdctlDataRoot,
+		LogDir:               "/var/log/containers",
+		PodLogDir:            "/var/log/pods",
+		PodLogGrace:          time.Minute,
+		StateDir:             "/var/lib/gcagent",
+		ResyncInterval:       5 * time.Minute,
+		NodeName:             host,
+		Cluster:              "default",
+		EmbeddedNATSListen:   "127.0.0.1:4222",
+		EmbeddedNATSMaxStore: DefaultEmbeddedNATSMaxStore,
+		EmbeddedNATSMaxAge:   natsbus.DefaultStreamMaxAge,
+		NATSStream:           natsbus.DefaultStream,
+		OutboxMaxBytes:       natsbus.DefaultMaxBytes,
+		OutboxMaxAge:         natsbus.DefaultMaxAge,
+		HeartbeatInterval:    30 * time.Second,
+		MetricsAddress:       "127.0.0.1:9617",
+		LogFormat:            "json",
+		LogLevel:             "info",
+	}
+}
+
+// Validate reports the first invalid value, in one line naming the flag.
+func (c Config) Validate() error {
+	pct := func(name string, v int) error {
+		if v < 0 || v > 100 {
+			return fmt.Errorf("invalid --%s %d: must be between 0 and 100", name, v)
+		}
+		return nil
+	}
+	nonNeg := func(name string, d time.Duration) error {
+		if d < 0 {
+			return fmt.Errorf("invalid --%s %s: must not be negative", name, d)
+		}
+		return nil
+	}
+	checks := []error{
+		pct("image-gc-high-threshold", c.ImageGCHighThreshold),
+		pct("image-gc-low-threshold", c.ImageGCLowThreshold),
+		nonNeg("minimum-image-ttl-duration", c.MinimumImageTTL),
+		nonNeg("image-maximum-gc-age", c.ImageMaximumGCAge),
+		nonNeg("minimum-container-ttl-duration", c.MinimumContainerTTL),
+		func() error {
+			if c.UncollectedExitGrace <= 0 {
+				return fmt.Errorf("invalid --uncollected-exit-grace %s: must be positive", c.UncollectedExitGrace)
+			}
+			return nil
+		}(),
+		nonNeg("pod-log-grace", c.PodLogGrace),
+	}
+	if c.ImageGCLowThreshold > c.ImageGCHighThreshold {
+		checks = append(checks, fmt.Errorf("invalid --image-gc-low-threshold %d: must not exceed --image-gc-high-threshold %d", c.ImageGCLowThreshold, c.ImageGCHighThreshold))
+	}
+	if c.ImageMaximumGCAge > 0 && c.ImageMaximumGCAge <= c.MinimumImageTTL {
+		checks = append(checks, fmt.Errorf("invalid --image-maximum-gc-age %s: must be greater than --minimum-image-ttl-duration %s", c.ImageMaximumGCAge, c.MinimumImageTTL))
+	}
+	if c.DiskInterval <= 0 {
+		checks = append(checks, fmt.Errorf("invalid --disk-interval %s: must be positive", c.DiskInterval))
+	}
+	if c.ResyncInterval < time.Second {
+		checks = append(checks, fmt.Errorf("invalid --resync-interval %s: must be at least 1s", c.ResyncInterval))
+	}
+	if c.MaxDeadPerContainer < -1 {
+		checks = append(checks, fmt.Errorf("invalid --maximum-dead-containers-per-container %d: must be -1 (no limit) or more", c.MaxDeadPerContainer))
+	}
+	if c.MaxDeadContainers < -1 {
+		checks = append(checks, fmt.Errorf("invalid --maximum-dead-containers %d: must be -1 (no limit) or more", c.MaxDeadContainers))
+	}
+	switch c.PruneContainers {
+	case "native", "all", "off":
+	default:
+		checks = append(checks, fmt.Errorf("invalid --prune-containers %q: must be native, all or off", c.PruneContainers))
+	}
+	if !filepath.IsAbs(c.NerdctlDataRoot) {
+		checks = append(checks, fmt.Errorf("invalid --nerdctl-data-root %q: must be an absolute path", c.NerdctlDataRoot))
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		checks = append(checks, fmt.Errorf("invalid --log-format %q: must be json or console", c.LogFormat))
+	}
+	if c.HeartbeatInterval < time.Second {
+		checks = append(checks, fmt.Errorf("invalid --heartbeat-interval %s: must be at least 1s", c.HeartbeatInterval))
+	}
+	if c.OutboxMaxBytes <= 0 || c.OutboxMaxAge <= 0 {
+		checks = append(checks, fmt.Errorf("invalid outbox bounds --outbox-max-bytes %d --outbox-max-age %s: must be positive", c.OutboxMaxBytes, c.OutboxMaxAge))
+	}
+	if c.NATSURL != "" {
+		if err := c.ConnOptions().Validate(); err != nil {
+			checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
+		}
+	}
+	if c.NATSURL == "" && !natsbus.EmbeddedBuilt {
+		checks = append(checks, errors.New("missing --nats-url: this gcagent was built without the embedded NATS server (-tags noembeddednats)"))
+	} else if c.NATSURL == "" {
+		if err := c.EmbeddedOptions().Validate(); err != nil {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-listen or --state-dir: %v", err))
+		}
+		if c.EmbeddedNATSMaxStore < minEmbeddedNATSMaxStore {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-max-store %d: must be at least %d (1 MiB)", c.EmbeddedNATSMaxStore, minEmbeddedNATSMaxStore))
+		}
+		if w := max(c.OutboxMaxAge, natsbus.DefaultDuplicateWindow); c.EmbeddedNATSMaxAge < w {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-max-age %s: must be at least the duplicate window %s (the outbox max age, at least 24h)", c.EmbeddedNATSMaxAge, w))
+		}
+	}
+	if err := c.PublisherOptions().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
+	}
+	if _, err := zerolog.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
+		checks = append(checks, fmt.Errorf("invalid --log-level %q: must be debug, info, warn or error", c.LogLevel))
+	}
+	for _, p := range c.KeepImages {
+		if _, err := path.Match(p, ""); err != nil {
+			checks = append(checks, fmt.Errorf("invalid --keep-image %q: %v", p, err))
+		}
+	}
+	if _, err := c.Namespaces(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid %v", err))
+	}
+	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress,
+		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {
+		if strings.TrimSpace(v) == "" {
+			checks = append(checks, fmt.Errorf("invalid --%s: must not be empty", name))
+		}
+	}
+	// Then each component's own rules, so nothing starts with a setting it
+	// would refuse.
+	if err := c.LogsConfig().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid log dirs: %v", err))
+	}
+	if err := c.ContainerPolicy().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid container GC settings: %v", err))
+	}
+	if err := c.ImagePolicy().Validate(); err != nil {
+		checks = append(checks, fmt.Errorf("invalid image GC settings: %v", err))
+	}
+	for _, err := range checks {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// namespaces are the managed namespaces --namespace and
+// --exclude-namespace describe.
+func (c Config) Namespaces() (events.Namespaces, error) {
+	return events.ParseNamespaces(c.Namespace, c.ExcludeNamespace)
+}
+
+// DefaultContainerdRoot is measured for image GC when --image-fs is not
+// given and CRI cannot say where its image filesystem is.
+const DefaultContainerdRoot = "/var/lib/containerd"
+
+// HasNATSAuth reports whether any NATS credential is configured.
+func (c Config) HasNATSAuth() bool {
+	return c.NATSCreds != "" || c.NATSNKey != "" || c.NATSUser != "" || c.NATSPassword != "" || c.NATSToken != "" || c.NATSTLSCert != ""
+}

@@ -1,0 +1,85 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/logs"
+	"github.com/gcagent/gcagent/projection"
+	"golang.org/x/sync/errgroup"
+)
+
+// LogsConfig is the log cleaner's part of c.
+func (c Config) LogsConfig() logs.Config {
+	return logs.Config{LogDir: c.LogDir, PodLogDir: c.PodLogDir, PodLogGrace: c.PodLogGrace, DryRun: c.DryRun}
+}
+
+// setupLogs builds the log cleaner and subscribes it to the projection;
+// call it before the projection runs (Subscribe's contract). The kubelet's
+// logs are of CRI's containers: when CRI's namespace is not managed the
+// agent cannot tell a live container's log from a dead one's, and the
+// cleaner stays off.
+func (a *agent) setupLogs() error {
+	m, err := logs.NewMetrics(a.reg)
+	if err != nil {
+		return err
+	}
+	if nss, _ := a.cfg.Namespaces(); !nss.Match(events.CRINamespace) {
+		a.log.Info().Str("component", "logs").Str("namespaces", nss.String()).
+			Msg("log cleanup off: the kubelet's logs belong to namespace " + events.CRINamespace + ", which is not managed")
+		return nil
+	}
+	cl, err := logs.New(a.cfg.LogsConfig(), logs.LiveState(a.live.In(events.CRINamespace)), logs.Options{
+		Deletes: a.deletes, Publisher: a.pub, Metrics: m, Logger: a.log, Now: a.clock.Now,
+	})
+	if err != nil {
+		return err
+	}
+	a.logs, a.logsChanges = cl, a.live.Subscribe()
+	return nil
+}
+
+// logsMinGap spaces the log passes projection changes ask for: a burst of
+// events costs one pass (two directory scans) per gap, not one per event.
+// A link that dangles is seen by fsnotify at once anyway.
+const logsMinGap = 50 * time.Millisecond
+
+// runLogs runs the cleaner and asks it for a pass on projection changes (a
+// container exited or went, a pod went), at most once per logsMinGap,
+// until ctx ends.
+func (a *agent) runLogs(ctx context.Context) error {
+	if a.logs == nil {
+		<-ctx.Done()
+		return nil
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.logs.Run(ctx) })
+	g.Go(func() error {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-a.logsChanges:
+				a.logs.Notify()
+			}
+			// Changes meanwhile coalesce in the channel: one Notify after.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(logsMinGap):
+			}
+		}
+	})
+	return g.Wait()
+}
+
+// PlanLogs plans the log dirs against s, deleting nothing (for `gcagent
+// plan`). Entries count as first seen now, so unknown ones wait their grace.
+func PlanLogs(cfg Config, s *projection.State) (logs.Plan, error) {
+	cl, err := logs.New(cfg.LogsConfig(), logs.StaticState(s), logs.Options{})
+	if err != nil {
+		return logs.Plan{}, err
+	}
+	return cl.Plan()
+}
