@@ -126,7 +126,7 @@ type Manager struct {
 	inDoubt int
 	// failedAt is when the node last could not settle one.
 	failedAt time.Time
-	loaded    bool
+	loaded   bool
 	// unjournaled counts deletes made without a durable intent.
 	unjournaled int
 	// generation counts the unknown outcomes settled so far.
