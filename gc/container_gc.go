@@ -6,49 +6,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/rs/zerolog"
 )
-
-// ContainerClock is the container GC's time source. Tests pass a fake that
-// they step; nothing sleeps.
-type ContainerClock interface {
-	Now() time.Time
-	// NewTimer returns a stopped-or-armed timer firing once after d.
-	NewTimer(d time.Duration) ContainerTimer
-}
-
-// ContainerTimer is the one timer of a ContainerGC, with time.Timer's
-// semantics (Go 1.23+: after Stop or Reset no stale value is received).
-type ContainerTimer interface {
-	C() <-chan time.Time
-	Reset(d time.Duration)
-	Stop()
-}
-
-// SystemContainerClock returns Go's timers (monotonic: a wall-clock step
-// does not move them) with now as the time; nil now is time.Now.
-func SystemContainerClock(now func() time.Time) ContainerClock {
-	return systemContainerClock{now: now}
-}
-
-type systemContainerClock struct{ now func() time.Time }
-
-func (c systemContainerClock) Now() time.Time {
-	if c.now != nil {
-		return c.now()
-	}
-	return time.Now()
-}
-func (systemContainerClock) NewTimer(d time.Duration) ContainerTimer {
-	return systemContainerTimer{time.NewTimer(d)}
-}
-
-type systemContainerTimer struct{ t *time.Timer }
-
-func (r systemContainerTimer) C() <-chan time.Time   { return r.t.C }
-func (r systemContainerTimer) Reset(d time.Duration) { r.t.Reset(d) }
-func (r systemContainerTimer) Stop()                 { r.t.Stop() }
 
 // containerState is the projection as the container GC reads it: View
 // calls fn with each namespace's state in turn (Synced is read inside View,
@@ -71,7 +32,7 @@ type ContainerGCOptions struct {
 	Publisher Publisher         // nil: nothing published
 	Metrics   *ContainerMetrics // nil: nothing recorded
 	Logger    zerolog.Logger    // the zero Logger logs nothing
-	Clock     ContainerClock    // nil: the real clock
+	Clock     clock.Timers      // nil: the real clock
 	// Deletes begins each delete's transaction (a *deletion.Manager);
 	// nil: nothing is deleted (a dry run).
 	Deletes deleteLog
@@ -142,7 +103,7 @@ func NewContainerGC(st containerState, changes <-chan struct{}, rt containerRunt
 		return nil, err
 	}
 	if opts.Clock == nil {
-		opts.Clock = systemContainerClock{}
+		opts.Clock = clock.System(nil)
 	}
 	if opts.MaxRetry <= 0 {
 		opts.MaxRetry = time.Minute

@@ -4,121 +4,31 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/gcagent/gcagent/projection"
 )
 
 var (
-	_ ContainerClock = (*fakeContainerClock)(nil)
 	_ containerState = (*projection.Live)(nil)
 )
-
-// fakeContainerClock is stepped by tests. Every change of a timer is
-// reported on armed (the deadline, zero when stopped), so a test can wait
-// for Run to have re-armed without sleeping.
-type fakeContainerClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*fakeContainerTimer
-	armed  chan time.Time
-}
-
-type fakeContainerTimer struct {
-	c      *fakeContainerClock
-	ch     chan time.Time
-	at     time.Time
-	active bool
-}
-
-func newFakeContainerClock(now time.Time) *fakeContainerClock {
-	return &fakeContainerClock{now: now, armed: make(chan time.Time, 1000)}
-}
-
-func (c *fakeContainerClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeContainerClock) NewTimer(d time.Duration) ContainerTimer {
-	t := &fakeContainerTimer{c: c, ch: make(chan time.Time, 1)}
-	c.mu.Lock()
-	c.timers = append(c.timers, t)
-	c.mu.Unlock()
-	t.Reset(d)
-	return t
-}
-
-// Step moves the clock by d and fires the timers that are due; it reports
-// how many fired.
-func (c *fakeContainerClock) Step(d time.Duration) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	fired := 0
-	for _, t := range c.timers {
-		if t.active && !c.now.Before(t.at) {
-			t.active = false
-			t.ch <- c.now
-			fired++
-		}
-	}
-	return fired
-}
-
-// Timers returns how many timers were ever created.
-func (c *fakeContainerClock) Timers() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.timers)
-}
-
-func (t *fakeContainerTimer) C() <-chan time.Time { return t.ch }
-
-func (t *fakeContainerTimer) Reset(d time.Duration) {
-	t.c.mu.Lock()
-	t.drain()
-	t.at, t.active = t.c.now.Add(d), true
-	if d <= 0 {
-		t.active = false
-		t.ch <- t.c.now
-	}
-	at := t.at
-	t.c.mu.Unlock()
-	t.c.armed <- at
-}
-
-func (t *fakeContainerTimer) Stop() {
-	t.c.mu.Lock()
-	t.drain()
-	t.active = false
-	t.c.mu.Unlock()
-	t.c.armed <- time.Time{}
-}
-
-func (t *fakeContainerTimer) drain() {
-	select {
-	case <-t.ch:
-	default:
-	}
-}
 
 // guard bounds every wait on the code under test; nothing sleeps.
 const guard = 5 * time.Second
 
 // waitArmed waits until Run armed its timer at want (zero: stopped) and
 // left it so; it returns once the latest report equals want.
-func waitArmed(t *testing.T, c *fakeContainerClock, want time.Time) {
+func waitArmed(t *testing.T, c *clock.Fake, want time.Time) {
 	t.Helper()
 	deadline := time.After(guard)
 	for {
 		select {
-		case got := <-c.armed:
-			if got.Equal(want) && len(c.armed) == 0 {
+		case got := <-c.Arms():
+			if got.At.Equal(want) && len(c.Arms()) == 0 {
 				return
 			}
 		case <-deadline:
@@ -157,7 +67,7 @@ func noMoreDeletes(t *testing.T, f *fakeContainerRuntime) {
 
 type gcHarness struct {
 	live  *projection.Live
-	clock *fakeContainerClock
+	clock *clock.Fake
 	rt    *fakeContainerRuntime
 	pub   *fakePublisher
 	gc    *ContainerGC
@@ -174,7 +84,7 @@ func startGC(t *testing.T, p ContainerPolicy, evs ...events.Event) *gcHarness {
 // the harness's).
 func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gcHarness {
 	t.Helper()
-	h := &gcHarness{clock: newFakeContainerClock(t0), rt: newFakeContainerRuntime(), pub: &fakePublisher{published: make(chan Action, 100)}}
+	h := &gcHarness{clock: clock.NewFake(t0), rt: newFakeContainerRuntime(), pub: &fakePublisher{published: make(chan Action, 100)}}
 	live, err := projection.NewLive(projection.LiveOptions{Now: h.clock.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -396,13 +306,7 @@ func TestContainerGCMinGap(t *testing.T) {
 		events.Synced{At: t0})...)
 	// A pass at t0 (the start): the clock stays there, so both exits
 	// below come within the gap and wait for its end.
-	deadline := time.Now().Add(guard)
-	for h.gc.Status().Passes == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no first pass")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.Until(t, guard, "no first pass", func() bool { return h.gc.Status().Passes > 0 })
 	h.apply(gone(-time.Second, "a"))
 	h.apply(gone(-time.Second, "b"))
 	waitArmed(t, h.clock, at(gap))

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -66,7 +67,7 @@ type ImageGCOptions struct {
 	Now func() time.Time
 	// Clock gives the time and the loop's timers. Default Go's timers, with
 	// Now as the time.
-	Clock ContainerClock
+	Clock clock.Timers
 	// Publisher receives one action per image removed or skipped and per
 	// pass, except for a pass that removes nothing and finds what the last
 	// one found (not triggered manually): that one is only logged, at debug.
@@ -177,7 +178,7 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 		o.RelearnInterval = 5 * time.Minute
 	}
 	if o.Clock == nil {
-		o.Clock = SystemContainerClock(o.Now)
+		o.Clock = clock.System(o.Now)
 	}
 	o.Now = o.Clock.Now
 	if o.Publisher == nil {

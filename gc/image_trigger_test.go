@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -471,17 +471,6 @@ func TestImageTriggerPassPolicy(t *testing.T) {
 	}
 }
 
-// loopClock is the clock ImageGC.Run runs on in tests: Step moves the time
-// and fires the timers that are due. Run creates its timers in the order
-// tick, wake, debounce; every Reset and Stop is reported on arms, so a test
-// waits for what Run armed instead of sleeping.
-type loopClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*loopTimer
-	arms   chan loopArm
-}
-
 // Run's timers, in the order it creates them.
 const (
 	timerTick = iota
@@ -489,101 +478,19 @@ const (
 	timerDebounce
 )
 
-// loopArm is a timer (its index) armed at an instant, or stopped (zero).
-type loopArm struct {
-	timer int
-	at    time.Time
-}
-
-type loopTimer struct {
-	c      *loopClock
-	i      int
-	ch     chan time.Time
-	at     time.Time
-	active bool
-}
-
-var _ ContainerClock = (*loopClock)(nil)
-
-func newLoopClock(now time.Time) *loopClock {
-	return &loopClock{now: now, arms: make(chan loopArm, 1<<16)}
-}
-
-func (c *loopClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *loopClock) NewTimer(d time.Duration) ContainerTimer {
-	c.mu.Lock()
-	t := &loopTimer{c: c, i: len(c.timers), ch: make(chan time.Time, 1)}
-	c.timers = append(c.timers, t)
-	c.mu.Unlock()
-	t.Reset(d)
-	return t
-}
-
-// Step moves the clock by d and fires the timers that are due; it reports
-// how many fired.
-func (c *loopClock) Step(d time.Duration) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	fired := 0
-	for _, t := range c.timers {
-		if t.active && !c.now.Before(t.at) {
-			t.active = false
-			t.ch <- c.now
-			fired++
-		}
-	}
-	return fired
-}
-
-// waitArm waits until timer is armed at want.
-func (c *loopClock) waitArm(t *testing.T, timer int, want time.Time) {
+// waitArm waits until timer of c is armed at want.
+func waitArm(t *testing.T, c *clock.Fake, timer int, want time.Time) {
 	t.Helper()
 	deadline := time.After(guard)
 	for {
 		select {
-		case a := <-c.arms:
-			if a.timer == timer && a.at.Equal(want) {
+		case a := <-c.Arms():
+			if a.Timer == timer && a.At.Equal(want) {
 				return
 			}
 		case <-deadline:
 			t.Fatalf("timer %d not armed at %s", timer, want)
 		}
-	}
-}
-
-func (t *loopTimer) C() <-chan time.Time { return t.ch }
-
-func (t *loopTimer) Reset(d time.Duration) {
-	t.c.mu.Lock()
-	t.drain()
-	t.at, t.active = t.c.now.Add(d), true
-	if d <= 0 {
-		t.active = false
-		t.ch <- t.c.now
-	}
-	a := loopArm{t.i, t.at}
-	t.c.mu.Unlock()
-	t.c.arms <- a
-}
-
-func (t *loopTimer) Stop() {
-	t.c.mu.Lock()
-	t.drain()
-	t.active = false
-	t.c.mu.Unlock()
-	t.c.arms <- loopArm{t.i, time.Time{}}
-}
-
-func (t *loopTimer) drain() {
-	select {
-	case <-t.ch:
-	default:
 	}
 }
 
@@ -600,11 +507,11 @@ func (d *countingDisk) Disk() (DiskStats, error) {
 }
 
 // loopHarness runs an ImageGC's loop over a real projection.Live on a
-// loopClock; nothing sleeps.
+// clock.Fake; nothing sleeps.
 type loopHarness struct {
 	g     *ImageGC
 	live  *projection.Live
-	clock *loopClock
+	clock *clock.Fake
 	disk  *countingDisk
 	rt    *fakeRuntime
 	pub   *imagePublisher
@@ -624,7 +531,7 @@ func startImageLoop(t *testing.T, o ImageGCOptions, capacity, available uint64, 
 // apart (0: DiskInterval, as on any disk the fill rate crosses in less).
 func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint64, gap time.Duration, evs ...events.Event) *loopHarness {
 	t.Helper()
-	h := &loopHarness{gap: gap, clock: newLoopClock(at(time.Hour)), disk: &countingDisk{fakeDisk: fakeDisk{capacity: capacity, available: available}},
+	h := &loopHarness{gap: gap, clock: clock.NewFake(at(time.Hour)), disk: &countingDisk{fakeDisk: fakeDisk{capacity: capacity, available: available}},
 		pub: &imagePublisher{}}
 	h.rt = newFakeRuntime(&h.disk.fakeDisk)
 	live, err := projection.NewLive(projection.LiveOptions{Now: h.clock.Now})
@@ -664,7 +571,7 @@ func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint6
 // after one is to arm the next disk sample, h.gap from now.
 func (h *loopHarness) idle(t *testing.T) {
 	t.Helper()
-	h.clock.waitArm(t, timerTick, h.clock.Now().Add(h.gap))
+	waitArm(t, h.clock, timerTick, h.clock.Now().Add(h.gap))
 }
 
 // step moves the clock by d and, if a timer fired, waits for the
@@ -681,7 +588,7 @@ func (h *loopHarness) step(t *testing.T, d time.Duration) {
 func (h *loopHarness) change(t *testing.T, evs ...events.Event) {
 	t.Helper()
 	h.live.Apply(evs...)
-	h.clock.waitArm(t, timerDebounce, h.clock.Now().Add(h.o.Debounce))
+	waitArm(t, h.clock, timerDebounce, h.clock.Now().Add(h.o.Debounce))
 	h.step(t, h.o.Debounce)
 }
 
@@ -802,7 +709,7 @@ func TestImageGCRunCoalescesChanges(t *testing.T) {
 	for i := range 20 {
 		h.live.Apply(pull(time.Duration(i), fmt.Sprintf("example.test/burst-%d:1", i), digestOf(fmt.Sprint(i)), mib))
 	}
-	h.clock.waitArm(t, timerDebounce, h.clock.Now().Add(h.o.Debounce))
+	waitArm(t, h.clock, timerDebounce, h.clock.Now().Add(h.o.Debounce))
 	h.step(t, h.o.Debounce)
 	if n := h.disk.samples.Load() - start; n != 1 {
 		t.Fatalf("a burst of 20 changes took %d evaluations, want 1", n)

@@ -28,6 +28,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/schema"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
@@ -89,7 +90,10 @@ type Options struct {
 	Publisher Publisher        // nil: nothing published
 	Metrics   *Metrics         // nil: nothing recorded
 	Logger    zerolog.Logger   // the zero Logger logs nothing
-	Now       func() time.Time // nil: time.Now
+	Now       func() time.Time // nil: Clock's, else time.Now
+	// Clock arms Run's timer (the grace deadlines, the floor sweep, the
+	// retry of a lost watch); nil: Go's timers with Now.
+	Clock clock.Timers
 }
 
 // Cleaner applies PlanLogs to the configured directories. Its methods are
@@ -102,6 +106,7 @@ type Cleaner struct {
 	metrics *Metrics
 	log     zerolog.Logger
 	now     func() time.Time
+	clock   clock.Timers
 	kick    chan struct{}
 
 	last atomic.Pointer[Plan] // of the last Clean, for Status
@@ -137,11 +142,12 @@ func New(cfg Config, st State, opts Options) (*Cleaner, error) {
 	if st == nil {
 		return nil, errors.New("logs: nil State")
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
+	if opts.Clock == nil {
+		opts.Clock = clock.System(opts.Now)
 	}
+	opts.Now = opts.Clock.Now
 	return &Cleaner{
-		cfg: cfg, state: st, deletes: opts.Deletes, pub: opts.Publisher, metrics: opts.Metrics, now: opts.Now,
+		cfg: cfg, state: st, deletes: opts.Deletes, pub: opts.Publisher, metrics: opts.Metrics, now: opts.Now, clock: opts.Clock,
 		log:  opts.Logger.With().Str("component", "logs").Logger(),
 		kick: make(chan struct{}, 1),
 		seen: map[key]*tracked{},
@@ -472,7 +478,7 @@ func (c *Cleaner) Run(ctx context.Context) error {
 
 	armed := map[string]bool{}
 	var retry time.Duration
-	timer := time.NewTimer(0) // first pass now
+	timer := c.clock.NewTimer(0) // first pass now
 	defer timer.Stop()
 	for {
 		select {
@@ -489,7 +495,7 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			}
 			c.watchError(err)
 		case <-c.kick:
-		case <-timer.C:
+		case <-timer.C():
 		}
 		c.drain(w)
 

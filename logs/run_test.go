@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -16,12 +18,18 @@ import (
 // stops it at cleanup.
 func startCleaner(t *testing.T, cfg Config, st State) *Cleaner {
 	t.Helper()
+	return startCleanerWith(t, cfg, st, nil)
+}
+
+// startCleanerWith is startCleaner with the clock ck (nil: the real one).
+func startCleanerWith(t *testing.T, cfg Config, st State, ck clock.Timers) *Cleaner {
+	t.Helper()
 	m, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	deletes, _ := newDeletes(t, lstatChecker{})
-	c, err := New(cfg, st, Options{Deletes: deletes, Metrics: m, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	c, err := New(cfg, st, Options{Deletes: deletes, Metrics: m, Logger: zerolog.New(zerolog.NewTestWriter(t)), Clock: ck})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,18 +43,6 @@ func startCleaner(t *testing.T, cfg Config, st State) *Cleaner {
 		}
 	})
 	return c
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func (c *Cleaner) passes() float64 { return testutil.ToFloat64(c.metrics.passes) }
@@ -63,7 +59,7 @@ func TestRunRemovesLinkWhenTargetGoes(t *testing.T) {
 	st.setContainer(idA, false)
 	st.setContainer(idB, false)
 	c := startCleaner(t, cfg, st)
-	eventually(t, 5*time.Second, "first pass", func() bool { return c.passes() >= 1 })
+	wait.Until(t, 5*time.Second, "first pass", func() bool { return c.passes() >= 1 })
 
 	// The kubelet's layout: a pod dir with a log, a link to it.
 	podA, podB := filepath.Join(cfg.PodLogDir, "ns_a_uid1"), filepath.Join(cfg.PodLogDir, "ns_b_uid2")
@@ -73,7 +69,7 @@ func TestRunRemovesLinkWhenTargetGoes(t *testing.T) {
 	linkB := filepath.Join(cfg.LogDir, "b_ns_app-"+idB+".log")
 	symlink(t, filepath.Join(podA, "app", "0.log"), linkA)
 	symlink(t, filepath.Join(podB, "app", "0.log"), linkB)
-	eventually(t, 5*time.Second, "the links' creation seen", func() bool {
+	wait.Until(t, 5*time.Second, "the links' creation seen", func() bool {
 		return len(c.Status().Decisions) == 4
 	})
 	if !exists(linkA) || !exists(linkB) {
@@ -84,7 +80,7 @@ func TestRunRemovesLinkWhenTargetGoes(t *testing.T) {
 	if err := os.RemoveAll(podA); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "dangling link A removed", func() bool { return !exists(linkA) })
+	wait.Until(t, 5*time.Second, "dangling link A removed", func() bool { return !exists(linkA) })
 
 	// Pod B's log file goes, deep in its dir, which is not watched: the
 	// projection's next change (Notify) brings the pass.
@@ -92,7 +88,7 @@ func TestRunRemovesLinkWhenTargetGoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Notify()
-	eventually(t, 5*time.Second, "dangling link B removed after Notify", func() bool { return !exists(linkB) })
+	wait.Until(t, 5*time.Second, "dangling link B removed after Notify", func() bool { return !exists(linkB) })
 	if !exists(podB) {
 		t.Error("pod B's dir removed while its pod is alive")
 	}
@@ -100,32 +96,45 @@ func TestRunRemovesLinkWhenTargetGoes(t *testing.T) {
 
 func TestRunGraceTimerFires(t *testing.T) {
 	base := t.TempDir()
-	grace := 300 * time.Millisecond
+	const grace = time.Minute
 	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods"), PodLogGrace: grace}
 	mkdirAll(t, cfg.LogDir)
 	mkdirAll(t, cfg.PodLogDir)
 	st := newFakeState()
-	c := startCleaner(t, cfg, st)
-	eventually(t, 5*time.Second, "first pass", func() bool { return c.passes() >= 1 })
+	ck := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c := startCleanerWith(t, cfg, st, ck)
+	wait.Until(t, 5*time.Second, "first pass", func() bool { return c.passes() >= 1 })
 
-	gone := time.Now()
+	gone := ck.Now()
 	st.setPod("uid1", fakePod{goneSince: gone})
 	pod := filepath.Join(cfg.PodLogDir, "ns_p_uid1")
 	writeFile(t, filepath.Join(pod, "app", "0.log"), "x\n")
-	eventually(t, 5*time.Second, "pod dir removed by the grace timer", func() bool { return !exists(pod) })
-	if elapsed := time.Since(gone); elapsed < grace {
-		t.Errorf("removed after %v, before the grace of %v", elapsed, grace)
+	// The dir's events bring a pass, which keeps it for the grace and arms
+	// the timer at its end.
+	waitTimer(t, ck, gone.Add(grace))
+	if !exists(pod) {
+		t.Fatal("pod dir removed before its grace")
 	}
-	// Once the dir is gone nothing is due: a cleaner that waits on its
-	// timer makes at most a pass per event of the removal itself (the log,
-	// app/ and the pod dir) however long it is left alone; one that loops
-	// keeps passing. Counts
-	// before the removal depend on how fsnotify batched the writes, so
-	// they are not asserted.
-	before := c.passes()
-	time.Sleep(5 * grace)
-	if n := c.passes() - before; n > 3 {
-		t.Errorf("%v passes in %v with nothing due: the cleaner loops instead of waiting on a timer", n, 5*grace)
+	ck.Step(grace)
+	wait.Until(t, 5*time.Second, "pod dir removed by the grace timer", func() bool { return !exists(pod) })
+	// Once the dir is gone nothing is due: the cleaner waits on its timer
+	// for the floor sweep, not a loop.
+	waitTimer(t, ck, ck.Now().Add(FloorSweep))
+}
+
+// waitTimer waits until the cleaner's timer is armed at want and left so.
+func waitTimer(t *testing.T, ck *clock.Fake, want time.Time) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case a := <-ck.Arms():
+			if a.At.Equal(want) && len(ck.Arms()) == 0 {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("timer not armed at %s", want)
+		}
 	}
 }
 
@@ -137,7 +146,7 @@ func TestRunRearmsRecreatedDir(t *testing.T) {
 	id := cid("c")
 	st.setContainer(id, false)
 	c := startCleaner(t, cfg, st)
-	eventually(t, 5*time.Second, "first pass", func() bool { return c.passes() >= 1 })
+	wait.Until(t, 5*time.Second, "first pass", func() bool { return c.passes() >= 1 })
 
 	for round := range 2 {
 		mkdirAll(t, cfg.LogDir)
@@ -145,7 +154,7 @@ func TestRunRearmsRecreatedDir(t *testing.T) {
 		// Created before the watch may be armed: the pass after arming finds
 		// it; created after, the event brings a pass.
 		symlink(t, filepath.Join(cfg.PodLogDir, "missing.log"), link)
-		eventually(t, 10*time.Second, "link removed in the (re)created dir", func() bool { return !exists(link) })
+		wait.Until(t, 10*time.Second, "link removed in the (re)created dir", func() bool { return !exists(link) })
 		if round == 0 {
 			if err := os.RemoveAll(cfg.LogDir); err != nil {
 				t.Fatal(err)

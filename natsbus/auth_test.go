@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -111,7 +112,7 @@ func TestAuthPerNodePermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(n1.Close)
-	waitFor(t, 5*time.Second, "n1 connected", n1.IsConnected)
+	wait.Until(t, 5*time.Second, "n1 connected", n1.IsConnected)
 	ops, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "operator", User: "ops", Password: "s3cret"})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +139,7 @@ func TestAuthPerNodePermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "n1's events stored", func() bool { return p.Depth() == 0 && streamCount(reader) == 5 })
+	wait.Until(t, 10*time.Second, "n1's events stored", func() bool { return p.Depth() == 0 && streamCount(reader) == 5 })
 	if p.Mode() != ModeJetStream {
 		t.Errorf("publisher mode %s with least-privilege JetStream permissions", p.Mode())
 	}
@@ -172,7 +173,7 @@ func TestAuthPerNodePermissions(t *testing.T) {
 
 	violation := func(what string) {
 		t.Helper()
-		waitFor(t, 5*time.Second, "a permissions violation: "+what, func() bool {
+		wait.Until(t, 5*time.Second, "a permissions violation: "+what, func() bool {
 			for _, l := range nodeLog.lines(t, "NATS error") {
 				if e, _ := l["error"].(string); strings.Contains(strings.ToLower(e), strings.ToLower(what)) {
 					return true
@@ -252,7 +253,7 @@ func TestAuthPerNodeInbox(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(nc.Close)
-		waitFor(t, 5*time.Second, node+" connected", nc.IsConnected)
+		wait.Until(t, 5*time.Second, node+" connected", nc.IsConnected)
 		return nc
 	}
 	log1, log2 := &logBuffer{}, &logBuffer{}
@@ -264,7 +265,7 @@ func TestAuthPerNodeInbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the server to refuse n1's subscription to n2's inbox", func() bool {
+	wait.Until(t, 5*time.Second, "the server to refuse n1's subscription to n2's inbox", func() bool {
 		for _, l := range log1.lines(t, "NATS error") {
 			if e, _ := l["error"].(string); strings.Contains(e, `Permissions Violation for Subscription to "_INBOX.c1.n2.>"`) {
 				return true
@@ -284,7 +285,7 @@ func TestAuthPerNodeInbox(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "n2's events acked", func() bool { return p2.Depth() == 0 && streamCount(reader) == 3 })
+	wait.Until(t, 10*time.Second, "n2's events acked", func() bool { return p2.Depth() == 0 && streamCount(reader) == 3 })
 	ops, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "operator", User: "ops", Password: "s3cret"})
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +308,7 @@ func TestAuthPerNodeInbox(t *testing.T) {
 	if err := p1.Publish(Action{Kind: "image", Action: "removed", Subject: "sha256:n1", Key: "1"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "n1's event acked", func() bool { return p1.Depth() == 0 && streamCount(reader) == 4 })
+	wait.Until(t, 10*time.Second, "n1's event acked", func() bool { return p1.Depth() == 0 && streamCount(reader) == 4 })
 	sharedLog := &logBuffer{}
 	shared := nodeConn(seed1, "n1", "", sharedLog)
 	ps, err := NewPublisher(shared, PublisherOptions{Cluster: "c1", Node: "n1", StateDir: t.TempDir(), AckTimeout: 300 * time.Millisecond, CloseTimeout: 100 * time.Millisecond})
@@ -318,7 +319,7 @@ func TestAuthPerNodeInbox(t *testing.T) {
 	if err := ps.Publish(Action{Kind: "image", Action: "removed", Subject: "sha256:n1", Key: "2"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the server to refuse the shared _INBOX prefix", func() bool {
+	wait.Until(t, 10*time.Second, "the server to refuse the shared _INBOX prefix", func() bool {
 		for _, l := range sharedLog.lines(t, "NATS error") {
 			if e, _ := l["error"].(string); strings.Contains(e, `Permissions Violation for Subscription to "_INBOX.`) {
 				return true

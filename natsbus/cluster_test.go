@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -48,7 +49,7 @@ func startCluster(t *testing.T, n int) []*server.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "a JetStream meta leader and all routes", func() bool {
+	wait.Until(t, 20*time.Second, "a JetStream meta leader and all routes", func() bool {
 		for _, s := range servers {
 			if s.NumRoutes() < n-1 {
 				return false
@@ -88,7 +89,7 @@ func TestClusterR3ServerKilledDuringBurst(t *testing.T) {
 		t.Fatalf("create R3 stream: %v", err)
 	}
 	var leader *server.Server
-	waitFor(t, 10*time.Second, "a stream leader", func() bool {
+	wait.Until(t, 10*time.Second, "a stream leader", func() bool {
 		info, err := st.Info(ctx)
 		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" {
 			return false
@@ -137,7 +138,7 @@ func TestClusterR3ServerKilledDuringBurst(t *testing.T) {
 		}
 	}
 	check := connect(t, survivor.ClientURL())
-	waitFor(t, 25*time.Second, "every event acked", func() bool { return p.Depth() == 0 && streamCount(check) >= n })
+	wait.Until(t, 25*time.Second, "every event acked", func() bool { return p.Depth() == 0 && streamCount(check) >= n })
 	if nc.ConnectedServerName() == leader.Name() {
 		t.Fatalf("publisher still on the killed server")
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
@@ -71,7 +72,7 @@ func TestConnectWaitsForServer(t *testing.T) {
 		t.Fatal("connected to nothing")
 	}
 	runServer(t, port, "", false)
-	waitFor(t, 5*time.Second, "the connection to come up once the server does", nc.IsConnected)
+	wait.Until(t, 5*time.Second, "the connection to come up once the server does", nc.IsConnected)
 	if got, want := nc.Opts.Name, "gcagent/default/node-1"; got != want {
 		t.Errorf("connection name %q, want %q", got, want)
 	}
@@ -120,7 +121,7 @@ func TestConnectAuth(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer nc.Close()
-			waitFor(t, 5*time.Second, "an authenticated connection", nc.IsConnected)
+			wait.Until(t, 5*time.Second, "an authenticated connection", nc.IsConnected)
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats.go"
 )
 
@@ -91,7 +92,7 @@ func serveControl(t *testing.T, nc *nats.Conn, h Handler, opts ControlOptions) {
 		}
 	})
 	// Subscriptions are live once a round trip to the server has passed.
-	waitFor(t, 5*time.Second, "control subscriptions", func() bool {
+	wait.Until(t, 5*time.Second, "control subscriptions", func() bool {
 		_ = nc.Flush()
 		return nc.NumSubscriptions() >= before+2
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,7 +61,7 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 
 	// A local tool finds the URL and credentials in the state dir.
 	var url, nkeyFile string
-	waitFor(t, 5*time.Second, "the URL file", func() bool {
+	wait.Until(t, 5*time.Second, "the URL file", func() bool {
 		url, nkeyFile, err = LocalClient(stateDir)
 		return err == nil && url != ""
 	})
@@ -72,7 +73,7 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(tool.Close)
-	waitFor(t, 5*time.Second, "the tool connected with the state dir's nkey", tool.IsConnected)
+	wait.Until(t, 5*time.Second, "the tool connected with the state dir's nkey", tool.IsConnected)
 
 	agent, err := Connect(ConnOptions{URL: "nats://embedded", Cluster: "c1", Node: "node-1", NkeyFile: seed,
 		InProcess: e, InboxPrefix: InboxPrefix("c1", "node-1")})
@@ -80,7 +81,7 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(agent.Close)
-	waitFor(t, 5*time.Second, "the agent connected in process", agent.IsConnected)
+	wait.Until(t, 5*time.Second, "the agent connected in process", agent.IsConnected)
 	if inbox := agent.NewInbox(); !strings.HasPrefix(inbox, "_INBOX.c1.node-1.") {
 		t.Errorf("agent inbox %q, want the per-node prefix", inbox)
 	}
@@ -88,7 +89,7 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 	if err := p.Publish(action(1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the event stored", func() bool { return p.Depth() == 0 && p.Mode() == ModeJetStream })
+	wait.Until(t, 10*time.Second, "the event stored", func() bool { return p.Depth() == 0 && p.Mode() == ModeJetStream })
 	assertExactlyOnce(t, tool, []string{actionID(1)})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -147,7 +148,7 @@ func TestEmbeddedRetriesWhenPortTaken(t *testing.T) {
 	if err := p.Publish(action(1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "two failed attempts", func() bool {
+	wait.Until(t, 5*time.Second, "two failed attempts", func() bool {
 		return testutil.ToFloat64(e.failures) >= 2
 	})
 	if agent.IsConnected() || p.Depth() != 1 {
@@ -166,7 +167,7 @@ func TestEmbeddedRetriesWhenPortTaken(t *testing.T) {
 	if e.Problem() != "" || testutil.ToFloat64(e.up) != 1 {
 		t.Errorf("problem %q, up %v after start", e.Problem(), testutil.ToFloat64(e.up))
 	}
-	waitFor(t, 20*time.Second, "the waiting event stored", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 20*time.Second, "the waiting event stored", func() bool { return p.Depth() == 0 })
 	tool := connectNkey(t, e.ClientURL(), seed)
 	assertExactlyOnce(t, tool, []string{actionID(1)})
 	if _, err := os.Stat(filepath.Join(stateDir, "nats", "jetstream")); err != nil {
@@ -181,6 +182,6 @@ func connectNkey(t *testing.T, url, seed string) *nats.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	waitFor(t, 5*time.Second, "tool connected", nc.IsConnected)
+	wait.Until(t, 5*time.Second, "tool connected", nc.IsConnected)
 	return nc
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -30,7 +31,7 @@ func TestStartEmbedded(t *testing.T) {
 	if err := p.Publish(action(1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the event to be stored", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "the event to be stored", func() bool { return p.Depth() == 0 })
 	if p.Mode() != ModeJetStream {
 		t.Fatalf("Mode() = %q on the embedded server, want jetstream", p.Mode())
 	}

@@ -3,6 +3,8 @@ package natsbus
 import (
 	"testing"
 	"time"
+
+	"github.com/gcagent/gcagent/internal/wait"
 )
 
 // TestEmbeddedStoreBoundOnAnOlderLargerStream: an embedded store created
@@ -23,7 +25,7 @@ func TestEmbeddedStoreBoundOnAnOlderLargerStream(t *testing.T) {
 	if err := p.Publish(action(1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the first event stored", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "the first event stored", func() bool { return p.Depth() == 0 })
 	_ = p.Close()
 	nc.Close()
 	s.Shutdown()
@@ -40,7 +42,7 @@ func TestEmbeddedStoreBoundOnAnOlderLargerStream(t *testing.T) {
 	if err := p.Publish(action(2)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the second event stored", func() bool { return p.Depth() == 0 && p.Mode() == ModeJetStream })
+	wait.Until(t, 10*time.Second, "the second event stored", func() bool { return p.Depth() == 0 && p.Mode() == ModeJetStream })
 	assertExactlyOnce(t, nc, []string{actionID(1), actionID(2)})
 	if n := len(log.lines(t, "the server refuses this agent's stream config: using the existing stream as it is (delete it to get the new bounds)")); n != 1 {
 		t.Errorf("%d warning lines, want 1", n)

@@ -87,18 +87,6 @@ func actionID(i int) string {
 	return EventID("c1", "node-1", "image", "removed", fmt.Sprintf("k-%d", i))
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // streamMsgs returns every message in the events stream, in stream order.
 func streamMsgs(t *testing.T, nc *nats.Conn) []*jetstream.RawStreamMsg {
 	t.Helper()

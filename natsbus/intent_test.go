@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/gcagent/gcagent/internal/wait"
 )
 
 // TestIntentSurvivesCrashBetweenDeleteAndEvent: a real bbolt outbox, a
@@ -63,7 +65,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 	if inA.Key == inB.Key || inA.Key == inC.Key {
 		t.Fatalf("intents with the same caller key share an event key: %q %q %q", inA.Key, inB.Key, inC.Key)
 	}
-	waitFor(t, 10*time.Second, "C's event stored before the crash", func() bool { return p1.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "C's event stored before the crash", func() bool { return p1.Depth() == 0 })
 	if err := p1.Close(); err != nil { // the process ends: A and B stay as they are on disk
 		t.Fatal(err)
 	}
@@ -93,7 +95,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 	if left, _ := p2.Pending(); len(left) != 0 {
 		t.Errorf("intents left after resolving: %+v", left)
 	}
-	waitFor(t, 10*time.Second, "A's event stored", func() bool { return p2.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "A's event stored", func() bool { return p2.Depth() == 0 })
 	idA := EventID("c1", "node-1", "image", "removed", inA.Key)
 	idC := EventID("c1", "node-1", "image", "removed", inC.Key)
 	assertExactlyOnce(t, nc, []string{idC, idA})

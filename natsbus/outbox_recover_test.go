@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -61,7 +62,7 @@ func TestCorruptOutboxFileIsMovedAside(t *testing.T) {
 		if err := p.Publish(action(i)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "the event delivered from the new outbox", func() bool { return p.Depth() == 0 })
+		wait.Until(t, 10*time.Second, "the event delivered from the new outbox", func() bool { return p.Depth() == 0 })
 		_ = p.Close()
 	}
 	if n := streamCount(nc); n != 4 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -39,7 +40,7 @@ func TestPublishExactlyOnce(t *testing.T) {
 		}
 		want = append(want, actionID(i))
 	}
-	waitFor(t, 10*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
 	if got := p.Mode(); got != ModeJetStream {
 		t.Fatalf("Mode() = %q, want %q", got, ModeJetStream)
 	}
@@ -48,7 +49,7 @@ func TestPublishExactlyOnce(t *testing.T) {
 	if err := p.Publish(action(7)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "duplicate ack", func() bool { return testutil.ToFloat64(m.duplicates) == 1 })
+	wait.Until(t, 10*time.Second, "duplicate ack", func() bool { return testutil.ToFloat64(m.duplicates) == 1 })
 	assertExactlyOnce(t, nc, want)
 
 	if got := testutil.ToFloat64(m.published.WithLabelValues("image")); got != n+1 {
@@ -60,7 +61,7 @@ func TestPublishExactlyOnce(t *testing.T) {
 	if got := testutil.ToFloat64(m.mode.WithLabelValues(ModeJetStream)); got != 1 {
 		t.Errorf("mode{jetstream} = %v, want 1", got)
 	}
-	waitFor(t, 5*time.Second, "the depth gauge to reach 0", func() bool { return testutil.ToFloat64(m.depth) == 0 })
+	wait.Until(t, 5*time.Second, "the depth gauge to reach 0", func() bool { return testutil.ToFloat64(m.depth) == 0 })
 }
 
 func TestPublishSurvivesOutage(t *testing.T) {
@@ -81,12 +82,12 @@ func TestPublishSurvivesOutage(t *testing.T) {
 		}
 	}
 	publish(0, 50)
-	waitFor(t, 10*time.Second, "first batch acked", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "first batch acked", func() bool { return p.Depth() == 0 })
 
 	publish(50, 100) // some of these are in flight when the server goes away
 	s.Shutdown()
 	s.WaitForShutdown()
-	waitFor(t, 5*time.Second, "disconnected mode", func() bool { return p.Mode() == ModeDisconnected })
+	wait.Until(t, 5*time.Second, "disconnected mode", func() bool { return p.Mode() == ModeDisconnected })
 
 	var slowest time.Duration
 	for i := 100; i < 150; i++ {
@@ -103,7 +104,7 @@ func TestPublishSurvivesOutage(t *testing.T) {
 	}
 
 	s2 := runServer(t, port, store, true) // same address and store: a restarted server
-	waitFor(t, 15*time.Second, "outbox to drain after the restart", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 15*time.Second, "outbox to drain after the restart", func() bool { return p.Depth() == 0 })
 	if got := p.Mode(); got != ModeJetStream {
 		t.Fatalf("Mode() = %q, want %q", got, ModeJetStream)
 	}
@@ -164,7 +165,7 @@ func TestCrashBetweenSendAndAck(t *testing.T) {
 	// The restarted agent sends everything left; JetStream drops the first half as duplicates.
 	m := newMetrics(t)
 	p2 := newPublisher(t, nc, stateDir, PublisherOptions{Metrics: m})
-	waitFor(t, 10*time.Second, "outbox to drain", func() bool { return p2.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "outbox to drain", func() bool { return p2.Depth() == 0 })
 	assertExactlyOnce(t, nc, want)
 	if got := testutil.ToFloat64(m.duplicates); got != n/2 {
 		t.Errorf("duplicates = %v, want %d", got, n/2)
@@ -217,7 +218,7 @@ func TestCoreFallback(t *testing.T) {
 					t.Fatalf("event %d: id %s, headers %v; want id %s in order", i, ev.ID, msg.Header, actionID(i))
 				}
 			}
-			waitFor(t, 5*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
+			wait.Until(t, 5*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
 			if got := p.Mode(); got != ModeCore {
 				t.Fatalf("Mode() = %q, want %q", got, ModeCore)
 			}
@@ -384,7 +385,7 @@ func TestLostAcksAreRetriedWithSameID(t *testing.T) {
 	if err := p.Publish(action(0)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "first event acked", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "first event acked", func() bool { return p.Depth() == 0 })
 
 	// The server stores what the agent sends, but no ack comes back.
 	proxy.dropAcks.Store(true)
@@ -396,8 +397,8 @@ func TestLostAcksAreRetriedWithSameID(t *testing.T) {
 		}
 		want = append(want, actionID(i))
 	}
-	waitFor(t, 10*time.Second, "the server to store every event", func() bool { return streamCount(direct) == n+1 })
-	waitFor(t, 10*time.Second, "a retry after an ack timeout", func() bool { return testutil.ToFloat64(m.republishes) > 0 })
+	wait.Until(t, 10*time.Second, "the server to store every event", func() bool { return streamCount(direct) == n+1 })
+	wait.Until(t, 10*time.Second, "a retry after an ack timeout", func() bool { return testutil.ToFloat64(m.republishes) > 0 })
 	if got := p.Depth(); got != n {
 		t.Fatalf("Depth() = %d while no ack came back, want %d", got, n)
 	}
@@ -405,7 +406,7 @@ func TestLostAcksAreRetriedWithSameID(t *testing.T) {
 	// The connection breaks and comes back: the agent resends, JetStream drops the duplicates.
 	proxy.cut()
 	proxy.dropAcks.Store(false)
-	waitFor(t, 10*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
 	assertExactlyOnce(t, direct, want)
 	if got := testutil.ToFloat64(m.duplicates); got < n {
 		t.Errorf("duplicates = %v, want at least %d", got, n)
@@ -424,7 +425,7 @@ func TestSenderExpiresOldEvents(t *testing.T) {
 		}
 	}
 	clock.Add(2 * time.Minute)
-	waitFor(t, 10*time.Second, "the sender to drop and count the expired events", func() bool {
+	wait.Until(t, 10*time.Second, "the sender to drop and count the expired events", func() bool {
 		return p.Depth() == 0 && testutil.ToFloat64(m.dropped) == 3
 	})
 }
@@ -444,7 +445,7 @@ func TestPublisherStartsBeforeServer(t *testing.T) {
 		t.Fatalf("Mode() = %q before any server, want %q", got, ModeDisconnected)
 	}
 	runServer(t, port, t.TempDir(), true)
-	waitFor(t, 10*time.Second, "outbox to drain once the server is up", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "outbox to drain once the server is up", func() bool { return p.Depth() == 0 })
 	assertExactlyOnce(t, nc, want)
 }
 
@@ -493,7 +494,7 @@ func TestCorruptOutboxEntryIsDroppedAndDeliveryGoesOn(t *testing.T) {
 	nc := connect(t, s.ClientURL())
 	m := newMetrics(t)
 	p2 := newPublisher(t, nc, stateDir, PublisherOptions{Metrics: m, Logger: logs.logger()})
-	waitFor(t, 10*time.Second, "outbox to drain past the corrupt entries", func() bool { return p2.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "outbox to drain past the corrupt entries", func() bool { return p2.Depth() == 0 })
 	assertExactlyOnce(t, nc, want)
 	if got := testutil.ToFloat64(m.dropped); got != 2 {
 		t.Errorf("dropped metric = %v, want 2", got)

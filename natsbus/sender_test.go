@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -38,8 +39,8 @@ func TestAckLostMidBatchKeepsOrder(t *testing.T) {
 	direct := connect(t, s.ClientURL())
 	m := newMetrics(t)
 	p := newPublisher(t, connect(t, proxy.url()), stateDir, PublisherOptions{Metrics: m, AckTimeout: time.Second})
-	waitFor(t, 10*time.Second, "the server to store every event", func() bool { return streamCount(direct) == n })
-	waitFor(t, 10*time.Second, "a retry after the lost ack", func() bool { return testutil.ToFloat64(m.republishes) > 0 })
+	wait.Until(t, 10*time.Second, "the server to store every event", func() bool { return streamCount(direct) == n })
+	wait.Until(t, 10*time.Second, "a retry after the lost ack", func() bool { return testutil.ToFloat64(m.republishes) > 0 })
 
 	left, _, err := p.ob.peek(n)
 	if err != nil {
@@ -56,7 +57,7 @@ func TestAckLostMidBatchKeepsOrder(t *testing.T) {
 
 	// The ack gets through again: the retry from the unacked event drains the outbox.
 	proxy.dropAckSeq.Store(0)
-	waitFor(t, 10*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "outbox to drain", func() bool { return p.Depth() == 0 })
 	assertExactlyOnce(t, direct, want)
 	var stored []string
 	for _, msg := range streamMsgs(t, direct) {
@@ -114,7 +115,7 @@ func TestStreamRefusesEventMidBatch(t *testing.T) {
 	var logs logBuffer
 	m := newMetrics(t)
 	p := newPublisher(t, nc, stateDir, PublisherOptions{Metrics: m, NoCreateStream: true, Logger: logs.logger()})
-	waitFor(t, 10*time.Second, "outbox to drain past the refused event", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 10*time.Second, "outbox to drain past the refused event", func() bool { return p.Depth() == 0 })
 	assertExactlyOnce(t, nc, want)
 	var stored []string
 	for _, msg := range streamMsgs(t, nc) {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 )
 
@@ -39,7 +40,7 @@ func (a *agent) setupContainerGC() error {
 		Metrics:   m,
 		Logger:    a.log,
 		PodKept:   logs.PodLogDirExists(a.cfg.PodLogDir),
-		Clock:     gc.SystemContainerClock(a.clock.Now),
+		Clock:     clock.System(a.clock.Now),
 		MinGap:    containerGCMinGap,
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/rs/zerolog"
 )
@@ -39,17 +40,6 @@ func (r *recorder) count(prefix string) int {
 	return n
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not after 10s: %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestSystemdNotifyReadyAfterSyncAndWatchdogWhileHealthy: no READY=1 before
 // the projection is synced, exactly one after; WATCHDOG=1 while the loop is
 // healthy, none while it is not, again once it recovers; STOPPING=1 at the
@@ -74,26 +64,26 @@ func TestSystemdNotifyReadyAfterSyncAndWatchdogWhileHealthy(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.run(ctx) }()
 
-	waitFor(t, "watchdog pings before sync", func() bool { return rec.count("WATCHDOG=1") >= 3 })
+	wait.Until(t, 10*time.Second, "watchdog pings before sync", func() bool { return rec.count("WATCHDOG=1") >= 3 })
 	changes <- struct{}{}
 	if rec.count("READY=1") != 0 {
 		t.Fatal("READY=1 before the projection is synced")
 	}
 	synced.Store(true)
 	changes <- struct{}{}
-	waitFor(t, "READY=1 after sync", func() bool { return rec.count("READY=1") == 1 })
+	wait.Until(t, 10*time.Second, "READY=1 after sync", func() bool { return rec.count("READY=1") == 1 })
 
 	unhealthy.Store(true)
 	c0 := checks.Load()
-	waitFor(t, "checks while unhealthy", func() bool { return checks.Load() >= c0+2 })
+	wait.Until(t, 10*time.Second, "checks while unhealthy", func() bool { return checks.Load() >= c0+2 })
 	pings := rec.count("WATCHDOG=1")
 	c1 := checks.Load()
-	waitFor(t, "more checks while unhealthy", func() bool { return checks.Load() >= c1+5 })
+	wait.Until(t, 10*time.Second, "more checks while unhealthy", func() bool { return checks.Load() >= c1+5 })
 	if got := rec.count("WATCHDOG=1"); got != pings {
 		t.Errorf("%d watchdog pings while the loop was unhealthy", got-pings)
 	}
 	unhealthy.Store(false)
-	waitFor(t, "pings after recovery", func() bool { return rec.count("WATCHDOG=1") >= pings+2 })
+	wait.Until(t, 10*time.Second, "pings after recovery", func() bool { return rec.count("WATCHDOG=1") >= pings+2 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -146,5 +136,5 @@ func TestLoopHealth(t *testing.T) {
 		t.Fatal("probe still blocked: healthy")
 	}
 	close(block)
-	waitFor(t, "healthy after the read answers", func() bool { return h.check() == nil })
+	wait.Until(t, 10*time.Second, "healthy after the read answers", func() bool { return h.check() == nil })
 }

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gcagent/gcagent/internal/wait"
 )
 
 var (
@@ -261,25 +263,15 @@ func (a *Agent) GetText(path string) (int, string, error) {
 }
 
 // Eventually polls cond every 50ms until it returns "" or the deadline
-// passes, then fails with cond's last explanation.
+// passes, then fails with cond's last explanation (wait.Every).
 func Eventually(t testing.TB, within time.Duration, cond func() string) {
 	t.Helper()
-	EventuallyEvery(t, within, 50*time.Millisecond, cond)
+	wait.Every(t, within, 50*time.Millisecond, cond)
 }
 
 // EventuallyEvery is Eventually looking every interval: a benchmark that
 // measures the agent polls it no more often than it must.
 func EventuallyEvery(t testing.TB, within, every time.Duration, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		why := cond()
-		if why == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not after %s: %s", within, why)
-		}
-		time.Sleep(every)
-	}
+	wait.Every(t, within, every, cond)
 }
