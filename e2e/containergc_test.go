@@ -410,15 +410,20 @@ func TestContainerGCCRIPods(t *testing.T) {
 		if st := view.criContainers[newest]; st != runtime.ContainerState_CONTAINER_EXITED {
 			t.Errorf("newest job is %v, want exited", st)
 		}
-		m := mustMetrics(t, a)
-		for _, want := range []string{
-			`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 3`,
-			`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="sandbox-orphaned"} 1`,
-		} {
-			if !containsLine(m, want) {
-				t.Errorf("metrics lack %q", want)
+		// The agent counts a removal right after CRI's call returns, which
+		// the listing above may see first: wait for the counts.
+		testenv.Eventually(t, 10*time.Second, func() string {
+			m := mustMetrics(t, a)
+			for _, want := range []string{
+				`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 3`,
+				`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="sandbox-orphaned"} 1`,
+			} {
+				if !containsLine(m, want) {
+					return fmt.Sprintf("metrics lack %q", want)
+				}
 			}
-		}
+			return ""
+		})
 	})
 }
 
