@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,14 +8,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
-	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/fleet"
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go"
@@ -148,7 +146,7 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 			}
 		}
 	}
-	f := newFleet(o.tail)
+	f := fleet.New(o.tail)
 	clear := isTerminal(stdout)
 	tick := time.NewTicker(o.refresh)
 	defer tick.Stop()
@@ -163,7 +161,7 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 				bad++
 				continue
 			}
-			f.apply(ev)
+			f.Apply(ev)
 			continue
 		case <-tick.C:
 		}
@@ -239,250 +237,9 @@ func isTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// fleet is the fleet as the events tell it: one row per node and the
-// latest actions. apply is a pure fold; it does no I/O.
-type fleet struct {
-	nodes   map[string]*fleetNode // by event source
-	tail    []tailLine            // newest last, at most maxTail
-	maxTail int
-}
-
-// fleetNode is what the events say about one node.
-type fleetNode struct {
-	Cluster, Node string
-	// From the latest heartbeat.
-	HasDisk          bool
-	DiskUsagePercent int
-	Images           int
-	Outbox           int
-	NATSMode         string
-	LastHeartbeat    time.Time
-	Started          time.Time
-	// From gc.completed / gc.failed.
-	LastGC       time.Time
-	LastGCResult string
-	freed        []sample // bytes freed per pass, by pass end
-	failures     []time.Time
-	LastEvent    time.Time
-	Removed      map[string]int // kind -> removals seen
-}
-
-type sample struct {
-	at    time.Time
-	bytes int64
-}
-
-// tailLine is one action in the tail.
-type tailLine struct {
-	At      time.Time
-	Node    string
-	Type    string // kind.action
-	Subject string
-	Detail  string
-}
-
-// fleetRow is one line of the fleet table as of a given time.
-type fleetRow struct {
-	Cluster, Node    string
-	DiskUsagePercent int // -1 unknown
-	Images           int // -1 unknown
-	LastGC           time.Time
-	LastGCResult     string
-	FreedLastHour    int64
-	FailuresLastHour int
-	HeartbeatAge     time.Duration // -1 never
-	Outbox           int
-	NATSMode         string
-	Removed          map[string]int
-}
-
-func newFleet(maxTail int) *fleet {
-	return &fleet{nodes: map[string]*fleetNode{}, maxTail: maxTail}
-}
-
-// apply folds one event into the fleet. Events of unknown types still
-// count as a sign of life and go into the tail.
-func (f *fleet) apply(ev natsbus.CloudEvent) {
-	n := f.nodes[ev.Source]
-	if n == nil {
-		cluster, node := splitSource(ev.Source)
-		n = &fleetNode{Cluster: cluster, Node: node, Removed: map[string]int{}}
-		f.nodes[ev.Source] = n
-	}
-	if ev.Time.After(n.LastEvent) {
-		n.LastEvent = ev.Time
-	}
-	kind, action, _ := strings.Cut(strings.TrimPrefix(ev.Type, "io.gcagent."), ".")
-	var d struct {
-		DiskUsagePercent *int   `json:"diskUsagePercent"`
-		Images           *int   `json:"images"`
-		Outbox           int    `json:"outbox"`
-		NATSMode         string `json:"natsMode"`
-		FreedBytes       int64  `json:"freedBytes"`
-		Bytes            int64  `json:"bytes"`
-		Reason           string `json:"reason"`
-		Error            string `json:"error"`
-		Trigger          string `json:"trigger"`
-		// What names the object for a person (image.*, container.removed).
-		Digest        string   `json:"digest"`
-		Names         []string `json:"names"`
-		ContainerName string   `json:"containerName"`
-		PodName       string   `json:"podName"`
-		PodNamespace  string   `json:"podNamespace"`
-		Namespace     string   `json:"namespace"` // containerd's
-	}
-	_ = json.Unmarshal(ev.Data, &d) // a payload of another shape leaves d empty
-	switch {
-	case kind == "agent" && action == "heartbeat":
-		if ev.Time.After(n.LastHeartbeat) {
-			n.LastHeartbeat = ev.Time
-			if d.DiskUsagePercent != nil {
-				n.HasDisk, n.DiskUsagePercent = true, *d.DiskUsagePercent
-			}
-			if d.Images != nil {
-				n.Images = *d.Images
-			}
-			n.Outbox, n.NATSMode = d.Outbox, d.NATSMode
-		}
-		return // heartbeats stay out of the tail
-	case kind == "agent" && action == "started":
-		if ev.Time.After(n.Started) {
-			n.Started = ev.Time
-		}
-	case kind == "gc" && (action == "completed" || action == "failed"):
-		if !ev.Time.Before(n.LastGC) {
-			n.LastGC, n.LastGCResult = ev.Time, action
-		}
-		n.freed = append(n.freed, sample{ev.Time, d.FreedBytes})
-	case action == "removed":
-		n.Removed[kind]++
-	}
-	if action == "failed" || (action == "skipped" && strings.Contains(d.Reason, "fail")) {
-		n.failures = append(n.failures, ev.Time)
-	}
-	detail := d.Reason
-	if d.Trigger != "" {
-		detail = "trigger=" + d.Trigger
-	}
-	if b := cmp.Or(d.FreedBytes, d.Bytes); b > 0 {
-		detail += " " + humanBytes(b)
-	}
-	if d.Error != "" {
-		detail += " error=" + d.Error
-	}
-	subject := ev.Subject
-	switch kind {
-	case "image":
-		subject = imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject))
-	case "container":
-		subject = containerLabel(ev.Subject, d.PodNamespace, d.PodName, d.ContainerName)
-	}
-	if (kind == "image" || kind == "container") && d.Namespace != "" && d.Namespace != events.CRINamespace {
-		subject = d.Namespace + ": " + subject // k8s.io is the usual one: said only for the others
-	}
-	f.tail = append(f.tail, tailLine{At: ev.Time, Node: n.Node, Type: kind + "." + action, Subject: subject, Detail: strings.TrimSpace(detail)})
-	// Replayed and live events may interleave across nodes: keep time order.
-	slices.SortStableFunc(f.tail, func(a, b tailLine) int { return a.At.Compare(b.At) })
-	if len(f.tail) > f.maxTail {
-		f.tail = slices.Delete(f.tail, 0, len(f.tail)-f.maxTail)
-	}
-	// Forget what can no longer be in a one-hour window of any later now.
-	n.freed = slices.DeleteFunc(n.freed, func(s sample) bool { return ev.Time.Sub(s.at) > 2*time.Hour })
-	n.failures = slices.DeleteFunc(n.failures, func(t time.Time) bool { return ev.Time.Sub(t) > 2*time.Hour })
-}
-
-// imageLabel names an image as an operator reads it: its names (tags
-// first; the sha256: id names CRI adds say nothing) and the digest,
-// shortened. Without a name, the short digest alone.
-func imageLabel(names []string, digest string) string {
-	var tags []string
-	for _, n := range names {
-		if !strings.HasPrefix(n, "sha256:") {
-			tags = append(tags, n)
-		}
-	}
-	short := shortDigest(digest)
-	if len(tags) == 0 {
-		return short
-	}
-	return strings.Join(tags, ",") + " (" + short + ")"
-}
-
-// shortDigest keeps the algorithm and 12 hex digits, like docker's ids.
-func shortDigest(d string) string {
-	algo, hex, ok := strings.Cut(d, ":")
-	if !ok {
-		algo, hex = "", d
-	}
-	if len(hex) > 12 {
-		hex = hex[:12]
-	}
-	if algo == "" {
-		return hex
-	}
-	return algo + ":" + hex
-}
-
-// containerLabel names a removed container: pod namespace/name and
-// container name for CRI containers, with the id shortened; the id alone
-// for plain containers (their ids are chosen by people).
-func containerLabel(id, podNamespace, podName, container string) string {
-	if podName == "" && container == "" {
-		return id
-	}
-	short := id
-	if len(short) > 12 {
-		short = short[:12]
-	}
-	return fmt.Sprintf("%s/%s %s (%s)", podNamespace, podName, container, short)
-}
-
-// rows returns the table as of now, ordered by cluster and node.
-func (f *fleet) rows(now time.Time) []fleetRow {
-	out := make([]fleetRow, 0, len(f.nodes))
-	hour := now.Add(-time.Hour)
-	for _, n := range f.nodes {
-		r := fleetRow{Cluster: n.Cluster, Node: n.Node, DiskUsagePercent: -1, Images: -1, LastGC: n.LastGC,
-			LastGCResult: n.LastGCResult, HeartbeatAge: -1, Outbox: n.Outbox, NATSMode: n.NATSMode, Removed: n.Removed}
-		if n.HasDisk {
-			r.DiskUsagePercent = n.DiskUsagePercent
-		}
-		if !n.LastHeartbeat.IsZero() {
-			r.Images = n.Images
-			r.HeartbeatAge = max(now.Sub(n.LastHeartbeat), 0)
-		}
-		for _, s := range n.freed {
-			if !s.at.Before(hour) && !s.at.After(now) {
-				r.FreedLastHour += s.bytes
-			}
-		}
-		for _, t := range n.failures {
-			if !t.Before(hour) && !t.After(now) {
-				r.FailuresLastHour++
-			}
-		}
-		out = append(out, r)
-	}
-	slices.SortFunc(out, func(a, b fleetRow) int { return cmp.Or(cmp.Compare(a.Cluster, b.Cluster), cmp.Compare(a.Node, b.Node)) })
-	return out
-}
-
-// splitSource reads gcagent/<cluster>/<node>; the node may contain '/'.
-func splitSource(src string) (cluster, node string) {
-	rest, ok := strings.CutPrefix(src, "gcagent/")
-	if !ok {
-		return "?", src
-	}
-	cluster, node, ok = strings.Cut(rest, "/")
-	if !ok {
-		return "?", rest
-	}
-	return cluster, node
-}
-
-// renderFleet prints the table and the tail as of now.
-func renderFleet(w io.Writer, f *fleet, now time.Time, url string, bad int) {
-	rows := f.rows(now)
+// renderFleet prints the table and the tail of f as of now.
+func renderFleet(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int) {
+	rows := f.Rows(now)
 	fmt.Fprintf(w, "gcagent fleet  %s  %s  nodes: %d", now.Format(time.TimeOnly), natsbus.RedactURL(url), len(rows))
 	if bad > 0 {
 		fmt.Fprintf(w, "  undecodable events: %d", bad)
@@ -515,16 +272,33 @@ func renderFleet(w io.Writer, f *fleet, now time.Time, url string, bad int) {
 			humanBytes(r.FreedLastHour), r.FailuresLastHour, r.Removed["image"], r.Removed["container"], r.Removed["log"], outbox, hb)
 	}
 	tw.Flush()
-	if len(f.tail) == 0 {
+	tail := f.Tail()
+	if len(tail) == 0 {
 		return
 	}
 	fmt.Fprintln(w, "\nRECENT ACTIONS")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, l := range f.tail {
+	for _, l := range tail {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.At.Local().Format(time.TimeOnly),
-			forTerminal(l.Node), forTerminal(l.Type), forTerminal(l.Subject), forTerminal(l.Detail))
+			forTerminal(l.Node), forTerminal(l.Type), forTerminal(l.Subject), forTerminal(tailDetail(l)))
 	}
 	tw.Flush()
+}
+
+// tailDetail is the last column of a tail line: the reason (a pass's
+// trigger instead), the bytes, the error.
+func tailDetail(l fleet.TailLine) string {
+	detail := l.Reason
+	if l.Trigger != "" {
+		detail = "trigger=" + l.Trigger
+	}
+	if l.Bytes > 0 {
+		detail += " " + humanBytes(l.Bytes)
+	}
+	if l.Error != "" {
+		detail += " error=" + l.Error
+	}
+	return strings.TrimSpace(detail)
 }
 
 // forTerminal returns a string an event carries as it may reach an

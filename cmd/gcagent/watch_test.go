@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/fleet"
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
@@ -26,54 +27,26 @@ func ce(t *testing.T, node, kind, action, subject string, at time.Time, data any
 	return ev
 }
 
-func TestFleetFold(t *testing.T) {
+// TestWatchTable: the table shows each node's figures as of now and the
+// URL without its credentials.
+func TestWatchTable(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	f := newFleet(3)
-	evs := []natsbus.CloudEvent{
+	f := fleet.New(3)
+	for _, ev := range []natsbus.CloudEvent{
 		ce(t, "n1", "agent", "started", "n1", t0, nil),
 		ce(t, "n1", "agent", "heartbeat", "n1", t0.Add(time.Minute), map[string]any{"diskUsagePercent": 91, "images": 12, "outbox": 0, "natsMode": "jetstream"}),
-		// A gc pass 2h ago is outside the hour; one 10 min ago inside.
 		ce(t, "n1", "gc", "completed", "image", t0.Add(-2*time.Hour), map[string]any{"freedBytes": 1 << 30}),
 		ce(t, "n1", "gc", "completed", "image", t0.Add(50*time.Minute), map[string]any{"freedBytes": 300 << 20, "trigger": "disk"}),
 		ce(t, "n1", "image", "removed", "sha256:aa", t0.Add(50*time.Minute), map[string]any{"bytes": 300 << 20, "reason": "space"}),
 		ce(t, "n1", "container", "removed", "c-1", t0.Add(51*time.Minute), map[string]any{"reason": "per-unit-cap"}),
 		ce(t, "n2", "gc", "failed", "image", t0.Add(55*time.Minute), map[string]any{"freedBytes": 0, "error": "boom"}),
 		ce(t, "n2", "image", "skipped", "sha256:bb", t0.Add(55*time.Minute), map[string]any{"reason": "delete-failed"}),
-		// An older heartbeat arriving late does not override the newer one.
 		ce(t, "n1", "agent", "heartbeat", "n1", t0.Add(30*time.Second), map[string]any{"diskUsagePercent": 50, "images": 1}),
-	}
-	for _, ev := range evs {
-		f.apply(ev)
-	}
-	now := t0.Add(time.Hour)
-	rows := f.rows(now)
-	if len(rows) != 2 || rows[0].Node != "n1" || rows[1].Node != "n2" || rows[0].Cluster != "c1" {
-		t.Fatalf("rows %+v", rows)
-	}
-	n1, n2 := rows[0], rows[1]
-	if n1.DiskUsagePercent != 91 || n1.Images != 12 || n1.HeartbeatAge != 59*time.Minute || n1.NATSMode != "jetstream" {
-		t.Errorf("n1 heartbeat figures: %+v", n1)
-	}
-	if n1.FreedLastHour != 300<<20 || !n1.LastGC.Equal(t0.Add(50*time.Minute)) || n1.LastGCResult != "completed" {
-		t.Errorf("n1 gc figures: %+v", n1)
-	}
-	if n1.FailuresLastHour != 0 || n1.Removed["image"] != 1 || n1.Removed["container"] != 1 {
-		t.Errorf("n1 counts: %+v", n1)
-	}
-	if n2.DiskUsagePercent != -1 || n2.Images != -1 || n2.HeartbeatAge != -1 || n2.FailuresLastHour != 2 || n2.LastGCResult != "failed" {
-		t.Errorf("n2 (no heartbeat, one failed pass, one failed delete): %+v", n2)
-	}
-	// The tail keeps the newest three actions in time order, without heartbeats.
-	if len(f.tail) != 3 || f.tail[0].Type != "container.removed" || f.tail[2].Type != "image.skipped" {
-		t.Errorf("tail %+v", f.tail)
-	}
-	// An hour later nothing is in the window.
-	later := f.rows(now.Add(2 * time.Hour))
-	if later[0].FreedLastHour != 0 || later[1].FailuresLastHour != 0 {
-		t.Errorf("window did not move: %+v", later)
+	} {
+		f.Apply(ev)
 	}
 	var out bytes.Buffer
-	renderFleet(&out, f, now, "nats://u:p@127.0.0.1:4222", 0)
+	renderFleet(&out, f, t0.Add(time.Hour), "nats://u:p@127.0.0.1:4222", 0)
 	for _, want := range []string{"91%", "300.0MiB", "n2", "(failed)", "1/1/0", "c-1", "nats://***@127.0.0.1:4222"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
@@ -81,17 +54,27 @@ func TestFleetFold(t *testing.T) {
 	}
 }
 
-func TestSplitSource(t *testing.T) {
-	for src, want := range map[string][2]string{
-		"gcagent/prod/node-1":    {"prod", "node-1"},
-		"gcagent/prod/a/b":       {"prod", "a/b"},
-		"somebody/else":          {"?", "somebody/else"},
-		"gcagent/only-a-cluster": {"?", "only-a-cluster"},
+// TestTailDetail: the detail column says the reason, or a pass's trigger
+// instead, then the bytes and the error.
+func TestTailDetail(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    fleet.TailLine
+		want string
+	}{
+		{"empty", fleet.TailLine{}, ""},
+		{"reason", fleet.TailLine{Reason: "space"}, "space"},
+		{"reason and bytes", fleet.TailLine{Reason: "space", Bytes: 1 << 20}, "space 1.0MiB"},
+		{"trigger wins", fleet.TailLine{Reason: "x", Trigger: "disk"}, "trigger=disk"},
+		{"bytes alone", fleet.TailLine{Bytes: 1 << 20}, "1.0MiB"},
+		{"all", fleet.TailLine{Trigger: "disk", Bytes: 1 << 20, Error: "boom"}, "trigger=disk 1.0MiB error=boom"},
+		{"error alone", fleet.TailLine{Error: "boom"}, "error=boom"},
 	} {
-		c, n := splitSource(src)
-		if c != want[0] || n != want[1] {
-			t.Errorf("%s: %s %s", src, c, n)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tailDetail(tc.l); got != tc.want {
+				t.Errorf("tailDetail = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -283,44 +266,6 @@ func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
 	}
 }
 
-// TestWatchTailNamesObjects: the action tail names images by their tags
-// with the digest shortened, and CRI containers by pod and name.
-func TestWatchTailNamesObjects(t *testing.T) {
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	digest := "sha256:37d11ee8042e09d93c100b0ea6632dfac4c441333fb7729bd4925a3f6727b3df"
-	f := newFleet(10)
-	for _, ev := range []natsbus.CloudEvent{
-		ce(t, "n1", "image", "removed", digest, t0, map[string]any{"digest": digest,
-			"names": []string{"example.test/web:1", "sha256:d06c6b7adb26798a4717c58bbbc3d1b96f1c8780baf9f737bc3277213d6c2848"}, "freedBytes": 1 << 20}),
-		ce(t, "n1", "image", "skipped", digest, t0.Add(time.Second), map[string]any{"digest": digest,
-			"names": []string{"sha256:d06c6b7adb26798a4717c58bbbc3d1b96f1c8780baf9f737bc3277213d6c2848"}, "reason": "in-use"}),
-		ce(t, "n1", "container", "removed", "3f2a9c0d1e2b3c4d5e6f", t0.Add(2*time.Second), map[string]any{
-			"podNamespace": "default", "podName": "web-7d9", "containerName": "app"}),
-		ce(t, "n1", "container", "removed", "nightly-job", t0.Add(3*time.Second), map[string]any{}),
-		ce(t, "n1", "container", "removed", "build-1", t0.Add(4*time.Second), map[string]any{"namespace": "buildkit"}),
-		ce(t, "n1", "image", "removed", digest, t0.Add(5*time.Second), map[string]any{"digest": digest, "namespace": "default",
-			"names": []string{"example.test/web:1"}}),
-	} {
-		f.apply(ev)
-	}
-	want := []string{
-		"example.test/web:1 (sha256:37d11ee8042e)",
-		"sha256:37d11ee8042e",
-		"default/web-7d9 app (3f2a9c0d1e2b)",
-		"nightly-job",
-		"buildkit: build-1", // a namespace other than k8s.io is said
-		"default: example.test/web:1 (sha256:37d11ee8042e)",
-	}
-	if len(f.tail) != len(want) {
-		t.Fatalf("tail %+v", f.tail)
-	}
-	for i, w := range want {
-		if f.tail[i].Subject != w {
-			t.Errorf("tail[%d] subject %q, want %q", i, f.tail[i].Subject, w)
-		}
-	}
-}
-
 // TestNATSClientLocalCredentials: without --nats-url or credentials, a
 // local tool takes the URL and nkey from --state-dir (or GCAGENT_STATE_DIR);
 // explicit settings win.
@@ -366,7 +311,7 @@ func TestNATSClientLocalCredentials(t *testing.T) {
 func TestWatchTableEscapesEventStrings(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	digest := "sha256:37d11ee8042e09d93c100b0ea6632dfac4c441333fb7729bd4925a3f6727b3df"
-	f := newFleet(20)
+	f := fleet.New(20)
 	odd := ce(t, "n1", "image", "removed", digest, t0.Add(6*time.Second), map[string]any{})
 	odd.Type = "io.gcagent.image\x1b[8m.removed"
 	for _, ev := range []natsbus.CloudEvent{
@@ -381,7 +326,7 @@ func TestWatchTableEscapesEventStrings(t *testing.T) {
 		ce(t, "evil\x1b]0;owned\a", "agent", "heartbeat", "n", t0.Add(5*time.Second), map[string]any{"natsMode": "core\x1b[5m", "outbox": 1}),
 		odd,
 	} {
-		f.apply(ev)
+		f.Apply(ev)
 	}
 	var out bytes.Buffer
 	renderFleet(&out, f, t0.Add(time.Minute), "nats://127.0.0.1:4222", 0)
