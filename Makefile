@@ -53,7 +53,7 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 	$(GO) test -count=1 -timeout 30m ./...
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./internal/agent/ ./cmd/... ./deploy/ ./internal/ociimage/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./cmd/... ./deploy/ ./internal/ociimage/
 
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 30m -v ./e2e/
