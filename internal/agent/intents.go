@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"os"
-	"syscall"
 	"time"
 
 	"github.com/gcagent/gcagent/deletion"
@@ -12,42 +10,12 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// killAfterDeleteEnv is a test hook, not a setting: when it names a kind
-// (image, container, log), the agent sends itself SIGKILL right after its
-// first delete of that kind, before the delete's event is stored, so that
-// end-to-end tests can show the intent turning into exactly one event
-// after the restart.
-const killAfterDeleteEnv = "GCAGENT_TEST_KILL_AFTER_DELETE"
-
-// killAfterIntentEnv is the same test hook one step earlier: SIGKILL right
-// after the intent is recorded, before the delete.
-const killAfterIntentEnv = "GCAGENT_TEST_KILL_AFTER_INTENT"
-
 // newDeletes returns the delete transactions of the agent: intents in the
 // outbox, settled against the node.
 func newDeletes(p *natsbus.Publisher, rt *node.Runtime, log zerolog.Logger) (*deletion.Manager, error) {
 	o := deletion.Options{Log: log.With().Str("component", "deletion").Logger()}
-	if kind := os.Getenv(killAfterIntentEnv); kind != "" {
-		o.AfterIntent = func(in deletion.Intent) {
-			if in.Kind == kind {
-				killSelf()
-			}
-		}
-	}
-	if kind := os.Getenv(killAfterDeleteEnv); kind != "" {
-		o.AfterDelete = func(in deletion.Intent) {
-			if in.Kind == kind {
-				killSelf()
-			}
-		}
-	}
+	crashHooks(&o) // only in a build with -tags testhooks
 	return deletion.New(deletion.Deps{Journal: p, Checker: rt}, o)
-}
-
-// killSelf is kill -9 of this process, for the test hooks.
-func killSelf() {
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // SIGKILL cannot be caught: the process ends here
 }
 
 // settleAtStart settles the deletes a crash left pending, retrying with

@@ -89,8 +89,8 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	// skew is nil unless a test emulates wall-clock steps (clock.TestOffsetEnv).
-	skew, err := clock.SkewFromEnv()
+	// skew is nil unless a test build emulates wall-clock steps.
+	skew, err := testSkew()
 	if err != nil {
 		return err
 	}
@@ -378,24 +378,6 @@ func (a *agent) containerdAnswers(ctx context.Context) error {
 	defer cancel()
 	_, err := a.version(ctx)
 	return err
-}
-
-// followTestSkew re-reads the test-only clock offset file until ctx ends:
-// end-to-end tests step the emulated wall clock by writing it.
-func followTestSkew(ctx context.Context, skew *clock.Skew, path string, log zerolog.Logger) error {
-	log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset enabled (" + clock.TestOffsetEnv + ")")
-	t := time.NewTicker(clock.TestOffsetPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			if skew.ReadFile(path) {
-				log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset stepped")
-			}
-		}
-	}
 }
 
 // clockSaveInterval is how often the agent's time is saved for the next

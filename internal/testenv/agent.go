@@ -32,8 +32,13 @@ type built struct {
 }
 
 // ShippedTags are the build tags of every gcagent the Makefile builds
-// (BUILD_TAGS): tests run the binary operators get.
+// (BUILD_TAGS): tests run the binary operators get, plus TestTags.
 const ShippedTags = "grpcnotrace"
+
+// TestTags are added to every build of the tests: the crash and clock
+// hooks the end-to-end tests drive through GCAGENT_TEST_* variables. The
+// shipped binary has none (TestShippedBinaryLeavesOutTracing).
+const TestTags = "testhooks"
 
 // Build says how AgentBuild builds cmd/gcagent (with ShippedTags).
 type Build struct {
@@ -73,7 +78,7 @@ func build(b Build) built {
 		return built{err: err}
 	}
 	bin := filepath.Join(dir, "gcagent")
-	tags := ShippedTags
+	tags := ShippedTags + "," + TestTags
 	if b.Tags != "" {
 		tags += "," + b.Tags
 	}

@@ -1,0 +1,73 @@
+//go:build testhooks
+
+package agent
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/gcagent/gcagent/deletion"
+	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/rs/zerolog"
+)
+
+// This file is built only with -tags testhooks: the end-to-end tests'
+// builds have it, the shipped binary does not (e2e TestShippedBinary).
+
+// killAfterDeleteEnv, when it names a kind (image, container, log), makes
+// the agent send itself SIGKILL right after its first delete of that kind,
+// before the delete's event is stored, so that end-to-end tests can show
+// the intent turning into exactly one event after the restart.
+const killAfterDeleteEnv = "GCAGENT_TEST_KILL_AFTER_DELETE"
+
+// killAfterIntentEnv is the same one step earlier: SIGKILL right after the
+// intent is recorded, before the delete.
+const killAfterIntentEnv = "GCAGENT_TEST_KILL_AFTER_INTENT"
+
+// crashHooks arms the kill hooks the environment asks for.
+func crashHooks(o *deletion.Options) {
+	if kind := os.Getenv(killAfterIntentEnv); kind != "" {
+		o.AfterIntent = func(in deletion.Intent) {
+			if in.Kind == kind {
+				killSelf()
+			}
+		}
+	}
+	if kind := os.Getenv(killAfterDeleteEnv); kind != "" {
+		o.AfterDelete = func(in deletion.Intent) {
+			if in.Kind == kind {
+				killSelf()
+			}
+		}
+	}
+}
+
+// killSelf is kill -9 of this process.
+func killSelf() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // SIGKILL cannot be caught: the process ends here
+}
+
+// testSkew is the emulated wall-clock offset clock.TestOffsetEnv asks
+// for; nil when unset.
+func testSkew() (*clock.Skew, error) { return clock.SkewFromEnv() }
+
+// followTestSkew re-reads the test-only clock offset file until ctx ends:
+// end-to-end tests step the emulated wall clock by writing it.
+func followTestSkew(ctx context.Context, skew *clock.Skew, path string, log zerolog.Logger) error {
+	log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset enabled (" + clock.TestOffsetEnv + ")")
+	t := time.NewTicker(clock.TestOffsetPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if skew.ReadFile(path) {
+				log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset stepped")
+			}
+		}
+	}
+}
