@@ -78,6 +78,7 @@ lint: ## gofmt and go vet (also of the agent built without the embedded NATS ser
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags noembeddednats ./cmd/gcagent/
+	$(GO) vet -tags testhooks ./internal/agent/
 
 tidy-check: ## fail if go mod tidy would change go.mod or go.sum
 	@cp go.mod /tmp/gcagent.go.mod.bak; cp go.sum /tmp/gcagent.go.sum.bak; \

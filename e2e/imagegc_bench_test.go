@@ -208,11 +208,13 @@ func benchThroughput(b *testing.B, c *testenv.Containerd) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	g := gc.NewImageGC(gc.ImageGCOptions{
-		Projection: live, Runtime: nrt, Deletes: deletes,
-		Disk: node.Statfs{Path: c.Root}, Log: zerolog.Nop(),
-		Policy: gc.ImagePolicy{HighThresholdPercent: 0, LowThresholdPercent: 0, KeepPatterns: []string{"bench.test/react/*"}},
-	})
+	g, err := gc.NewImageGC(gc.ImageGCDeps{Projection: live, Runtime: nrt, Deletes: deletes, Disk: node.Statfs{Path: c.Root}},
+		gc.ImageGCOptions{Log: zerolog.Nop(),
+			Policy: gc.ImagePolicy{HighThresholdPercent: 0, LowThresholdPercent: 0, KeepPatterns: []string{"bench.test/react/*"}},
+		})
+	if err != nil {
+		b.Fatal(err)
+	}
 	began := time.Now()
 	pass := g.Pass(context.Background(), "manual")
 	execTook := time.Since(began)

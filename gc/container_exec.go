@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/deletion"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
 	"github.com/rs/zerolog"
@@ -147,18 +148,22 @@ func ContainerRemovalKey(id string, exitedAt time.Time) string {
 	return id + "@" + strconv.FormatInt(exitedAt.UnixNano(), 10)
 }
 
+// ContainerExecutorDeps are what a ContainerExecutor works through:
+// Runtime is required, Deletes is unless it is a dry run.
+type ContainerExecutorDeps struct {
+	Runtime   containerRuntime
+	Deletes   deleteLog // a *deletion.Manager
+	Publisher Publisher // what is not a removal (a dry run's skips); nil: nothing published
+}
+
 // ContainerExecutorOptions carries the executor's collaborators; all are
 // optional.
 type ContainerExecutorOptions struct {
 	// DryRun re-checks, logs and publishes, and deletes nothing.
-	DryRun    bool
-	Publisher Publisher         // nil: nothing published
-	Metrics   *ContainerMetrics // nil: nothing recorded
-	Logger    zerolog.Logger    // the zero Logger logs nothing
-	Now       func() time.Time  // nil: time.Now
-	// Deletes begins each delete's transaction (a *deletion.Manager); nil:
-	// a dry run only.
-	Deletes deleteLog
+	DryRun  bool
+	Metrics *ContainerMetrics // nil: nothing recorded
+	Log     zerolog.Logger    // the zero Logger logs nothing
+	Clock   clock.Timers      // nil: the real clock
 	// Parallelism is how many removals run at once. Default 4: deletes
 	// wait on the shim and the snapshotter, and a burst of exits must not
 	// queue behind one another.
@@ -172,6 +177,9 @@ type ContainerExecutorOptions struct {
 // use: one goroutine (ContainerGC.Run) applies plans.
 type ContainerExecutor struct {
 	rt      containerRuntime
+	deletes deleteLog
+	pub     Publisher
+	now     func() time.Time
 	opts    ContainerExecutorOptions
 	log     zerolog.Logger
 	mu      sync.Mutex           // guards the maps below while Apply's workers run
@@ -182,23 +190,29 @@ type ContainerExecutor struct {
 
 // NewContainerExecutor returns an executor deleting through rt (a Runtime,
 // or a fake in tests).
-func NewContainerExecutor(rt containerRuntime, opts ContainerExecutorOptions) *ContainerExecutor {
-	if opts.Now == nil {
-		opts.Now = time.Now
+func NewContainerExecutor(d ContainerExecutorDeps, opts ContainerExecutorOptions) (*ContainerExecutor, error) {
+	switch {
+	case d.Runtime == nil:
+		return nil, errors.New("container executor: a runtime is required")
+	case d.Deletes == nil && !opts.DryRun:
+		return nil, errors.New("container executor: deletes need a delete transaction (or DryRun)")
 	}
-	if opts.Publisher == nil {
-		opts.Publisher = Discard{}
+	if opts.Clock == nil {
+		opts.Clock = clock.System(nil)
+	}
+	if d.Publisher == nil {
+		d.Publisher = Discard{}
 	}
 	if opts.Parallelism <= 0 {
 		opts.Parallelism = 4
 	}
 	return &ContainerExecutor{
-		rt: rt, opts: opts,
-		log:     opts.Logger.With().Str("component", "containergc").Logger(),
+		rt: d.Runtime, deletes: d.Deletes, pub: d.Publisher, opts: opts, now: opts.Clock.Now,
+		log:     opts.Log.With().Str("component", "containergc").Logger(),
 		dryRuns: map[string]bool{},
 		noted:   map[string]Liveness{},
 		emptied: map[string]time.Time{},
-	}
+	}, nil
 }
 
 // Apply removes plan.Remove, re-checking each right before its delete:
@@ -278,17 +292,17 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	}
 	if err != nil {
 		e.opts.Metrics.error("recheck")
-		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.opts.Now()
+		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()
 		return r, fmt.Errorf("re-check %s %s: %w", kind, it.ID, err)
 	}
 	r.Live = live
 	switch live {
 	case LiveGone:
-		r.Outcome, r.At = ContainerGone, e.opts.Now()
+		r.Outcome, r.At = ContainerGone, e.now()
 		return r, nil
 	case LiveDead:
 	default:
-		r.Outcome, r.At = ContainerKept, e.opts.Now()
+		r.Outcome, r.At = ContainerKept, e.now()
 		if e.opts.Metrics != nil {
 			e.opts.Metrics.kept.WithLabelValues(string(live)).Inc()
 		}
@@ -310,17 +324,17 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	removal := ContainerRemoval{
 		Namespace: it.Namespace, ID: it.ID, Kind: kind, EvictUnit: it.EvictUnit, PodUID: it.PodUID, PodName: it.PodName,
 		PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image, ExitedAt: it.ExitedAt,
-		EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.opts.Now(),
+		EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.now(),
 	}
-	if e.opts.DryRun || e.opts.Deletes == nil {
+	if e.opts.DryRun {
 		return e.dryRun(it, kind, key, removal, r), nil
 	}
 	// The delete transaction: a crash or an unknown outcome after the
 	// delete still gets exactly its event, and nothing else's.
-	tx, err := e.opts.Deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal})
+	tx, err := e.deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal})
 	if err != nil {
 		e.opts.Metrics.error("intent")
-		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.opts.Now()
+		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()
 		return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
 	}
 	var owner OwnerCleanup
@@ -332,7 +346,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	default:
 		err = e.rt.RemoveCRIContainer(ctx, it.ID)
 	}
-	r.At = e.opts.Now()
+	r.At = e.now()
 	if errors.Is(err, ErrOwnerWon) {
 		// The owner deleted it between our re-check and our delete:
 		// counted, never an error, never retried, and not our removal.
@@ -392,7 +406,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 // remove it: logged, and published as container.skipped with reason
 // dry-run, never on the removal subject.
 func (e *ContainerExecutor) dryRun(it ContainerItem, kind, key string, removal ContainerRemoval, r ContainerResult) ContainerResult {
-	r.Outcome, r.At = ContainerWouldRemove, e.opts.Now()
+	r.Outcome, r.At = ContainerWouldRemove, e.now()
 	key += "#dry-run"
 	e.mu.Lock()
 	reported := e.dryRuns[key]
@@ -405,7 +419,7 @@ func (e *ContainerExecutor) dryRun(it ContainerItem, kind, key string, removal C
 	e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Float64("latency_s", latency.Seconds()).
 		Bool("dryRun", true).Msg("would remove")
 	removal.At, removal.LatencySecs, removal.DryRun = r.At, latency.Seconds(), true
-	if err := e.opts.Publisher.Publish(Action{Kind: "container", Action: ActionSkipped, Subject: it.ID, Key: key,
+	if err := e.pub.Publish(Action{Kind: "container", Action: ActionSkipped, Subject: it.ID, Key: key,
 		Data: ContainerSkip{ContainerRemoval: removal, SkipReason: schema.ReasonDryRun}}); err != nil {
 		e.opts.Metrics.error("publish")
 		e.log.Warn().Str("container", it.ID).Err(err).Msg("publish dry run")
@@ -457,7 +471,7 @@ func (e *ContainerExecutor) forget(planned map[string]bool) {
 			delete(e.dryRuns, key)
 		}
 	}
-	horizon := e.opts.Now().Add(-time.Hour)
+	horizon := e.now().Add(-time.Hour)
 	for uid, t := range e.emptied {
 		if t.Before(horizon) {
 			delete(e.emptied, uid)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -245,8 +246,7 @@ func TestContainerExecutorApply(t *testing.T) {
 				t.Fatal(err)
 			}
 			// One worker: the order of deletes and errors is the plan's.
-			e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub, Metrics: m, Parallelism: 1,
-				Now: func() time.Time { return at(time.Minute) }})
+			e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, pub, f), Publisher: pub}, ContainerExecutorOptions{Metrics: m, Parallelism: 1, Clock: clock.System(func() time.Time { return at(time.Minute) })})
 			res, err := e.Apply(context.Background(), plan, allPolicy)
 			if got := errString(err); got != tc.wantErr {
 				t.Errorf("error %q, want %q", got, tc.wantErr)
@@ -312,7 +312,7 @@ func TestContainerExecutorNeverTouchesTheLiving(t *testing.T) {
 		{ID: "weird", CRIKind: "something-new", Reason: ReasonGlobalCap},
 	}}
 	pub := &fakePublisher{}
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, pub, f), Publisher: pub}, ContainerExecutorOptions{})
 	res, err := e.Apply(context.Background(), plan, allPolicy)
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +332,7 @@ func TestContainerExecutorPublishesDeterministicKeys(t *testing.T) {
 	plan := ContainerPlan{Remove: []ContainerItem{{ID: "c1", EvictUnit: "c1", ExitedAt: exited, State: projection.StateExited, Reason: ReasonGlobalCap}}}
 	pub := &fakePublisher{}
 	f := newFakeContainerRuntime()
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub, Now: func() time.Time { return at(5 * time.Second) }})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, pub, f), Publisher: pub}, ContainerExecutorOptions{Clock: clock.System(func() time.Time { return at(5 * time.Second) })})
 	if _, err := e.Apply(context.Background(), plan, ContainerPolicy{MinAge: time.Second, MaxContainers: 0, MaxPerEvictUnit: -1, Prune: PruneNative}); err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +355,7 @@ func TestContainerExecutorDryRun(t *testing.T) {
 	plan := PlanContainers(nodeState(), allPolicy, at(time.Minute))
 	f := newFakeContainerRuntime()
 	pub := &fakePublisher{}
-	e := NewContainerExecutor(f, ContainerExecutorOptions{DryRun: true, Publisher: pub})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Publisher: pub}, ContainerExecutorOptions{DryRun: true})
 	for range 2 {
 		res, err := e.Apply(context.Background(), plan, allPolicy)
 		if err != nil {
@@ -398,7 +398,7 @@ func TestContainerExecutorEligibility(t *testing.T) {
 	p := ContainerPolicy{MinAge: 10 * time.Second, MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll}
 	plan := PlanContainers(s, p, at(20*time.Second))
 	f := newFakeContainerRuntime()
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f), Now: func() time.Time { return at(20 * time.Second) }})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{Clock: clock.System(func() time.Time { return at(20 * time.Second) })})
 	res, err := e.Apply(context.Background(), plan, p)
 	if err != nil {
 		t.Fatal(err)
@@ -422,7 +422,7 @@ func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
 	s := nodeState()
 	plan := PlanContainers(s, p, at(time.Minute))
 	f := newFakeContainerRuntime()
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f)})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{})
 	if _, err := e.Apply(context.Background(), plan, p); err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +459,7 @@ func TestContainerExecutorOwnerWon(t *testing.T) {
 	}
 	f := newFakeContainerRuntime()
 	f.InjectError("delete-native", "n-dead", fmt.Errorf("delete container: %w", ErrOwnerWon))
-	res, err := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f), Metrics: m}).Apply(context.Background(), plan, p)
+	res, err := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{Metrics: m}).Apply(context.Background(), plan, p)
 	if err != nil {
 		t.Fatalf("owner won is not an error: %v", err)
 	}
@@ -472,7 +472,7 @@ func TestContainerExecutorOwnerWon(t *testing.T) {
 
 	f = newFakeContainerRuntime()
 	f.Set("n-dead", LiveLeased)
-	res, _ = NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, nil, f)}).Apply(context.Background(), plan, p)
+	res, _ = mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{}).Apply(context.Background(), plan, p)
 	if len(res) != 1 || res[0].Outcome != ContainerKept || res[0].Live != LiveLeased || len(f.Deletes()) != 0 {
 		t.Errorf("leased: results %+v, deletes %v", res, f.Deletes())
 	}

@@ -27,15 +27,11 @@ var (
 // ContainerGCOptions configures a ContainerGC; all but Policy are optional.
 type ContainerGCOptions struct {
 	// Policy must pass Validate.
-	Policy    ContainerPolicy
-	DryRun    bool
-	Publisher Publisher         // nil: nothing published
-	Metrics   *ContainerMetrics // nil: nothing recorded
-	Logger    zerolog.Logger    // the zero Logger logs nothing
-	Clock     clock.Timers      // nil: the real clock
-	// Deletes begins each delete's transaction (a *deletion.Manager);
-	// nil: nothing is deleted (a dry run).
-	Deletes deleteLog
+	Policy  ContainerPolicy
+	DryRun  bool
+	Metrics *ContainerMetrics // nil: nothing recorded
+	Log     zerolog.Logger    // the zero Logger logs nothing
+	Clock   clock.Timers      // nil: the real clock
 	// MaxRetry caps the backoff after failed deletes. Default 1m.
 	MaxRetry time.Duration
 	// MinGap spaces passes woken by projection changes: a change within
@@ -43,8 +39,25 @@ type ContainerGCOptions struct {
 	// (a node drained, a build farm) costs one pass per gap, not one per
 	// event, while a lone change is planned at once. 0: a pass per change.
 	MinGap time.Duration
+}
+
+// ContainerGCDeps are what a ContainerGC works through. State, Changes and
+// Runtime are required; Deletes is, unless the GC is a dry run.
+type ContainerGCDeps struct {
+	// State is the projection (*projection.Spaces); Changes its
+	// subscription (taken before it runs).
+	State   containerState
+	Changes <-chan struct{}
+	// Runtime re-reads and deletes containers (the node adapter).
+	Runtime containerRuntime
+	// Deletes begins each delete's transaction (a *deletion.Manager).
+	Deletes deleteLog
+	// Publisher receives what is not a removal (a dry run's skips); nil:
+	// nothing published.
+	Publisher Publisher
 	// PodKept says whether a pod is still there though no container of it
-	// is (its log dir exists), so its newest sandbox stays; nil: never.
+	// is (its log dir exists, logs.PodLogDirExists), so its newest sandbox
+	// stays; nil: never.
 	PodKept func(uid, namespace, name string) bool
 }
 
@@ -59,6 +72,7 @@ type ContainerGCOptions struct {
 type ContainerGC struct {
 	st      containerState
 	changes <-chan struct{}
+	podKept func(uid, namespace, name string) bool
 	exec    *ContainerExecutor
 	opts    ContainerGCOptions
 	log     zerolog.Logger
@@ -98,7 +112,13 @@ type ContainerGCStatus struct {
 // NewContainerGC returns a ContainerGC reading st, woken by changes (from
 // projection.Live.Subscribe, taken before Live runs) and deleting through
 // rt. It fails if the policy is invalid.
-func NewContainerGC(st containerState, changes <-chan struct{}, rt containerRuntime, opts ContainerGCOptions) (*ContainerGC, error) {
+func NewContainerGC(d ContainerGCDeps, opts ContainerGCOptions) (*ContainerGC, error) {
+	switch {
+	case d.State == nil || d.Changes == nil || d.Runtime == nil:
+		return nil, errors.New("container gc: a state, its changes and a runtime are required")
+	case d.Deletes == nil && !opts.DryRun:
+		return nil, errors.New("container gc: deletes need a delete transaction (or DryRun)")
+	}
 	if err := opts.Policy.Validate(); err != nil {
 		return nil, err
 	}
@@ -108,12 +128,14 @@ func NewContainerGC(st containerState, changes <-chan struct{}, rt containerRunt
 	if opts.MaxRetry <= 0 {
 		opts.MaxRetry = time.Minute
 	}
-	exec := NewContainerExecutor(rt, ContainerExecutorOptions{
-		DryRun: opts.DryRun, Publisher: opts.Publisher, Deletes: opts.Deletes, Metrics: opts.Metrics, Logger: opts.Logger, Now: opts.Clock.Now,
-	})
+	exec, err := NewContainerExecutor(ContainerExecutorDeps{Runtime: d.Runtime, Deletes: d.Deletes, Publisher: d.Publisher},
+		ContainerExecutorOptions{DryRun: opts.DryRun, Metrics: opts.Metrics, Log: opts.Log, Clock: opts.Clock})
+	if err != nil {
+		return nil, err
+	}
 	return &ContainerGC{
-		st: st, changes: changes, exec: exec, opts: opts,
-		log:    opts.Logger.With().Str("component", "containergc").Logger(),
+		st: d.State, changes: d.Changes, podKept: d.PodKept, exec: exec, opts: opts,
+		log:    opts.Log.With().Str("component", "containergc").Logger(),
 		retry:  map[string]containerRetry{},
 		status: ContainerGCStatus{Policy: opts.Policy, DryRun: opts.DryRun, Plan: emptyContainerPlan(), Results: []ContainerResult{}},
 	}, nil
@@ -193,7 +215,7 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 		if s.Synced { // re-read under the same lock as the plan
 			// Keep leaves out what is plainly not dead: /status shows why
 			// dead containers stay, `gcagent plan` shows everything.
-			plan.merge(planContainers(s, g.opts.Policy, now, g.opts.PodKept, false))
+			plan.merge(planContainers(s, g.opts.Policy, now, g.podKept, false))
 		}
 	})
 	if plan.Remove == nil {
@@ -270,7 +292,7 @@ func (g *ContainerGC) Plan() (plan ContainerPlan, ok bool) {
 	g.st.View(func(s *projection.State) {
 		if s.Synced {
 			ok = true
-			plan.merge(PlanContainersWith(s, g.opts.Policy, now, g.opts.PodKept))
+			plan.merge(PlanContainersWith(s, g.opts.Policy, now, g.podKept))
 		}
 	})
 	return plan, ok

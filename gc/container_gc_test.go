@@ -92,11 +92,12 @@ func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gc
 	h.live = live
 	changes := live.Subscribe()
 	live.Apply(evs...)
-	opts.Clock, opts.Publisher = h.clock, h.pub
+	opts.Clock = h.clock
+	d := ContainerGCDeps{State: live, Changes: changes, Runtime: h.rt, Publisher: h.pub}
 	if !opts.DryRun {
-		opts.Deletes = testDeletes1(t, h.pub, h.rt)
+		d.Deletes = testDeletes1(t, h.pub, h.rt)
 	}
-	h.gc, err = NewContainerGC(live, changes, h.rt, opts)
+	h.gc, err = NewContainerGC(d, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -91,8 +92,7 @@ func TestContainerExecutorOwnerCleanup(t *testing.T) {
 			f := &ownerRuntime{fakeContainerRuntime: newFakeContainerRuntime(), cleaned: map[string]OwnerCleanup{"n-dead": tc.cleaned}}
 			pub := &fakePublisher{}
 			var logs bytes.Buffer
-			e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub, Parallelism: 1,
-				Logger: zerolog.New(&logs), Now: func() time.Time { return at(time.Minute) }})
+			e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, pub, f), Publisher: pub}, ContainerExecutorOptions{Parallelism: 1, Log: zerolog.New(&logs), Clock: clock.System(func() time.Time { return at(time.Minute) })})
 			res, err := e.Apply(context.Background(), plan, allPolicy)
 			if err != nil {
 				t.Fatal(err)
@@ -146,8 +146,7 @@ func TestContainerExecutorKeptForOwnerState(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: testDeletes1(t, pub, f), Publisher: pub, Metrics: m, Parallelism: 1,
-		Logger: zerolog.New(&logs), Now: func() time.Time { return at(time.Minute) }})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, pub, f), Publisher: pub}, ContainerExecutorOptions{Metrics: m, Parallelism: 1, Log: zerolog.New(&logs), Clock: clock.System(func() time.Time { return at(time.Minute) })})
 	for pass := range 3 {
 		res, err := e.Apply(context.Background(), plan, allPolicy)
 		if err != nil {

@@ -131,3 +131,23 @@ func testDeletes1(t testing.TB, pub Publisher, c deletion.Checker) *deletion.Man
 	m, _ := testDeletes(t, pub, c)
 	return m
 }
+
+// mustExecutor is NewContainerExecutor that fails t on an error.
+func mustExecutor(t testing.TB, d ContainerExecutorDeps, o ContainerExecutorOptions) *ContainerExecutor {
+	t.Helper()
+	e, err := NewContainerExecutor(d, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// mustImageGC is NewImageGC that fails t on an error.
+func mustImageGC(t testing.TB, d ImageGCDeps, o ImageGCOptions) *ImageGC {
+	t.Helper()
+	g, err := NewImageGC(d, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}

@@ -2,6 +2,8 @@ package gc
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -24,27 +26,36 @@ type imageProjection interface {
 	Subscribe() <-chan struct{}
 }
 
-// ImageGCOptions configures an ImageGC. Projection, Runtime and Disk are
-// required.
-type ImageGCOptions struct {
-	// Projection is the live projection (a *projection.Live); NewImageGC
+// ImageGCDeps are what an ImageGC works through. Projection, Runtime and
+// Disk are required; Deletes is, unless the GC is a dry run.
+type ImageGCDeps struct {
+	// Projection is the live projection (*projection.Spaces); NewImageGC
 	// subscribes to it, so it must be called before the projection runs.
 	Projection imageProjection
 	// Runtime re-reads and deletes images (the node adapter).
 	Runtime imageNode
-	// Deletes begins each delete's transaction (a *deletion.Manager),
-	// whose commit stores the removal's event; nil: nothing is deleted
-	// (a dry run).
-	Deletes deleteLog
-	// Disk measures the image filesystem (a Statfs).
+	// Disk measures the image filesystem (node.ImageFS).
 	Disk diskMeter
+	// Deletes begins each delete's transaction (a *deletion.Manager),
+	// whose commit stores the removal's event.
+	Deletes deleteLog
+	// Publisher receives one action per image skipped and per pass
+	// (removals are the transactions' commits), except for a pass that
+	// removes nothing and finds what the last one found (not triggered
+	// manually): that one is only logged, at debug. Default Discard.
+	Publisher Publisher
+	// LearnSandboxImages, if set, asks the runtime for its sandbox images
+	// (node.Runtime.SandboxImages). It is called before the first pass and
+	// again every RelearnInterval; until it succeeds it is retried before
+	// each pass.
+	LearnSandboxImages func(ctx context.Context) ([]string, error)
+}
+
+// ImageGCOptions configure an ImageGC; all but Policy have defaults.
+type ImageGCOptions struct {
 	// Policy is the image policy; it must pass Validate. Sandbox images
 	// learned at run time are added to Policy.SandboxImages.
 	Policy ImagePolicy
-	// LearnSandboxImages, if set, asks the runtime for its sandbox images
-	// (Runtime.SandboxImages). It is called before the first pass and again
-	// every RelearnInterval; until it succeeds it is retried before each pass.
-	LearnSandboxImages func(ctx context.Context) ([]string, error)
 	// DryRun plans, logs and publishes but deletes nothing.
 	DryRun bool
 	// DiskInterval is how often the filesystem is sampled (statfs) near
@@ -63,16 +74,8 @@ type ImageGCOptions struct {
 	// RelearnInterval is how often the sandbox images are asked again.
 	// Default 5m.
 	RelearnInterval time.Duration
-	// Now is the time when Clock is nil. Default time.Now.
-	Now func() time.Time
-	// Clock gives the time and the loop's timers. Default Go's timers, with
-	// Now as the time.
-	Clock clock.Timers
-	// Publisher receives one action per image removed or skipped and per
-	// pass, except for a pass that removes nothing and finds what the last
-	// one found (not triggered manually): that one is only logged, at debug.
-	// Default Discard.
-	Publisher  Publisher
+	// Clock gives the time and the loop's timers. Default Go's.
+	Clock      clock.Timers
 	Log        zerolog.Logger
 	Registerer prometheus.Registerer
 }
@@ -134,7 +137,9 @@ type ImageGCStatus struct {
 // to a minute. One goroutine (Run) owns the passes, so two never overlap.
 // Status is safe for concurrent use.
 type ImageGC struct {
+	d        ImageGCDeps
 	o        ImageGCOptions
+	now      func() time.Time // o.Clock.Now
 	changes  <-chan struct{}
 	requests chan chan ImagePass // RunNow's requests, answered by Run
 	exec     *imageExecutor
@@ -164,7 +169,17 @@ type imageMetrics struct {
 
 // NewImageGC returns an ImageGC subscribed to the projection; Run starts it.
 // It registers its metrics on o.Registerer (which fails on a second one).
-func NewImageGC(o ImageGCOptions) *ImageGC {
+// It fails when a dependency is missing or the policy is invalid.
+func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
+	switch {
+	case d.Projection == nil || d.Runtime == nil || d.Disk == nil:
+		return nil, errors.New("image gc: a projection, a runtime and a disk are required")
+	case d.Deletes == nil && !o.DryRun:
+		return nil, errors.New("image gc: deletes need a delete transaction (or DryRun)")
+	}
+	if err := o.Policy.Validate(); err != nil {
+		return nil, err
+	}
 	if o.DiskInterval <= 0 {
 		o.DiskInterval = DefaultDiskInterval
 	}
@@ -178,19 +193,18 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 		o.RelearnInterval = 5 * time.Minute
 	}
 	if o.Clock == nil {
-		o.Clock = clock.System(o.Now)
+		o.Clock = clock.System(nil)
 	}
-	o.Now = o.Clock.Now
-	if o.Publisher == nil {
-		o.Publisher = Discard{}
+	if d.Publisher == nil {
+		d.Publisher = Discard{}
 	}
-	g := &ImageGC{o: o, changes: o.Projection.Subscribe(), requests: make(chan chan ImagePass), sandboxSeen: map[string]struct{}{}}
+	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), sandboxSeen: map[string]struct{}{}}
 	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
-		rt: o.Runtime, disk: o.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Now,
-		synced: o.Projection.Synced, deletes: o.Deletes, log: o.Log,
+		rt: d.Runtime, disk: d.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Clock.Now,
+		synced: d.Projection.Synced, deletes: d.Deletes, log: o.Log,
 		users: func(ns, digest string) (ids []string) {
-			o.Projection.ViewAll(func(states []*projection.State) {
+			d.Projection.ViewAll(func(states []*projection.State) {
 				for _, s := range states {
 					if s.Namespace != ns {
 						continue
@@ -223,25 +237,29 @@ func NewImageGC(o ImageGCOptions) *ImageGC {
 		}),
 	}
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(g.m.passes, g.m.removed, g.m.bytes, g.m.skipped, g.m.reaction, g.m.usage)
+		for _, c := range []prometheus.Collector{g.m.passes, g.m.removed, g.m.bytes, g.m.skipped, g.m.reaction, g.m.usage} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("image gc metrics: %w", err)
+			}
+		}
 	}
 	g.status = ImageGCStatus{DryRun: o.DryRun, High: o.Policy.HighThresholdPercent, Low: o.Policy.LowThresholdPercent,
 		SandboxImages: slices.Clone(o.Policy.SandboxImages)}
-	return g
+	return g, nil
 }
 
 // Pass runs one pass now: plan against the projection and a fresh disk
 // sample, then execute (or, in a dry run, only report). Run calls it; a tool
 // may call it when Run is not running, never concurrently with Run.
 func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
-	start := g.o.Now()
+	start := g.now()
 	g.learn(ctx, start)
 	gen := g.exec.generation() // before the measurement the plan trusts
-	disk, derr := g.o.Disk.Disk()
+	disk, derr := g.d.Disk.Disk()
 	var plan ImagePlan
 	var seq uint64
-	synced := g.o.Projection.Synced()
-	g.o.Projection.ViewAll(func(states []*projection.State) {
+	synced := g.d.Projection.Synced()
+	g.d.Projection.ViewAll(func(states []*projection.State) {
 		g.observeSandboxes(states)
 		plan = PlanImages(states, disk, g.policy(), start)
 		seq = projection.SeqOf(states)
@@ -277,11 +295,11 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	res := g.exec.executeFrom(ctx, plan, gen)
 	g.exec.emit, g.exec.beforeDelete = nil, nil
 
-	pass.End = g.o.Now()
+	pass.End = g.now()
 	pass.EstimatedBytes, pass.FreedBytes = res.EstimatedBytes, res.FreedBytes
 	pass.DiskAfter = res.Disk
 	if !res.Measured {
-		if d, err := g.o.Disk.Disk(); err == nil {
+		if d, err := g.d.Disk.Disk(); err == nil {
 			pass.DiskAfter = d
 		}
 	}
@@ -438,7 +456,7 @@ func passData(p ImagePass) passSummary {
 }
 
 func (g *ImageGC) publish(a Action, log zerolog.Logger) {
-	if err := g.o.Publisher.Publish(a); err != nil {
+	if err := g.d.Publisher.Publish(a); err != nil {
 		log.Warn().Err(err).Str("kind", a.Kind).Str("action", a.Action).Msg("publish failed")
 	}
 }
@@ -469,11 +487,11 @@ func (g *ImageGC) policy() ImagePolicy {
 
 // learn asks the runtime for its sandbox images when due.
 func (g *ImageGC) learn(ctx context.Context, now time.Time) {
-	if g.o.LearnSandboxImages == nil || (g.learnOK && now.Sub(g.learnedAt) < g.o.RelearnInterval) {
+	if g.d.LearnSandboxImages == nil || (g.learnOK && now.Sub(g.learnedAt) < g.o.RelearnInterval) {
 		return
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	imgs, err := g.o.LearnSandboxImages(lctx)
+	imgs, err := g.d.LearnSandboxImages(lctx)
 	cancel()
 	g.learnedAt = now
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -70,18 +71,27 @@ func (c *fakeClock) Step(d time.Duration)            { c.now = c.now.Add(d) }
 func (c *fakeClock) Set(t time.Time)                 { c.now = t }
 func (c *fakeClock) Since(d time.Duration) time.Time { return c.now.Add(-d) }
 
-func newImageGC(t *testing.T, n *node, p ImagePolicy, mod func(*ImageGCOptions)) (*ImageGC, *imagePublisher, *fakeClock, *prometheus.Registry) {
+// imageGCConfig is an ImageGC's deps and options in one, for tests that
+// change either.
+type imageGCConfig struct {
+	ImageGCDeps
+	ImageGCOptions
+}
+
+func newImageGC(t *testing.T, n *node, p ImagePolicy, mod func(*imageGCConfig)) (*ImageGC, *imagePublisher, *fakeClock, *prometheus.Registry) {
 	t.Helper()
 	pub, clk, reg := &imagePublisher{}, &fakeClock{now: at(time.Hour)}, prometheus.NewRegistry()
-	o := ImageGCOptions{Projection: &fakeProjection{state: n.state}, Runtime: n.rt, Disk: n.disk, Policy: p,
-		Now: clk.Now, Publisher: pub, Registerer: reg}
+	o := imageGCConfig{
+		ImageGCDeps:    ImageGCDeps{Projection: &fakeProjection{state: n.state}, Runtime: n.rt, Disk: n.disk, Publisher: pub},
+		ImageGCOptions: ImageGCOptions{Policy: p, Clock: clock.System(clk.Now), Registerer: reg},
+	}
 	if mod != nil {
 		mod(&o)
 	}
 	if !o.DryRun && o.Deletes == nil {
 		o.Deletes = testDeletes1(t, o.Publisher, n.rt)
 	}
-	return NewImageGC(o), pub, clk, reg
+	return mustImageGC(t, o.ImageGCDeps, o.ImageGCOptions), pub, clk, reg
 }
 
 func TestImageGCPassPublishesAndCounts(t *testing.T) {
@@ -152,7 +162,7 @@ func TestImageGCSandboxImages(t *testing.T) {
 	t.Run("learned from CRI", func(t *testing.T) {
 		n := newNode() // a is the least recently used
 		calls := 0
-		g, _, _, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) {
+		g, _, _, _ := newImageGC(t, n, policy8070, func(o *imageGCConfig) {
 			o.LearnSandboxImages = func(context.Context) ([]string, error) {
 				calls++
 				return []string{"example.test/a:1"}, nil
@@ -176,7 +186,7 @@ func TestImageGCSandboxImages(t *testing.T) {
 	t.Run("retried until CRI answers", func(t *testing.T) {
 		n := newNode()
 		calls := 0
-		g, _, _, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) {
+		g, _, _, _ := newImageGC(t, n, policy8070, func(o *imageGCConfig) {
 			o.LearnSandboxImages = func(context.Context) ([]string, error) {
 				calls++
 				return nil, errors.New("cri: unavailable")
@@ -207,7 +217,7 @@ func TestImageGCSandboxImages(t *testing.T) {
 
 func TestImageGCDryRunDeletesNothing(t *testing.T) {
 	n := newNode()
-	g, pub, _, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) { o.DryRun = true })
+	g, pub, _, _ := newImageGC(t, n, policy8070, func(o *imageGCConfig) { o.DryRun = true })
 	pass := g.Pass(context.Background(), "disk")
 	if len(n.rt.Removed()) != 0 || len(pass.Removed) != 0 {
 		t.Fatalf("dry run removed %v", n.rt.Removed())
@@ -220,7 +230,7 @@ func TestImageGCDryRunDeletesNothing(t *testing.T) {
 func TestImageGCSubscribesAtConstruction(t *testing.T) {
 	n := newNode()
 	p := &fakeProjection{state: n.state}
-	NewImageGC(ImageGCOptions{Projection: p, Runtime: n.rt, Disk: n.disk, Policy: policy8070})
+	mustImageGC(t, ImageGCDeps{Projection: p, Runtime: n.rt, Disk: n.disk}, ImageGCOptions{Policy: policy8070, DryRun: true})
 	if p.subs != 1 {
 		t.Fatalf("subscribed %d times", p.subs)
 	}
@@ -249,7 +259,7 @@ func TestImageGCRepeatedFruitlessPassPublishesNothing(t *testing.T) {
 		n.rt.Lease(digestOf(name), true) // every candidate is being pulled: nothing can go
 	}
 	var logs strings.Builder
-	g, pub, clk, _ := newImageGC(t, n, policy8070, func(o *ImageGCOptions) { o.Log = zerolog.New(&logs) })
+	g, pub, clk, _ := newImageGC(t, n, policy8070, func(o *imageGCConfig) { o.Log = zerolog.New(&logs) })
 	news := []string{"gc.started", "image.skipped", "image.skipped", "image.skipped", "gc.completed"}
 
 	g.Pass(context.Background(), "disk")
@@ -322,7 +332,7 @@ func TestImageGCPolicy(t *testing.T) {
 	n.state.Apply(sandbox(2*h, "sb1", "uid-1"))
 	p := policy8070
 	p.SandboxImages, p.KeepPatterns = []string{"cfg.test/pause:1"}, []string{"keep.test/*"}
-	g, _, _, _ := newImageGC(t, n, p, func(o *ImageGCOptions) {
+	g, _, _, _ := newImageGC(t, n, p, func(o *imageGCConfig) {
 		o.LearnSandboxImages = func(context.Context) ([]string, error) { return []string{"cri.test/pause:2"}, nil }
 	})
 	if got := g.Policy(); !slices.Equal(got.SandboxImages, []string{"cfg.test/pause:1"}) || got.HighThresholdPercent != 85 {

@@ -59,7 +59,7 @@ func (g *ImageGC) Run(ctx context.Context) error {
 	// covers every change meanwhile, and a burst of events would otherwise
 	// wake this loop once per batch for nothing.
 	changes := g.changes
-	g.learn(ctx, g.o.Now())
+	g.learn(ctx, g.now())
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -67,7 +67,7 @@ func (g *ImageGC) Run(ctx context.Context) error {
 				return nil
 			case reply := <-g.requests:
 				d, ok := g.sample()
-				g.trig.observe(g.o.Now(), d, ok)
+				g.trig.observe(g.now(), d, ok)
 				reply <- g.Pass(ctx, "manual")
 			case <-tick.C():
 			case <-wake.C():
@@ -89,7 +89,7 @@ func (g *ImageGC) Run(ctx context.Context) error {
 		wake.Stop()
 		at := g.trig.wake()
 		if !at.IsZero() {
-			wake.Reset(max(at.Sub(g.o.Now()), time.Millisecond))
+			wake.Reset(max(at.Sub(g.now()), time.Millisecond))
 		}
 		g.noteTrigger(at)
 		tick.Reset(g.trig.nextSample()) // last: the loop is idle once the next sample is armed
@@ -115,14 +115,14 @@ func (g *ImageGC) RunNow(ctx context.Context) (ImagePass, error) {
 }
 
 func (g *ImageGC) sample() (DiskStats, bool) {
-	d, err := g.o.Disk.Disk()
+	d, err := g.d.Disk.Disk()
 	return d, err == nil
 }
 
 // evaluate samples the disk, decides and runs a pass when one is due.
 func (g *ImageGC) evaluate(ctx context.Context) {
-	now := g.o.Now()
-	disk, err := g.o.Disk.Disk()
+	now := g.now()
+	disk, err := g.d.Disk.Disk()
 	if err != nil {
 		g.o.Log.Warn().Err(err).Msg("image filesystem not measured")
 	}
@@ -131,9 +131,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	var seq uint64
 	var synced bool
 	var plan ImagePlan
-	synced = g.o.Projection.Synced()
+	synced = g.d.Projection.Synced()
 	var replan bool
-	g.o.Projection.ViewAll(func(states []*projection.State) {
+	g.d.Projection.ViewAll(func(states []*projection.State) {
 		seq = projection.SeqOf(states)
 		// The next age-out moves with the state; a plan of 10,000 images
 		// takes tens of milliseconds, so it is re-planned at most once per

@@ -29,8 +29,7 @@ func BenchmarkImageGCSample(b *testing.B) {
 		}
 	})
 	b.Run("evaluate", func(b *testing.B) {
-		g := NewImageGC(ImageGCOptions{Projection: &fakeProjection{state: busyImages(10000)}, Runtime: newFakeRuntime(&fakeDisk{}),
-			Disk: fs, Policy: samplePolicy})
+		g := mustImageGC(b, ImageGCDeps{Projection: &fakeProjection{state: busyImages(10000)}, Runtime: newFakeRuntime(&fakeDisk{}), Disk: fs}, ImageGCOptions{Policy: samplePolicy, DryRun: true})
 		ctx := context.Background()
 		for b.Loop() {
 			g.evaluate(ctx)
@@ -64,8 +63,7 @@ func BenchmarkImageGCSampling(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			disk := &sampledFS{path: b.TempDir(), stats: DiskStats{CapacityBytes: 100 * gib, AvailableBytes: bc.available}}
-			g := NewImageGC(ImageGCOptions{Projection: &fakeProjection{state: busyImages(1000)}, Runtime: newFakeRuntime(&fakeDisk{}),
-				Disk: disk, Policy: policy, DiskInterval: bc.interval})
+			g := mustImageGC(b, ImageGCDeps{Projection: &fakeProjection{state: busyImages(1000)}, Runtime: newFakeRuntime(&fakeDisk{}), Disk: disk}, ImageGCOptions{Policy: policy, DiskInterval: bc.interval, DryRun: true})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			if bc.interval > 0 {

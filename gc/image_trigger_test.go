@@ -539,11 +539,12 @@ func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint6
 		t.Fatal(err)
 	}
 	h.live = live
-	o.Projection, o.Runtime, o.Disk, o.Clock, o.Publisher = live, h.rt, h.disk, h.clock, h.pub
+	o.Clock = h.clock
+	d := ImageGCDeps{Projection: live, Runtime: h.rt, Disk: h.disk, Publisher: h.pub}
 	if !o.DryRun {
-		o.Deletes = testDeletes1(t, h.pub, h.rt)
+		d.Deletes = testDeletes1(t, h.pub, h.rt)
 	}
-	h.g = NewImageGC(o)
+	h.g = mustImageGC(t, d, o)
 	h.o = h.g.o
 	if h.gap == 0 {
 		h.gap = h.o.DiskInterval

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/deletion"
+	"github.com/gcagent/gcagent/internal/clock"
 )
 
 // TestContainerExecutorTransactions: each delete is begun as an intent
@@ -22,7 +23,7 @@ func TestContainerExecutorTransactions(t *testing.T) {
 	f.InjectError("cri-remove", "app-2", errors.New("boom"))
 	pub := &fakePublisher{}
 	d, j := testDeletes(t, pub, f)
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: d, Publisher: pub, Parallelism: 1, Now: func() time.Time { return at(time.Minute) }})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: d, Publisher: pub}, ContainerExecutorOptions{Parallelism: 1, Clock: clock.System(func() time.Time { return at(time.Minute) })})
 	if _, err := e.Apply(context.Background(), plan, allPolicy); err == nil {
 		t.Fatal("want the injected error")
 	}
@@ -42,7 +43,7 @@ func TestContainerExecutorTransactions(t *testing.T) {
 
 	dry := &fakePublisher{}
 	dd, dj := testDeletes(t, dry, f)
-	e = NewContainerExecutor(newFakeContainerRuntime(), ContainerExecutorOptions{Deletes: dd, Publisher: dry, DryRun: true, Parallelism: 1})
+	e = mustExecutor(t, ContainerExecutorDeps{Runtime: newFakeContainerRuntime(), Deletes: dd, Publisher: dry}, ContainerExecutorOptions{DryRun: true, Parallelism: 1})
 	if _, err := e.Apply(context.Background(), plan, allPolicy); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestContainerExecutorErrorButDeleted(t *testing.T) {
 	f.live["n-dead"] = LiveDead
 	pub := &fakePublisher{}
 	d, j := testDeletes(t, pub, f)
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: d, Publisher: pub, Parallelism: 1, Now: func() time.Time { return at(time.Minute) }})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: d, Publisher: pub}, ContainerExecutorOptions{Parallelism: 1, Clock: clock.System(func() time.Time { return at(time.Minute) })})
 	f.afterCall = func(op, id string) {
 		if op == "delete-native" && id == "n-dead" {
 			f.live["n-dead"] = LiveGone
@@ -111,7 +112,7 @@ func TestContainerExecutorUnknownOutcomeStopsDeletes(t *testing.T) {
 	f.errs["gone n-dead"] = errors.New("containerd is stopped")
 	pub := &fakePublisher{}
 	d, j := testDeletes(t, pub, f)
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: d, Publisher: pub, Parallelism: 1, Now: func() time.Time { return at(time.Minute) }})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: d, Publisher: pub}, ContainerExecutorOptions{Parallelism: 1, Clock: clock.System(func() time.Time { return at(time.Minute) })})
 	if _, err := e.Apply(context.Background(), plan, allPolicy); !errors.Is(err, deletion.ErrUnsettled) {
 		t.Errorf("Apply: %v, want ErrUnsettled", err)
 	}
@@ -142,7 +143,7 @@ func TestTransactionsKeepNamespacesApart(t *testing.T) {
 	f := &nsContainerRuntime{newFakeContainerRuntime()}
 	pub := &fakePublisher{}
 	d, _ := testDeletes(t, pub, f)
-	e := NewContainerExecutor(f, ContainerExecutorOptions{Deletes: d, Publisher: pub, Parallelism: 2, Now: func() time.Time { return at(time.Minute) }})
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: d, Publisher: pub}, ContainerExecutorOptions{Parallelism: 2, Clock: clock.System(func() time.Time { return at(time.Minute) })})
 	plan := ContainerPlan{Remove: []ContainerItem{
 		{Namespace: "ci-a", ID: "fixed", EvictUnit: "fixed", Reason: ReasonTTLExpired},
 		{Namespace: "ci-b", ID: "fixed", EvictUnit: "fixed", Reason: ReasonTTLExpired},

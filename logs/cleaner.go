@@ -77,19 +77,28 @@ type skip struct {
 	SkipReason string `json:"skipReason"`
 }
 
-// Options carries the Cleaner's collaborators; all are optional.
-type Options struct {
+// Deps are what a Cleaner works through: State is required.
+type Deps struct {
+	// State answers from the projection (LiveState, StaticState).
+	State State
 	// Deletes begins each removal's delete transaction (a
 	// *deletion.Manager): its intent is recorded before the removal, and
 	// the removal's log.removed event is its commit. nil: nothing is
-	// removed, as in a dry run.
-	Deletes   deleteLog
-	Publisher Publisher        // nil: nothing published
-	Metrics   *Metrics         // nil: nothing recorded
-	Logger    zerolog.Logger   // the zero Logger logs nothing
-	Now       func() time.Time // nil: Clock's, else time.Now
-	// Clock arms Run's timer (the grace deadlines, the floor sweep, the
-	// retry of a lost watch); nil: Go's timers with Now.
+	// removed, as in a dry run (for plans).
+	Deletes deleteLog
+	// Publisher receives what is not a removal (a dry run's skips); nil:
+	// nothing published.
+	Publisher Publisher
+}
+
+// Options configure a Cleaner.
+type Options struct {
+	// Config is the directories and the grace; it must pass Validate.
+	Config  Config
+	Metrics *Metrics       // nil: nothing recorded
+	Log     zerolog.Logger // the zero Logger logs nothing
+	// Clock gives the time and arms Run's timer (the grace deadlines, the
+	// floor sweep, the retry of a lost watch); nil: Go's.
 	Clock clock.Timers
 }
 
@@ -131,21 +140,21 @@ var notable = map[Reason]bool{
 	ReasonBadName: true, ReasonTargetError: true, ReasonTruncatedName: true, ReasonMountPoint: true,
 }
 
-// New returns a Cleaner; it fails if cfg is invalid or st is nil.
-func New(cfg Config, st State, opts Options) (*Cleaner, error) {
-	if err := cfg.Validate(); err != nil {
+// New returns a Cleaner; it fails if the config is invalid or there is no
+// State.
+func New(d Deps, o Options) (*Cleaner, error) {
+	if err := o.Config.Validate(); err != nil {
 		return nil, err
 	}
-	if st == nil {
+	if d.State == nil {
 		return nil, errors.New("logs: nil State")
 	}
-	if opts.Clock == nil {
-		opts.Clock = clock.System(opts.Now)
+	if o.Clock == nil {
+		o.Clock = clock.System(nil)
 	}
-	opts.Now = opts.Clock.Now
 	return &Cleaner{
-		cfg: cfg, state: st, deletes: opts.Deletes, pub: opts.Publisher, metrics: opts.Metrics, now: opts.Now, clock: opts.Clock,
-		log:  opts.Logger.With().Str("component", "logs").Logger(),
+		cfg: o.Config, state: d.State, deletes: d.Deletes, pub: d.Publisher, metrics: o.Metrics, now: o.Clock.Now, clock: o.Clock,
+		log:  o.Log.With().Str("component", "logs").Logger(),
 		kick: make(chan struct{}, 1),
 		seen: map[key]*tracked{},
 	}, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/deletion"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/schema"
 	"golang.org/x/sys/unix"
 )
@@ -82,7 +83,7 @@ func TestRemovalIsItsTransaction(t *testing.T) {
 	link := filepath.Join(cfg.LogDir, "p_ns_app-"+cid("e")+".log")
 	symlink(t, filepath.Join(pod, "app", "1.log"), link) // dangling
 	deletes, bus := newDeletes(t, lstatChecker{})
-	c, err := New(cfg, st, Options{Deletes: deletes, Publisher: bus, Now: func() time.Time { return t0 }})
+	c, err := New(Deps{State: st, Deletes: deletes, Publisher: bus}, Options{Config: cfg, Clock: clock.System(func() time.Time { return t0 })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestPartialPodDirRemovalIsReported(t *testing.T) {
 	writeFile(t, stuck, "stuck\n")
 	setImmutable(t, stuck, true)
 	deletes, bus := newDeletes(t, lstatChecker{})
-	c, err := New(cfg, st, Options{Deletes: deletes, Publisher: bus, Now: func() time.Time { return t0 }})
+	c, err := New(Deps{State: st, Deletes: deletes, Publisher: bus}, Options{Config: cfg, Clock: clock.System(func() time.Time { return t0 })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestFailedRemovalIsAbortedOrSettled(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := New(cfg, st, Options{Deletes: deletes, Publisher: bus, Now: func() time.Time { return t0 }})
+			c, err := New(Deps{State: st, Deletes: deletes, Publisher: bus}, Options{Config: cfg, Clock: clock.System(func() time.Time { return t0 })})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -168,7 +169,7 @@ func TestHostileTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logBuf bytes.Buffer
-	c, err := New(h.config(), h.state, Options{Deletes: deletes, Publisher: bus, Metrics: m, Now: h.clock.Now, Logger: zerolog.New(&logBuf)})
+	c, err := New(Deps{State: h.state, Deletes: deletes, Publisher: bus}, Options{Config: h.config(), Metrics: m, Clock: clock.System(h.clock.Now), Log: zerolog.New(&logBuf)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +338,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	cfg := h.config()
 	cfg.DryRun = true
 	deletes, bus := newDeletes(t, lstatChecker{})
-	c, err := New(cfg, h.state, Options{Deletes: deletes, Publisher: bus, Now: h.clock.Now})
+	c, err := New(Deps{State: h.state, Deletes: deletes, Publisher: bus}, Options{Config: cfg, Clock: clock.System(h.clock.Now)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +379,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 // TestPlanChangesNothing checks that Plan reports without deleting.
 func TestPlanChangesNothing(t *testing.T) {
 	h := newHostile(t)
-	c, err := New(h.config(), h.state, Options{Now: h.clock.Now})
+	c, err := New(Deps{State: h.state}, Options{Config: h.config(), Clock: clock.System(h.clock.Now)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func startCleanerWith(t *testing.T, cfg Config, st State, ck clock.Timers) *Clea
 		t.Fatal(err)
 	}
 	deletes, _ := newDeletes(t, lstatChecker{})
-	c, err := New(cfg, st, Options{Deletes: deletes, Metrics: m, Logger: zerolog.New(zerolog.NewTestWriter(t)), Clock: ck})
+	c, err := New(Deps{State: st, Deletes: deletes}, Options{Config: cfg, Metrics: m, Log: zerolog.New(zerolog.NewTestWriter(t)), Clock: ck})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,16 +32,16 @@ func (a *agent) setupContainerGC() error {
 	if err != nil {
 		return err
 	}
-	cgc, err := gc.NewContainerGC(a.live, a.live.Subscribe(), a.runtime, gc.ContainerGCOptions{
-		Policy:    a.cfg.ContainerPolicy(),
-		DryRun:    a.cfg.DryRun,
-		Publisher: a.pub,
-		Deletes:   a.deletes,
-		Metrics:   m,
-		Logger:    a.log,
-		PodKept:   logs.PodLogDirExists(a.cfg.PodLogDir),
-		Clock:     clock.System(a.clock.Now),
-		MinGap:    containerGCMinGap,
+	cgc, err := gc.NewContainerGC(gc.ContainerGCDeps{
+		State: a.live, Changes: a.live.Subscribe(), Runtime: a.runtime, Deletes: a.deletes, Publisher: a.pub,
+		PodKept: logs.PodLogDirExists(a.cfg.PodLogDir),
+	}, gc.ContainerGCOptions{
+		Policy:  a.cfg.ContainerPolicy(),
+		DryRun:  a.cfg.DryRun,
+		Metrics: m,
+		Log:     a.log,
+		Clock:   clock.System(a.clock.Now),
+		MinGap:  containerGCMinGap,
 	})
 	if err != nil {
 		return err

@@ -5,26 +5,27 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/clock"
 )
 
 // setupImageGC builds the image GC and subscribes it to the projection;
 // call it before the projection runs (Subscribe's contract).
 func (a *agent) setupImageGC() error {
-	p := a.cfg.ImagePolicy() // Config.Validate checked it
-	a.imageGC = gc.NewImageGC(gc.ImageGCOptions{
-		Projection:         a.live,
-		Runtime:            a.runtime,
-		Deletes:            a.deletes,
-		Disk:               a.imageFS,
-		Policy:             p,
+	g, err := gc.NewImageGC(gc.ImageGCDeps{
+		Projection: a.live, Runtime: a.runtime, Disk: a.imageFS, Deletes: a.deletes, Publisher: a.pub,
 		LearnSandboxImages: a.runtime.SandboxImages,
-		DryRun:             a.cfg.DryRun,
-		DiskInterval:       a.cfg.DiskInterval,
-		Now:                a.clock.Now,
-		Publisher:          a.pub,
-		Log:                a.log.With().Str("component", "imagegc").Logger(),
-		Registerer:         a.reg,
+	}, gc.ImageGCOptions{
+		Policy:       a.cfg.ImagePolicy(),
+		DryRun:       a.cfg.DryRun,
+		DiskInterval: a.cfg.DiskInterval,
+		Clock:        clock.System(a.clock.Now),
+		Log:          a.log.With().Str("component", "imagegc").Logger(),
+		Registerer:   a.reg,
 	})
+	if err != nil {
+		return err
+	}
+	a.imageGC = g
 	a.lastGC = func() any {
 		if st := a.imageGC.Status(); st.LastPass != nil {
 			return lastImagePass(*st.LastPass)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
 	"golang.org/x/sync/errgroup"
@@ -30,9 +31,8 @@ func (a *agent) setupLogs() error {
 			Msg("log cleanup off: the kubelet's logs belong to namespace " + events.CRINamespace + ", which is not managed")
 		return nil
 	}
-	cl, err := logs.New(a.cfg.LogsConfig(), logs.LiveState(a.live.In(events.CRINamespace)), logs.Options{
-		Deletes: a.deletes, Publisher: a.pub, Metrics: m, Logger: a.log, Now: a.clock.Now,
-	})
+	cl, err := logs.New(logs.Deps{State: logs.LiveState(a.live.In(events.CRINamespace)), Deletes: a.deletes, Publisher: a.pub},
+		logs.Options{Config: a.cfg.LogsConfig(), Metrics: m, Log: a.log, Clock: clock.System(a.clock.Now)})
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (a *agent) runLogs(ctx context.Context) error {
 // PlanLogs plans the log dirs against s, deleting nothing (for `gcagent
 // plan`). Entries count as first seen now, so unknown ones wait their grace.
 func PlanLogs(cfg Config, s *projection.State) (logs.Plan, error) {
-	cl, err := logs.New(cfg.LogsConfig(), logs.StaticState(s), logs.Options{})
+	cl, err := logs.New(logs.Deps{State: logs.StaticState(s)}, logs.Options{Config: cfg.LogsConfig()})
 	if err != nil {
 		return logs.Plan{}, err
 	}
