@@ -111,15 +111,15 @@ func (f *Fleet) Apply(ev natsbus.CloudEvent) {
 		if action == actionCompleted || action == actionFailed {
 			n.pass(ev.Time, action, d.FreedBytes)
 		}
-		line.Trigger, line.Bytes, line.Error = d.Trigger, cmp.Or(d.FreedBytes, d.Bytes), d.Error
+		line.Trigger, line.Bytes, line.Error = d.Trigger, cmp.Or(d.FreedBytes, d.EstimatedBytes), d.Error
 	case *ImageEvent:
 		line.Subject = inNamespace(d.Namespace, imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject)))
-		line.Reason, line.Bytes = d.Reason, cmp.Or(d.FreedBytes, d.Bytes)
+		line.Reason, line.Bytes = string(d.Reason), cmp.Or(d.Freed, d.Size)
 	case *ContainerEvent:
 		line.Subject = inNamespace(d.Namespace, containerLabel(ev.Subject, d.PodNamespace, d.PodName, d.ContainerName))
-		line.Reason = d.Reason
+		line.Reason = string(d.Reason)
 	case *LogEvent:
-		line.Reason, line.Bytes, line.Error = d.Reason, d.Bytes, d.Error
+		line.Reason, line.Bytes, line.Error = string(d.Reason), d.Bytes, d.Error
 	case *StateReset:
 		line.Error = d.Error
 	}

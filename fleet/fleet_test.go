@@ -9,6 +9,7 @@ import (
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/schema"
 )
 
 func ce(t *testing.T, node, kind, action, subject string, at time.Time, data any) natsbus.CloudEvent {
@@ -175,16 +176,16 @@ func TestDecodeReadsThePublishersPayloads(t *testing.T) {
 	}{
 		{"image outcome", "image", "removed",
 			gc.ImageOutcome{Namespace: "default", Digest: "sha256:aa", Names: []string{"web:1"}, Size: 5, Freed: 4, Reason: gc.ReasonSpace},
-			&ImageEvent{Namespace: "default", Digest: "sha256:aa", Names: []string{"web:1"}, Bytes: 5, FreedBytes: 4, Reason: "space"}},
+			&ImageEvent{ImageOutcome: schema.ImageOutcome{Namespace: "default", Digest: "sha256:aa", Names: []string{"web:1"}, Size: 5, Freed: 4, Reason: "space"}}},
 		{"container removal", "container", "removed",
 			gc.ContainerRemoval{Namespace: "k8s.io", ID: "c1", PodNamespace: "ns", PodName: "p", ContainerName: "app", Reason: "per-unit-cap"},
-			&ContainerEvent{Namespace: "k8s.io", PodNamespace: "ns", PodName: "p", ContainerName: "app", Reason: "per-unit-cap"}},
+			&ContainerEvent{Namespace: "k8s.io", ID: "c1", PodNamespace: "ns", PodName: "p", ContainerName: "app", Reason: "per-unit-cap"}},
 		{"log removal", "log", "removed",
 			logs.Removal{Reason: "dangling", Bytes: 9, Error: "partly"},
 			&LogEvent{Reason: "dangling", Bytes: 9, Error: "partly"}},
 		{"pass summary", "gc", "failed",
 			map[string]any{"trigger": "disk", "bytes": 5, "freedBytes": 4, "error": "boom"},
-			&GCEvent{Trigger: "disk", Bytes: 5, FreedBytes: 4, Error: "boom"}},
+			&GCEvent{Trigger: "disk", EstimatedBytes: 5, FreedBytes: 4, Error: "boom"}},
 		{"heartbeat", "agent", "heartbeat",
 			map[string]any{"diskUsagePercent": 6, "images": 7, "outbox": 2, "natsMode": "core"},
 			&Heartbeat{DiskUsagePercent: &six, Images: &seven, Outbox: 2, NATSMode: "core"}},

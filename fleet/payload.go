@@ -10,62 +10,33 @@ import (
 	"github.com/gcagent/gcagent/schema"
 )
 
-// The views below are the fields fleet reads of each payload, named after
-// the event. The publishers' types (gc.ImageOutcome, gc.ContainerRemoval,
-// logs.Removal, the agent's Heartbeat, gc's pass summary) carry more; the
-// JSON names here must stay theirs.
+// The payloads fleet reads are schema's, the publishers' own types: a
+// field renamed there is renamed here.
 
-// ImageEvent is what fleet reads of the data of image.removed and
-// image.skipped (gc's image outcome).
-type ImageEvent struct {
-	Namespace  string   `json:"namespace"`
-	Digest     string   `json:"digest"`
-	Names      []string `json:"names"`
-	Bytes      int64    `json:"bytes"`      // the image's size, an estimate
-	FreedBytes int64    `json:"freedBytes"` // measured growth of available bytes
-	Reason     string   `json:"reason"`
-}
+// ImageEvent is the data of image.removed and image.skipped.
+type ImageEvent = schema.ImageEvent
 
-// ContainerEvent is what fleet reads of the data of container.removed and
-// container.skipped (gc.ContainerRemoval).
-type ContainerEvent struct {
-	Namespace     string `json:"namespace"`
-	PodNamespace  string `json:"podNamespace"`
-	PodName       string `json:"podName"`
-	ContainerName string `json:"containerName"`
-	Reason        string `json:"reason"`
-}
+// ContainerEvent is the data of container.removed (and, with a skip
+// reason fleet does not read, container.skipped).
+type ContainerEvent = schema.ContainerRemoval
 
-// LogEvent is what fleet reads of the data of log.removed and log.skipped
-// (logs.Removal).
-type LogEvent struct {
-	Reason string `json:"reason"`
-	Bytes  int64  `json:"bytes"`
-	Error  string `json:"error"`
-}
+// LogEvent is the data of log.removed (and log.skipped).
+type LogEvent = schema.LogRemoval
 
-// GCEvent is what fleet reads of the data of gc.started, gc.completed and
-// gc.failed (gc's pass summary).
-type GCEvent struct {
-	Trigger    string `json:"trigger"`
-	Bytes      int64  `json:"bytes"`      // estimated: sizes of the removed images
-	FreedBytes int64  `json:"freedBytes"` // measured
-	Error      string `json:"error"`
-}
+// GCEvent is the data of gc.started, gc.completed and gc.failed.
+type GCEvent = schema.GCPass
 
-// Heartbeat is what fleet reads of the data of agent.heartbeat. A figure
-// absent from the payload is nil: unknown, not zero.
+// StateReset is the data of agent.state_reset.
+type StateReset = schema.StateReset
+
+// Heartbeat is what fleet reads of the data of agent.heartbeat
+// (schema.Heartbeat), with a figure absent from the payload (an older
+// agent's) nil: unknown, not zero.
 type Heartbeat struct {
 	DiskUsagePercent *int   `json:"diskUsagePercent"`
 	Images           *int   `json:"images"`
 	Outbox           int    `json:"outbox"`
 	NATSMode         string `json:"natsMode"`
-}
-
-// StateReset is what fleet reads of the data of agent.state_reset: why a
-// state file was moved aside.
-type StateReset struct {
-	Error string `json:"error"`
 }
 
 // typePrefix starts the CloudEvent type of every action: io.gcagent.<kind>.<action>.

@@ -98,48 +98,11 @@ type ContainerResult struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// ContainerRemoval is the data of a published container.removed action.
-type ContainerRemoval struct {
-	Namespace     string    `json:"namespace"`
-	ID            string    `json:"id"`
-	Kind          string    `json:"kind"`
-	EvictUnit     string    `json:"evictUnit"`
-	PodUID        string    `json:"podUID,omitempty"`
-	PodName       string    `json:"podName,omitempty"`
-	PodNamespace  string    `json:"podNamespace,omitempty"`
-	ContainerName string    `json:"containerName,omitempty"`
-	Image         string    `json:"image,omitempty"`
-	ExitedAt      time.Time `json:"exitedAt,omitzero"`
-	EligibleAt    time.Time `json:"eligibleAt,omitzero"`
-	Reason        Reason    `json:"reason"`
-	Rule          string    `json:"rule"`
-	At            time.Time `json:"at"`
-	LatencySecs   float64   `json:"latencySeconds"`
-	DryRun        bool      `json:"dryRun,omitempty"`
-	// OwnerState is what was cleaned, after the delete, of the state the
-	// container's owner keeps outside containerd; absent for a container
-	// without such an owner.
-	OwnerState *OwnerCleanup `json:"ownerState,omitempty"`
-}
+// ContainerRemoval is schema.ContainerRemoval (the payload lives in package schema).
+type ContainerRemoval = schema.ContainerRemoval
 
-// OwnerCleanup is what DeleteNative cleaned, after the container itself,
-// of the state its owner keeps for it outside containerd: for a container
-// made by nerdctl, what `nerdctl rm` would have removed (its name lock,
-// hosts dir and state dir with its json logs). The zero value: the
-// container has no such owner.
-type OwnerCleanup struct {
-	// Owner is who made the container: nerdctl.
-	Owner string `json:"owner"`
-	// Removed are the paths removed, in the order removed.
-	Removed []string `json:"removed,omitempty"`
-	// Bytes are the bytes allocated to the files removed.
-	Bytes int64 `json:"bytes,omitempty"`
-	// NameHeldBy is the id its name lock held when that was another
-	// container's: the lock was kept.
-	NameHeldBy string `json:"nameHeldBy,omitempty"`
-	// Error says what could not be cleaned; what is listed was.
-	Error string `json:"error,omitempty"`
-}
+// OwnerCleanup is schema.OwnerCleanup (the payload lives in package schema).
+type OwnerCleanup = schema.OwnerCleanup
 
 // ContainerRemovalKey is the deterministic key of the removal of container
 // id after the exit at exitedAt: the same run removed twice (a retry after
@@ -427,12 +390,8 @@ func (e *ContainerExecutor) dryRun(it ContainerItem, kind, key string, removal C
 	return r
 }
 
-// ContainerSkip is the data of a published container.skipped action: the
-// removal that was not made, and why.
-type ContainerSkip struct {
-	ContainerRemoval
-	SkipReason string `json:"skipReason"`
-}
+// ContainerSkip is schema.ContainerSkip (the payload lives in package schema).
+type ContainerSkip = schema.ContainerSkip
 
 func (e *ContainerExecutor) liveness(ctx context.Context, kind, ns, id string) (Liveness, error) {
 	switch kind {

@@ -7,11 +7,15 @@
 // deterministic for a given input, so golden files and dry runs are stable.
 package gc
 
-import "time"
+import (
+	"time"
 
-// Reason says why a plan deletes or keeps an item. The values are stable:
-// they appear in logs, metrics labels and NATS payloads.
-type Reason string
+	"github.com/gcagent/gcagent/schema"
+)
+
+// Reason says why a plan deletes or keeps an item (schema.Reason). The
+// values are stable: they appear in logs, metrics labels and NATS payloads.
+type Reason = schema.Reason
 
 // Why an image is kept.
 const (

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/rs/zerolog"
 )
 
@@ -38,29 +39,8 @@ type diskMeter interface {
 	Disk() (DiskStats, error)
 }
 
-// ImageOutcome is what a pass did with one image the plan named: removed,
-// or skipped with the reason.
-type ImageOutcome struct {
-	Namespace string    `json:"namespace"`
-	Digest    string    `json:"digest"`
-	Names     []string  `json:"names"`
-	Size      int64     `json:"bytes"` // estimated: the image's size
-	FirstSeen time.Time `json:"firstSeen"`
-	LastUsed  time.Time `json:"lastUsed,omitzero"`
-	// Rule is why the plan (or the measured disk) chose it: max-age or space.
-	Rule   Reason `json:"rule"`
-	Action string `json:"action"` // removed or skipped
-	// Reason is Rule when removed, else why it was skipped.
-	Reason Reason `json:"reason"`
-	Detail string `json:"detail,omitempty"`
-	// Freed is the measured growth of available bytes across the delete.
-	Freed int64     `json:"freedBytes"`
-	Via   string    `json:"via,omitempty"` // cri or native
-	At    time.Time `json:"at"`
-	// Beyond says the plan's estimate had said enough was freed before this
-	// image, but the measured disk was still above the low threshold.
-	Beyond bool `json:"beyondEstimate,omitempty"`
-}
+// ImageOutcome is schema.ImageOutcome (the payload lives in package schema).
+type ImageOutcome = schema.ImageOutcome
 
 // imageExecResult is what one execution of a plan did.
 type imageExecResult struct {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 )
 
 // imageProjection is the projection of every managed namespace as image GC
@@ -425,29 +426,11 @@ func passOutcome(plan ImagePlan, p ImagePass) string {
 	return b.String()
 }
 
-// imageData is the payload of an image action.
-type imageData struct {
-	ImageOutcome
-	DryRun bool `json:"dryRun,omitempty"`
-}
+// imageData is schema.ImageEvent (the payload lives in package schema).
+type imageData = schema.ImageEvent
 
-// passSummary is the payload of a pass action: the pass without the
-// per-image lists, which are published one event each.
-type passSummary struct {
-	Start          time.Time `json:"start"`
-	End            time.Time `json:"end,omitzero"`
-	Trigger        string    `json:"trigger"`
-	DryRun         bool      `json:"dryRun,omitempty"`
-	Usage          int       `json:"usage"`
-	AmountToFree   int64     `json:"amountToFree"`
-	Planned        int       `json:"planned"`
-	Removed        int       `json:"removed"`
-	Skipped        int       `json:"skipped"`
-	EstimatedBytes int64     `json:"bytes"`
-	FreedBytes     int64     `json:"freedBytes"`
-	UsageAfter     int       `json:"usageAfter"`
-	Error          string    `json:"error,omitempty"`
-}
+// passSummary is schema.GCPass (the payload lives in package schema).
+type passSummary = schema.GCPass
 
 func passData(p ImagePass) passSummary {
 	return passSummary{Start: p.Start, End: p.End, Trigger: p.Trigger, DryRun: p.DryRun, Usage: p.Usage,

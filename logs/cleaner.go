@@ -44,38 +44,11 @@ type Publisher interface {
 	Publish(a schema.Action) error
 }
 
-// Removal is the data of a published log.removed (and, inside a skip, of
-// a dry run's log.skipped): one removed entry.
-type Removal struct {
-	Kind      Kind   `json:"kind"`
-	Dir       string `json:"dir"`  // the configured directory
-	Name      string `json:"name"` // raw name relative to Dir
-	Reason    Reason `json:"reason"`
-	Container string `json:"container,omitempty"`
-	UID       string `json:"uid,omitempty"`
-	// Bytes are the allocated bytes of the files removed, an estimate
-	// (hard links); in a dry run, of the files that would be.
-	Bytes int64 `json:"bytes"`
-	// Entries counts what was removed (or would be): files, links and
-	// directories, a pod dir itself included.
-	Entries int       `json:"entries,omitempty"`
-	At      time.Time `json:"at"`
-	DryRun  bool      `json:"dryRun,omitempty"`
-	// Namespace is the containerd namespace of the pods the kubelet's logs
-	// belong to: CRI's.
-	Namespace string `json:"namespace"`
-	// Partial says the removal stopped partway: Bytes and Entries are what
-	// went, Error why the rest stayed.
-	Partial bool   `json:"partial,omitempty"`
-	Error   string `json:"error,omitempty"`
-}
+// Removal is schema.LogRemoval: the data of log.removed.
+type Removal = schema.LogRemoval
 
-// skip is the data of a published log.skipped: the removal that was not
-// made, and why.
-type skip struct {
-	Removal
-	SkipReason string `json:"skipReason"`
-}
+// skip is schema.LogSkip: the data of log.skipped.
+type skip = schema.LogSkip
 
 // Deps are what a Cleaner works through: State is required.
 type Deps struct {
@@ -440,7 +413,7 @@ func (c *Cleaner) dryRun(root int, e Entry, planned Decision, r Removal, t *trac
 	subject := filepath.Join(r.Dir, e.Name)
 	if err := c.pub.Publish(schema.Action{Kind: schema.KindLog, Action: schema.ActionSkipped, Subject: subject,
 		Key:  string(r.Kind) + ":" + subject + "@" + strconv.FormatInt(r.At.UnixNano(), 10) + "#dry-run",
-		Data: skip{Removal: r, SkipReason: schema.ReasonDryRun}}); err != nil {
+		Data: skip{LogRemoval: r, SkipReason: schema.ReasonDryRun}}); err != nil {
 		c.metrics.error("publish")
 		c.log.Warn().Str("path", path).Err(err).Msg("publish dry run")
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gcagent/gcagent/schema"
 )
 
 // State is what the planner needs to know about the runtime. Implementations
@@ -33,8 +35,8 @@ type State interface {
 }
 
 // Kind names the rule that applies to an entry: KindSymlink for the entries
-// of LogDir, KindPodDir for the entries of PodLogDir.
-type Kind string
+// of LogDir, KindPodDir for the entries of PodLogDir (schema.LogKind).
+type Kind = schema.LogKind
 
 // Entry kinds.
 const (
@@ -53,8 +55,9 @@ const (
 	ActionWait   Action = "wait"
 )
 
-// Reason explains a decision; it is a metric label, so the set is closed.
-type Reason string
+// Reason explains a decision; it is a metric label, so the set is closed
+// (schema.Reason).
+type Reason = schema.Reason
 
 // Reasons to remove.
 const (

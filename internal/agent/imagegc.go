@@ -2,10 +2,10 @@ package agent
 
 import (
 	"context"
-	"time"
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/schema"
 )
 
 // setupImageGC builds the image GC and subscribes it to the projection;
@@ -26,9 +26,10 @@ func (a *agent) setupImageGC() error {
 		return err
 	}
 	a.imageGC = g
-	a.lastGC = func() any {
+	a.lastGC = func() *schema.LastGC {
 		if st := a.imageGC.Status(); st.LastPass != nil {
-			return lastImagePass(*st.LastPass)
+			p := lastImagePass(*st.LastPass)
+			return &p
 		}
 		return nil
 	}
@@ -39,19 +40,8 @@ func (a *agent) setupImageGC() error {
 // runImageGC runs the image GC until ctx ends.
 func (a *agent) runImageGC(ctx context.Context) error { return a.imageGC.Run(ctx) }
 
-// imagePassSummary is the last image GC pass in heartbeats: counts, not lists.
-type imagePassSummary struct {
-	Kind       string    `json:"kind"`
-	At         time.Time `json:"at"`
-	Trigger    string    `json:"trigger"`
-	DryRun     bool      `json:"dryRun,omitempty"`
-	Removed    int       `json:"removed"`
-	Skipped    int       `json:"skipped"`
-	Bytes      int64     `json:"bytes"`
-	FreedBytes int64     `json:"freedBytes"`
-	Usage      int       `json:"usage"`
-	Error      string    `json:"error,omitempty"`
-}
+// imagePassSummary is schema.LastGC: the last image GC pass in heartbeats.
+type imagePassSummary = schema.LastGC
 
 func lastImagePass(p gc.ImagePass) imagePassSummary {
 	return imagePassSummary{Kind: "image", At: p.End, Trigger: p.Trigger, DryRun: p.DryRun, Removed: len(p.Removed),

@@ -12,6 +12,7 @@ import (
 	"github.com/gcagent/gcagent/internal/version"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/nats-io/nats.go"
 )
 
@@ -148,26 +149,14 @@ func (b *bus) problem() string {
 func (a *agent) startedAction(boot time.Time) gc.Action {
 	host, _ := os.Hostname()
 	return gc.Action{Kind: "agent", Action: "started", Subject: a.cfg.NodeName, Key: fmt.Sprint(boot.UnixNano()),
-		Data: map[string]any{"version": version.Version, "hostname": host, "namespace": a.cfg.Namespace,
-			"excludeNamespace": a.cfg.ExcludeNamespace, "dryRun": a.cfg.DryRun,
-			"pruneContainers": a.cfg.PruneContainers, "imageGCHighThreshold": a.cfg.ImageGCHighThreshold,
-			"imageGCLowThreshold": a.cfg.ImageGCLowThreshold}}
+		Data: schema.AgentStarted{Version: version.Version, Hostname: host, Namespace: a.cfg.Namespace,
+			ExcludeNamespace: a.cfg.ExcludeNamespace, DryRun: a.cfg.DryRun,
+			PruneContainers: a.cfg.PruneContainers, ImageGCHighThreshold: a.cfg.ImageGCHighThreshold,
+			ImageGCLowThreshold: a.cfg.ImageGCLowThreshold}}
 }
 
-// Heartbeat is the data of agent.heartbeat.
-type Heartbeat struct {
-	DiskUsagePercent int    `json:"diskUsagePercent"`
-	CapacityBytes    uint64 `json:"capacityBytes"`
-	AvailableBytes   uint64 `json:"availableBytes"`
-	Images           int    `json:"images"`
-	Containers       int    `json:"containers"`
-	ReclaimableBytes int64  `json:"reclaimableBytes"` // sizes of images no rule protects
-	Synced           bool   `json:"synced"`
-	Outbox           int    `json:"outbox"`
-	NATSMode         string `json:"natsMode"`
-	LastGC           any    `json:"lastGC,omitempty"`
-	DiskError        string `json:"diskError,omitempty"` // why the disk figures are zero
-}
+// Heartbeat is schema.Heartbeat: the data of agent.heartbeat.
+type Heartbeat = schema.Heartbeat
 
 // heartbeat builds the current heartbeat from the projection and the disk.
 func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {

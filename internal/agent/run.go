@@ -26,6 +26,7 @@ import (
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -67,7 +68,7 @@ type agent struct {
 	bus     *bus
 	// lastGC, set by the image GC component, reports its last pass for
 	// heartbeats and /status.
-	lastGC func() any
+	lastGC func() *schema.LastGC
 	// runGCNow, set by the image GC component, runs a pass now (control verb gc).
 	runGCNow func(ctx context.Context) (any, error)
 	// imageGC deletes images by disk usage and age (imagegc.go).

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -34,8 +35,8 @@ func (a *agent) reportStateReset(r *projection.Reset) {
 		Msg("state file unreadable: moved aside, projection rebuilt from containerd, LRU history lost")
 	_ = a.pub.Publish(gc.Action{Kind: "agent", Action: "state_reset", Subject: a.cfg.NodeName,
 		Key: filepath.Base(r.MovedTo), // one event per file moved aside
-		Data: map[string]any{"path": r.Path, "movedTo": r.MovedTo, "error": r.Err.Error(), "lost": stateResetLost,
-			"at": r.At.Format(time.RFC3339Nano)}})
+		Data: schema.StateReset{Path: r.Path, MovedTo: r.MovedTo, Error: r.Err.Error(), Lost: stateResetLost,
+			At: r.At.Format(time.RFC3339Nano)}})
 }
 
 // journalDetail is the /readyz line for a state disk that fails writes, or

@@ -1,0 +1,195 @@
+package schema
+
+import "time"
+
+// The data of each event, by kind. docs/nats.md describes them.
+
+// Reason says why an item was deleted or kept. The values are stable: they
+// appear in logs, metrics labels and payloads; gc and logs name them.
+type Reason string
+
+// ImageOutcome is what a pass did with one image the plan named: removed,
+// or skipped with the reason.
+type ImageOutcome struct {
+	Namespace string    `json:"namespace"`
+	Digest    string    `json:"digest"`
+	Names     []string  `json:"names"`
+	Size      int64     `json:"bytes"` // estimated: the image's size
+	FirstSeen time.Time `json:"firstSeen"`
+	LastUsed  time.Time `json:"lastUsed,omitzero"`
+	// Rule is why the plan (or the measured disk) chose it: max-age or space.
+	Rule   Reason `json:"rule"`
+	Action string `json:"action"` // removed or skipped
+	// Reason is Rule when removed, else why it was skipped.
+	Reason Reason `json:"reason"`
+	Detail string `json:"detail,omitempty"`
+	// Freed is the measured growth of available bytes across the delete.
+	Freed int64     `json:"freedBytes"`
+	Via   string    `json:"via,omitempty"` // cri or native
+	At    time.Time `json:"at"`
+	// Beyond says the plan's estimate had said enough was freed before this
+	// image, but the measured disk was still above the low threshold.
+	Beyond bool `json:"beyondEstimate,omitempty"`
+}
+
+// ImageEvent is the payload of an image action.
+type ImageEvent struct {
+	ImageOutcome
+	DryRun bool `json:"dryRun,omitempty"`
+}
+
+// GCPass is the payload of a pass action: the pass without the
+// per-image lists, which are published one event each.
+type GCPass struct {
+	Start          time.Time `json:"start"`
+	End            time.Time `json:"end,omitzero"`
+	Trigger        string    `json:"trigger"`
+	DryRun         bool      `json:"dryRun,omitempty"`
+	Usage          int       `json:"usage"`
+	AmountToFree   int64     `json:"amountToFree"`
+	Planned        int       `json:"planned"`
+	Removed        int       `json:"removed"`
+	Skipped        int       `json:"skipped"`
+	EstimatedBytes int64     `json:"bytes"`
+	FreedBytes     int64     `json:"freedBytes"`
+	UsageAfter     int       `json:"usageAfter"`
+	Error          string    `json:"error,omitempty"`
+}
+
+// OwnerCleanup is what DeleteNative cleaned, after the container itself,
+// of the state its owner keeps for it outside containerd: for a container
+// made by nerdctl, what `nerdctl rm` would have removed (its name lock,
+// hosts dir and state dir with its json logs). The zero value: the
+// container has no such owner.
+type OwnerCleanup struct {
+	// Owner is who made the container: nerdctl.
+	Owner string `json:"owner"`
+	// Removed are the paths removed, in the order removed.
+	Removed []string `json:"removed,omitempty"`
+	// Bytes are the bytes allocated to the files removed.
+	Bytes int64 `json:"bytes,omitempty"`
+	// NameHeldBy is the id its name lock held when that was another
+	// container's: the lock was kept.
+	NameHeldBy string `json:"nameHeldBy,omitempty"`
+	// Error says what could not be cleaned; what is listed was.
+	Error string `json:"error,omitempty"`
+}
+
+// ContainerRemoval is the data of a published container.removed action.
+type ContainerRemoval struct {
+	Namespace     string    `json:"namespace"`
+	ID            string    `json:"id"`
+	Kind          string    `json:"kind"`
+	EvictUnit     string    `json:"evictUnit"`
+	PodUID        string    `json:"podUID,omitempty"`
+	PodName       string    `json:"podName,omitempty"`
+	PodNamespace  string    `json:"podNamespace,omitempty"`
+	ContainerName string    `json:"containerName,omitempty"`
+	Image         string    `json:"image,omitempty"`
+	ExitedAt      time.Time `json:"exitedAt,omitzero"`
+	EligibleAt    time.Time `json:"eligibleAt,omitzero"`
+	Reason        Reason    `json:"reason"`
+	Rule          string    `json:"rule"`
+	At            time.Time `json:"at"`
+	LatencySecs   float64   `json:"latencySeconds"`
+	DryRun        bool      `json:"dryRun,omitempty"`
+	// OwnerState is what was cleaned, after the delete, of the state the
+	// container's owner keeps outside containerd; absent for a container
+	// without such an owner.
+	OwnerState *OwnerCleanup `json:"ownerState,omitempty"`
+}
+
+// ContainerSkip is the data of a published container.skipped action: the
+// removal that was not made, and why.
+type ContainerSkip struct {
+	ContainerRemoval
+	SkipReason string `json:"skipReason"`
+}
+
+// LogKind names a log entry's kind: a symlink of the kubelet's log dir, or
+// a pod log dir.
+type LogKind string
+
+// LogRemoval is the data of a published log.removed (and, inside a skip, of
+// a dry run's log.skipped): one removed entry.
+type LogRemoval struct {
+	Kind      LogKind `json:"kind"`
+	Dir       string  `json:"dir"`  // the configured directory
+	Name      string  `json:"name"` // raw name relative to Dir
+	Reason    Reason  `json:"reason"`
+	Container string  `json:"container,omitempty"`
+	UID       string  `json:"uid,omitempty"`
+	// Bytes are the allocated bytes of the files removed, an estimate
+	// (hard links); in a dry run, of the files that would be.
+	Bytes int64 `json:"bytes"`
+	// Entries counts what was removed (or would be): files, links and
+	// directories, a pod dir itself included.
+	Entries int       `json:"entries,omitempty"`
+	At      time.Time `json:"at"`
+	DryRun  bool      `json:"dryRun,omitempty"`
+	// Namespace is the containerd namespace of the pods the kubelet's logs
+	// belong to: CRI's.
+	Namespace string `json:"namespace"`
+	// Partial says the removal stopped partway: Bytes and Entries are what
+	// went, Error why the rest stayed.
+	Partial bool   `json:"partial,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// LogSkip is the data of a published log.skipped: the removal that was not
+// made, and why.
+type LogSkip struct {
+	LogRemoval
+	SkipReason string `json:"skipReason"`
+}
+
+// Heartbeat is the data of agent.heartbeat.
+type Heartbeat struct {
+	DiskUsagePercent int     `json:"diskUsagePercent"`
+	CapacityBytes    uint64  `json:"capacityBytes"`
+	AvailableBytes   uint64  `json:"availableBytes"`
+	Images           int     `json:"images"`
+	Containers       int     `json:"containers"`
+	ReclaimableBytes int64   `json:"reclaimableBytes"` // sizes of images no rule protects
+	Synced           bool    `json:"synced"`
+	Outbox           int     `json:"outbox"`
+	NATSMode         string  `json:"natsMode"`
+	LastGC           *LastGC `json:"lastGC,omitempty"`
+	DiskError        string  `json:"diskError,omitempty"` // why the disk figures are zero
+}
+
+// LastGC is the last image GC pass in heartbeats: counts, not lists.
+type LastGC struct {
+	Kind       string    `json:"kind"`
+	At         time.Time `json:"at"`
+	Trigger    string    `json:"trigger"`
+	DryRun     bool      `json:"dryRun,omitempty"`
+	Removed    int       `json:"removed"`
+	Skipped    int       `json:"skipped"`
+	Bytes      int64     `json:"bytes"`
+	FreedBytes int64     `json:"freedBytes"`
+	Usage      int       `json:"usage"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// AgentStarted is the data of agent.started: what this boot runs with.
+type AgentStarted struct {
+	Version              string   `json:"version"`
+	Hostname             string   `json:"hostname"`
+	Namespace            string   `json:"namespace"`
+	ExcludeNamespace     string   `json:"excludeNamespace"`
+	DryRun               bool     `json:"dryRun"`
+	PruneContainers      string   `json:"pruneContainers"`
+	ImageGCHighThreshold int      `json:"imageGCHighThreshold"`
+	ImageGCLowThreshold  int      `json:"imageGCLowThreshold"`
+}
+
+// StateReset is the data of agent.state_reset: the state file was
+// unreadable at start and moved aside; what that lost.
+type StateReset struct {
+	Path    string `json:"path"`
+	MovedTo string `json:"movedTo"`
+	Error   string `json:"error"`
+	Lost    string `json:"lost"`
+	At      string `json:"at"`
+}
