@@ -174,14 +174,14 @@ type LastGC struct {
 
 // AgentStarted is the data of agent.started: what this boot runs with.
 type AgentStarted struct {
-	Version              string   `json:"version"`
-	Hostname             string   `json:"hostname"`
-	Namespace            string   `json:"namespace"`
-	ExcludeNamespace     string   `json:"excludeNamespace"`
-	DryRun               bool     `json:"dryRun"`
-	PruneContainers      string   `json:"pruneContainers"`
-	ImageGCHighThreshold int      `json:"imageGCHighThreshold"`
-	ImageGCLowThreshold  int      `json:"imageGCLowThreshold"`
+	Version              string `json:"version"`
+	Hostname             string `json:"hostname"`
+	Namespace            string `json:"namespace"`
+	ExcludeNamespace     string `json:"excludeNamespace"`
+	DryRun               bool   `json:"dryRun"`
+	PruneContainers      string `json:"pruneContainers"`
+	ImageGCHighThreshold int    `json:"imageGCHighThreshold"`
+	ImageGCLowThreshold  int    `json:"imageGCLowThreshold"`
 }
 
 // StateReset is the data of agent.state_reset: the state file was
