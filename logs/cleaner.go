@@ -54,6 +54,10 @@ type skip = schema.LogSkip
 type Deps struct {
 	// State answers from the projection (LiveState, StaticState).
 	State State
+	// Changes, when set, signals projection changes (a container exited
+	// or went, a pod went): each asks Run for a pass, at most one per
+	// Options.MinGap.
+	Changes <-chan struct{}
 	// Deletes begins each removal's delete transaction (a
 	// *deletion.Manager): its intent is recorded before the removal, and
 	// the removal's log.removed event is its commit. nil: nothing is
@@ -70,9 +74,13 @@ type Options struct {
 	Config  Config
 	Metrics *Metrics       // nil: nothing recorded
 	Log     zerolog.Logger // the zero Logger logs nothing
-	// Clock gives the time and arms Run's timer (the grace deadlines, the
-	// floor sweep, the retry of a lost watch); nil: Go's.
+	// Clock gives the time and arms Run's timers (the grace deadlines, the
+	// floor sweep, the retry of a lost watch, the gap between passes asked
+	// by Changes); nil: Go's.
 	Clock clock.Timers
+	// MinGap spaces the passes Changes asks for: a burst of changes costs
+	// one pass (two directory scans) per gap, not one per change.
+	MinGap time.Duration
 }
 
 // Cleaner applies PlanLogs to the configured directories. Its methods are
@@ -80,6 +88,8 @@ type Options struct {
 type Cleaner struct {
 	cfg     Config
 	state   State
+	changes <-chan struct{}
+	minGap  time.Duration
 	deletes deleteLog
 	pub     Publisher
 	metrics *Metrics
@@ -126,7 +136,7 @@ func New(d Deps, o Options) (*Cleaner, error) {
 		o.Clock = clock.System(nil)
 	}
 	return &Cleaner{
-		cfg: o.Config, state: d.State, deletes: d.Deletes, pub: d.Publisher, metrics: o.Metrics, now: o.Clock.Now, clock: o.Clock,
+		cfg: o.Config, state: d.State, changes: d.Changes, minGap: o.MinGap, deletes: d.Deletes, pub: d.Publisher, metrics: o.Metrics, now: o.Clock.Now, clock: o.Clock,
 		log:  o.Log.With().Str("component", "logs").Logger(),
 		kick: make(chan struct{}, 1),
 		seen: map[key]*tracked{},

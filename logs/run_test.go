@@ -162,3 +162,48 @@ func TestRunRearmsRecreatedDir(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowSpacesPassesAskedByChanges: a projection change asks for a
+// pass at once; the changes within MinGap after it ask for one more, at
+// the gap's end (the agent's debounce, on the injected clock).
+func TestFollowSpacesPassesAskedByChanges(t *testing.T) {
+	base := t.TempDir()
+	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods"), PodLogGrace: time.Hour}
+	changes := make(chan struct{}, 1)
+	ck := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	const gap = 50 * time.Millisecond
+	c, err := New(Deps{State: newFakeState(), Changes: changes}, Options{Config: cfg, Clock: ck, MinGap: gap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.follow(ctx) }()
+	defer func() { cancel(); <-done }()
+	kicked := func() bool {
+		select {
+		case <-c.kick:
+			return true
+		default:
+			return false
+		}
+	}
+	changes <- struct{}{}
+	wait.Until(t, 5*time.Second, "the first change asks for a pass", kicked)
+	waitTimer(t, ck, ck.Now().Add(gap))
+	for range 3 {
+		select {
+		case changes <- struct{}{}:
+		default: // one pending change stands for all
+		}
+	}
+	if kicked() {
+		t.Fatal("a pass asked for within the gap")
+	}
+	ck.Step(gap)
+	wait.Until(t, 5*time.Second, "the changes within the gap ask for one pass at its end", kicked)
+	waitTimer(t, ck, ck.Now().Add(gap))
+	if kicked() {
+		t.Error("more than one pass for the changes within one gap")
+	}
+}

@@ -20,6 +20,11 @@ import (
 // again as soon as it is back, retrying with backoff meanwhile. Run returns
 // nil when ctx is done, and an error only if the watcher cannot work.
 func (c *Cleaner) Run(ctx context.Context) error {
+	if c.changes != nil {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go c.follow(ctx)
+	}
 	w, err := fsnotify.NewBufferedWatcher(1024)
 	if err != nil {
 		return fmt.Errorf("logs: new watcher: %w", err)
@@ -186,4 +191,25 @@ func (c *Cleaner) arm(w *fsnotify.Watcher, armed map[string]bool) (missing bool)
 		}
 	}
 	return missing
+}
+
+// follow asks for a pass on each projection change, at most one per
+// minGap: changes meanwhile coalesce in the channel, one Notify after.
+func (c *Cleaner) follow(ctx context.Context) {
+	gap := c.clock.NewTimer(0)
+	defer gap.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.changes:
+			c.Notify()
+		}
+		gap.Reset(c.minGap)
+		select {
+		case <-ctx.Done():
+			return
+		case <-gap.C():
+		}
+	}
 }

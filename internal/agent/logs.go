@@ -8,7 +8,6 @@ import (
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
-	"golang.org/x/sync/errgroup"
 )
 
 // LogsConfig is the log cleaner's part of c.
@@ -31,12 +30,13 @@ func (a *agent) setupLogs() error {
 			Msg("log cleanup off: the kubelet's logs belong to namespace " + events.CRINamespace + ", which is not managed")
 		return nil
 	}
-	cl, err := logs.New(logs.Deps{State: logs.LiveState(a.live.In(events.CRINamespace)), Deletes: a.deletes, Publisher: a.pub},
-		logs.Options{Config: a.cfg.LogsConfig(), Metrics: m, Log: a.log, Clock: clock.System(a.clock.Now)})
+	cl, err := logs.New(logs.Deps{State: logs.LiveState(a.live.In(events.CRINamespace)), Changes: a.live.Subscribe(),
+		Deletes: a.deletes, Publisher: a.pub},
+		logs.Options{Config: a.cfg.LogsConfig(), Metrics: m, Log: a.log, Clock: clock.System(a.clock.Now), MinGap: logsMinGap})
 	if err != nil {
 		return err
 	}
-	a.logs, a.logsChanges = cl, a.live.Subscribe()
+	a.logs = cl
 	return nil
 }
 
@@ -45,33 +45,13 @@ func (a *agent) setupLogs() error {
 // A link that dangles is seen by fsnotify at once anyway.
 const logsMinGap = 50 * time.Millisecond
 
-// runLogs runs the cleaner and asks it for a pass on projection changes (a
-// container exited or went, a pod went), at most once per logsMinGap,
-// until ctx ends.
+// runLogs runs the cleaner, if there is one, until ctx ends.
 func (a *agent) runLogs(ctx context.Context) error {
 	if a.logs == nil {
 		<-ctx.Done()
 		return nil
 	}
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return a.logs.Run(ctx) })
-	g.Go(func() error {
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-a.logsChanges:
-				a.logs.Notify()
-			}
-			// Changes meanwhile coalesce in the channel: one Notify after.
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(logsMinGap):
-			}
-		}
-	})
-	return g.Wait()
+	return a.logs.Run(ctx)
 }
 
 // PlanLogs plans the log dirs against s, deleting nothing (for `gcagent

@@ -75,9 +75,8 @@ type agent struct {
 	imageGC *gc.ImageGC
 	// containerGC removes dead containers (containergc.go).
 	containerGC *gc.ContainerGC
-	// logs cleans the log dirs, woken by logsChanges (logs.go).
-	logs        *logs.Cleaner
-	logsChanges <-chan struct{}
+	// logs cleans the log dirs (logs.go).
+	logs *logs.Cleaner
 	// clock is the one time every planner reads (internal/clock: a
 	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
