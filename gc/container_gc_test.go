@@ -1,7 +1,6 @@
 package gc
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -101,20 +100,7 @@ func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gc
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.gc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(guard):
-			t.Errorf("Run did not return")
-		}
-	})
+	runLoop(t, h.gc.Run)
 	return h
 }
 

@@ -151,3 +151,23 @@ func mustImageGC(t testing.TB, d ImageGCDeps, o ImageGCOptions) *ImageGC {
 	}
 	return g
 }
+
+// runLoop runs a GC loop until the test ends, then checks it stopped
+// cleanly within guard.
+func runLoop(t *testing.T, run func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(guard):
+			t.Errorf("Run did not return")
+		}
+	})
+}

@@ -550,20 +550,7 @@ func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint6
 		h.gap = h.o.DiskInterval
 	}
 	live.Apply(evs...)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.g.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(guard):
-			t.Errorf("Run did not return")
-		}
-	})
+	runLoop(t, h.g.Run)
 	h.idle(t)
 	return h
 }

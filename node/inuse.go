@@ -1,10 +1,12 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
@@ -76,22 +78,9 @@ func (r *Runtime) ImageHolders(ctx context.Context, ns string, img gc.ImageRef) 
 	}
 	out = append(out, leases...)
 	slices.SortFunc(out, func(a, b gc.Holder) int {
-		if a.Kind != b.Kind {
-			return compare(a.Kind, b.Kind)
-		}
-		return compare(a.ID, b.ID)
+		return cmp.Or(strings.Compare(a.Kind, b.Kind), strings.Compare(a.ID, b.ID))
 	})
 	return slices.Compact(out), nil
-}
-
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // snapshotUsers returns the active and view snapshots of snapshotter sn
