@@ -23,6 +23,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/schema"
 )
 
@@ -107,15 +108,17 @@ type Options struct {
 	// again: Begin fails fast meanwhile instead of stalling every caller
 	// for CheckTimeout. Default 1s.
 	RetryGap time.Duration
-	// Now is the clock. Default time.Now.
-	Now func() time.Time
+	// Clock gives the time and Run's retry timer. Default Go's.
+	Clock clock.Timers
 }
 
 // Manager begins delete transactions and settles the ones whose outcome
 // is unknown. It is safe for concurrent use.
 type Manager struct {
-	d Deps
-	o Options
+	d    Deps
+	o    Options
+	now  func() time.Time
+	wake chan struct{} // an unknown outcome to settle (Run)
 
 	mu sync.Mutex
 	// unsettled are deletes whose outcome is not known: left by a crash,
@@ -145,10 +148,10 @@ func New(d Deps, o Options) (*Manager, error) {
 	if o.RetryGap <= 0 {
 		o.RetryGap = time.Second
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Clock == nil {
+		o.Clock = clock.System(nil)
 	}
-	return &Manager{d: d, o: o}, nil
+	return &Manager{d: d, o: o, now: o.Clock.Now, wake: make(chan struct{}, 1)}, nil
 }
 
 // Begin records the intent of a, the delete of an object of namespace ns,
@@ -172,7 +175,7 @@ func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, e
 			m.o.Log.Warn().Err(err).Str("kind", a.Kind).Str("subject", a.Subject).Int("deletes_without_intent", n).
 				Msg("cannot record the delete intent; deleting without it")
 		}
-		return &Tx{m: m, in: Intent{At: m.o.Now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key},
+		return &Tx{m: m, in: Intent{At: m.now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key},
 			action: &a}, nil
 	}
 	if m.o.AfterIntent != nil {
@@ -206,15 +209,15 @@ func (m *Manager) Settle(ctx context.Context) error {
 	if m.inDoubt > 0 {
 		return fmt.Errorf("%w: a failed delete is being checked", ErrUnsettled)
 	}
-	if len(m.unsettled) > 0 && m.o.Now().Sub(m.failedAt) < m.o.RetryGap {
+	if len(m.unsettled) > 0 && m.now().Sub(m.failedAt) < m.o.RetryGap {
 		u := m.unsettled[0]
-		return fmt.Errorf("%w: %s %s (containerd did not answer %s ago)", ErrUnsettled, u.in.Kind, u.in.Subject, m.o.Now().Sub(m.failedAt).Round(time.Millisecond))
+		return fmt.Errorf("%w: %s %s (containerd did not answer %s ago)", ErrUnsettled, u.in.Kind, u.in.Subject, m.now().Sub(m.failedAt).Round(time.Millisecond))
 	}
 	for len(m.unsettled) > 0 {
 		u := m.unsettled[0]
 		gone, err := m.gone(ctx, u.in)
 		if err != nil {
-			m.failedAt = m.o.Now()
+			m.failedAt = m.now()
 			return fmt.Errorf("%w: %s %s: %w", ErrUnsettled, u.in.Kind, u.in.Subject, err)
 		}
 		if err := m.resolve(u, gone); err != nil {
@@ -234,6 +237,48 @@ func (m *Manager) Generation() uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.generation
+}
+
+// Run settles, until ctx ends, every delete whose outcome is unknown as
+// soon as the node can say: the leftovers of a crash at once, and each
+// unknown outcome after it happens, also when no further delete begins,
+// retrying with backoff (up to maxRetry) while containerd cannot answer.
+// settled, if set, is called once, after the first Settle that succeeds:
+// GC must not delete before (a new delete of the same object would make
+// an old intent look done). Failures are logged once and then every
+// tenth.
+func (m *Manager) Run(ctx context.Context, settled func()) error {
+	const firstRetry, maxRetry = 100 * time.Millisecond, 10 * time.Second
+	retry := m.o.Clock.NewTimer(0) // at start: a crash's leftovers
+	defer retry.Stop()
+	wait, failures := firstRetry, 0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-retry.C():
+		case <-m.wake:
+		}
+		err := m.Settle(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			if settled != nil {
+				settled()
+				settled = nil
+			}
+			wait, failures = firstRetry, 0
+			continue
+		}
+		failures++
+		if failures == 1 || failures%10 == 0 {
+			m.o.Log.Warn().Err(err).Int("failures", failures).Float64("retry_in_s", wait.Seconds()).
+				Msg("cannot settle the deletes whose outcome is unknown yet")
+		}
+		retry.Reset(wait)
+		wait = min(2*wait, maxRetry)
+	}
 }
 
 // Unsettled returns how many deletes have an unknown outcome now.
@@ -354,7 +399,11 @@ func (t *Tx) Settle(ctx context.Context) (Outcome, error) {
 	if err != nil {
 		t.done = true
 		m.unsettled = append(m.unsettled, unsettled{in: t.in, action: t.action})
-		m.failedAt = m.o.Now()
+		m.failedAt = m.now()
+		select {
+		case m.wake <- struct{}{}: // Run settles it as soon as the node can say
+		default:
+		}
 	}
 	m.mu.Unlock()
 	switch {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/gcagent/gcagent/schema"
 )
 
@@ -101,29 +103,29 @@ func (c *checker) set(gone map[string]bool, err error) {
 	c.gone, c.err = gone, err
 }
 
-// clock is a settable time for RetryGap.
-type clock struct {
+// stepClock is a settable time for RetryGap.
+type stepClock struct {
 	mu  sync.Mutex
 	now time.Time
 }
 
-func (c *clock) Now() time.Time {
+func (c *stepClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
 }
 
-func (c *clock) Step(d time.Duration) {
+func (c *stepClock) Step(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 }
 
-var testClock = &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+var testClock = &stepClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 
 func newManager(t *testing.T, j *journal, c *checker) *Manager {
 	t.Helper()
-	m, err := New(Deps{Journal: j, Checker: c}, Options{Now: testClock.Now})
+	m, err := New(Deps{Journal: j, Checker: c}, Options{Clock: clock.System(testClock.Now)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +256,7 @@ func TestJournalFullDeletesWithoutIntent(t *testing.T) {
 func TestNoBeginWhileAFailedDeleteIsChecked(t *testing.T) {
 	j := &journal{}
 	c := &blockingChecker{entered: make(chan struct{}), release: make(chan struct{})}
-	m, err := New(Deps{Journal: j, Checker: c}, Options{Now: testClock.Now})
+	m, err := New(Deps{Journal: j, Checker: c}, Options{Clock: clock.System(testClock.Now)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,5 +319,46 @@ func TestUnknownWithoutIntentIsRemembered(t *testing.T) {
 	}
 	if got := j.Log(); !slices.Equal(got, []string{"publish a"}) {
 		t.Errorf("got %v, want a's event published once settled", got)
+	}
+}
+
+// TestRunSettlesAnUnknownOutcomeAlone: an unknown outcome with no delete
+// after it is settled by Run as soon as the node answers, and Run's
+// settled callback comes after the first settle that succeeds.
+func TestRunSettlesAnUnknownOutcomeAlone(t *testing.T) {
+	j, c := &journal{}, &checker{}
+	ck := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	m, err := New(Deps{Journal: j, Checker: c}, Options{Clock: ck})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done, settled := make(chan error, 1), make(chan struct{})
+	go func() { done <- m.Run(ctx, func() { close(settled) }) }()
+	defer func() { cancel(); <-done }()
+	wait.Until(t, 5*time.Second, "settled at start (nothing left)", func() bool {
+		select {
+		case <-settled:
+			return true
+		default:
+			return false
+		}
+	})
+	tx, _ := m.Begin(ctx, "ns", removal("a"))
+	c.set(nil, errors.New("containerd is stopped"))
+	if out, _ := tx.Settle(ctx); out != Unknown {
+		t.Fatalf("got %v, want Unknown", out)
+	}
+	c.set(map[string]bool{"ns/a": true}, nil)
+	// Run retries on its timer, past RetryGap: no Begin is needed.
+	wait.For(t, 5*time.Second, func() string {
+		ck.Step(time.Second)
+		if m.Unsettled() == 0 {
+			return ""
+		}
+		return "a's unknown outcome is not settled"
+	})
+	if got := j.Log(); !slices.Equal(got, []string{"intend ns/a", "event ns/a"}) {
+		t.Errorf("got %v, want a's event stored", got)
 	}
 }

@@ -239,7 +239,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	// Deletes a crash left are settled before anything deletes.
 	resolved := make(chan struct{})
-	g.Go(func() error { defer close(resolved); return settleAtStart(gctx, a.deletes, log) })
+	g.Go(func() error { return a.deletes.Run(gctx, func() { close(resolved) }) })
 	afterIntents := func(run func(context.Context) error) func() error {
 		return func() error {
 			select {
