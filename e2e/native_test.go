@@ -286,6 +286,7 @@ type agentLine struct {
 	Error     string    `json:"error"`
 	Usage     *int      `json:"usage"`
 	Trigger   string    `json:"trigger"`
+	Pass      string    `json:"pass"`
 }
 
 // agentLog reads every line of the agent's JSON log, in order.
