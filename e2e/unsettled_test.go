@@ -141,7 +141,8 @@ var slowImages = []string{"example.test/slow-a:1", "example.test/slow-b:1", "exa
 // daemons: 20 s (and, in a longer run, 45 s) after containerd answers
 // again, the image containerd deleted has no image.removed, only an
 // image.skipped (reason unsettled); the intent waits in the
-// deletion.Manager for the next Begin or a restart (settleAtStart).
+// deletion.Manager for the next Begin or a restart; Manager.Run now
+// settles it as soon as containerd answers.
 func TestUnsettledDeleteAlone(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		testUnsettledDelete(t, v, node.CallTimeout+15*time.Second, slowImages[0])

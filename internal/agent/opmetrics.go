@@ -19,6 +19,7 @@ type opsCollector struct {
 	a                                        *agent
 	build, high, low, capacity, available    *prometheus.Desc
 	reclaimable, connected, ready, sampledAt *prometheus.Desc
+	unsettled                                *prometheus.Desc
 
 	// The reclaimable bytes take a plan of every image: computed at most
 	// every reclaimableEvery, however often the agent is scraped.
@@ -45,12 +46,13 @@ func newOpsCollector(a *agent) *opsCollector {
 		reclaimable: d("gcagent_image_gc_reclaimable_bytes", "Sizes of the images no rule protects now: what image GC could free at most."),
 		connected:   d("gcagent_containerd_connected", "1 while the agent is subscribed to containerd's events, else 0."),
 		ready:       d("gcagent_ready", "1 when /readyz is 200 (containerd connected and projection synced), else 0."),
+		unsettled:   d("gcagent_deletes_unsettled", "Deletes whose outcome containerd has not told yet: while above 0, nothing else is deleted."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *opsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.build, c.high, c.low, c.capacity, c.available, c.sampledAt, c.reclaimable, c.connected, c.ready} {
+	for _, d := range []*prometheus.Desc{c.build, c.high, c.low, c.capacity, c.available, c.sampledAt, c.reclaimable, c.connected, c.ready, c.unsettled} {
 		ch <- d
 	}
 }
@@ -81,6 +83,9 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.reclaimable, float64(c.reclaimableN))
 	c.mu.Unlock()
+	if a.deletes != nil {
+		gauge(c.unsettled, float64(a.deletes.Unsettled()))
+	}
 	connected := a.source.Connected()
 	gauge(c.connected, b2f(connected))
 	gauge(c.ready, b2f(connected && a.live.Synced()))

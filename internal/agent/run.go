@@ -319,6 +319,11 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		if d := a.journalDetail(); d != "" {
 			defer fmt.Fprintln(w, d) // not a readiness failure: GC goes on
 		}
+		if n := a.deletes.Unsettled(); n > 0 {
+			// Not a readiness failure: the delete is settled as soon as
+			// containerd answers; nothing else is deleted meanwhile.
+			defer fmt.Fprintf(w, "deletes: %d with an outcome containerd has not told yet\n", n)
+		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			for _, p := range problems {
