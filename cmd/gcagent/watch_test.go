@@ -13,6 +13,7 @@ import (
 
 	"github.com/gcagent/gcagent/fleet"
 	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/nats-io/nats-server/v2/server"
@@ -124,17 +125,6 @@ func newTestPublisher(t *testing.T, url, cluster, node string) *natsbus.Publishe
 	return p
 }
 
-func eventually(t *testing.T, within time.Duration, cond func() string) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for why := cond(); why != ""; why = cond() {
-		if time.Now().After(deadline) {
-			t.Fatal(why)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestWatchJSONReplaysThenFollows: watch --json prints what was stored
 // before it started (within --since) and what comes after, for its cluster
 // only, each CloudEvent once.
@@ -150,7 +140,7 @@ func TestWatchJSONReplaysThenFollows(t *testing.T) {
 	if err := pOther.Publish(natsbus.Action{Kind: "image", Action: "removed", Subject: "sha256:other", Key: "other"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() string {
+	wait.For(t, 10*time.Second, func() string {
 		if p1.Depth()+pOther.Depth() > 0 {
 			return "publishers not drained"
 		}
@@ -172,7 +162,7 @@ func TestWatchJSONReplaysThenFollows(t *testing.T) {
 		}
 		return evs
 	}
-	eventually(t, 10*time.Second, func() string {
+	wait.For(t, 10*time.Second, func() string {
 		if n := len(lines()); n != 3 {
 			return "replayed " + out.String()
 		}
@@ -181,7 +171,7 @@ func TestWatchJSONReplaysThenFollows(t *testing.T) {
 	if err := p1.Publish(natsbus.Action{Kind: "container", Action: "removed", Subject: "c-live", Key: "live"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() string {
+	wait.For(t, 10*time.Second, func() string {
 		evs := lines()
 		if len(evs) != 4 || evs[3].Subject != "c-live" {
 			return "after live publish: " + out.String()
@@ -222,7 +212,7 @@ func TestCtlCommand(t *testing.T) {
 	}()
 	defer func() { cancel(); <-done }()
 	env := func(string) string { return "" }
-	eventually(t, 5*time.Second, func() string {
+	wait.For(t, 5*time.Second, func() string {
 		var out, errOut bytes.Buffer
 		err := ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--node", "n1", "--timeout", "1s", "gc"}, env, &out, &errOut)
 		if err == nil || !strings.Contains(out.String(), "remote gc is disabled") {

@@ -89,16 +89,9 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	// skew is nil unless a test build emulates wall-clock steps.
-	skew, err := testSkew()
+	clk, skew, clockFile, err := continueClock(cfg, log)
 	if err != nil {
 		return err
-	}
-	clockFile := filepath.Join(cfg.StateDir, clock.File)
-	clk, stepped := clock.Continue(skew, clockFile)
-	if stepped != 0 {
-		log.Warn().Str("component", "clock").Dur("step", stepped).
-			Msg("the wall clock stepped while the agent was down; ages go on from the agent's own time")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -136,33 +129,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 			return nil
 		}
 	}
-	src := node.NewSource(node.Options{
-		Client: cl, CRI: cri, Namespaces: nss, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
-		KnownFacts: func(digest string) (f node.ImageFacts) {
-			// Content is shared by every namespace: any one's facts will do.
-			if live := restoredLive(); live != nil {
-				live.View(func(s *projection.State) {
-					if img := s.Images[digest]; img != nil && f.Size == 0 {
-						f = node.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
-					}
-				})
-			}
-			return f
-		},
-		KnownContainer: func(ns, id string, created time.Time) (f node.ContainerFacts, ok bool) {
-			if live := restoredLive(); live != nil {
-				if l := live.Live(ns); l != nil {
-					l.View(func(s *projection.State) {
-						if c := s.Containers[id]; c != nil && c.Created == projection.StampOf(created) {
-							f, ok = node.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs())}, true
-						}
-					})
-				}
-			}
-			return f, ok
-		},
-		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
-	})
+	src := newSource(cfg, cl, cri, nss, clk, skew, restoredLive, log, reg)
 	evs := make(chan events.Scoped, 1024)
 	g.Go(func() error { return src.Run(gctx, evs) })
 
@@ -191,25 +158,13 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer b.close() // after every component has stopped: flushes the outbox
-	a.bus, a.pub = b, b.pub
-	if a.deletes, err = newDeletes(b.pub, a.runtime, log); err != nil {
+	if err := a.useBus(b); err != nil {
 		return err
 	}
 	a.reportStateReset(reset)
 	// Components that subscribe to the projection are set up before it runs.
-	if err := a.setupImageGC(); err != nil {
+	if err := a.setupComponents(); err != nil {
 		return err
-	}
-	if err := a.setupContainerGC(); err != nil {
-		return err
-	}
-	if err := a.setupLogs(); err != nil {
-		return err
-	}
-	if note := a.imageFS.Note(); note != "" {
-		log.Warn().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg(note)
-	} else {
-		log.Info().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg("measuring the image filesystem")
 	}
 	reg.MustRegister(newOpsCollector(a))
 	boot := time.Now().UTC()
@@ -225,12 +180,106 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		Strs("exclude_namespaces", nss.Exclude).
 		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
+	a.start(g, gctx, evs, srv, ln, boot, skew, clockFile)
+	err = g.Wait()
+	log.Info().Msg("gcagent stopped")
+	return err
+}
+
+// continueClock is the agent's clock, going on from the time it saved in
+// the state dir (a wall-clock step while it was down moves no age), with
+// the emulated offset a test build may ask for.
+func continueClock(cfg Config, log zerolog.Logger) (clk *clock.Clock, skew *clock.Skew, file string, err error) {
+	// skew is nil unless a test build emulates wall-clock steps.
+	if skew, err = testSkew(); err != nil {
+		return nil, nil, "", err
+	}
+	file = filepath.Join(cfg.StateDir, clock.File)
+	clk, stepped := clock.Continue(skew, file)
+	if stepped != 0 {
+		log.Warn().Str("component", "clock").Dur("step", stepped).
+			Msg("the wall clock stepped while the agent was down; ages go on from the agent's own time")
+	}
+	return clk, skew, file, nil
+}
+
+// useBus publishes through b, and makes its outbox the journal of the
+// delete transactions.
+func (a *agent) useBus(b *bus) error {
+	a.bus, a.pub = b, b.pub
+	var err error
+	a.deletes, err = newDeletes(b.pub, a.runtime, a.log)
+	return err
+}
+
+// newSource is the node's event source for cfg: what it would look up
+// again of an image or a container the restored projection already knows
+// (restoredLive waits for the restore) costs no call.
+func newSource(cfg Config, cl *client.Client, cri runtimeapi.RuntimeServiceClient, nss events.Namespaces, clk *clock.Clock,
+	skew *clock.Skew, restoredLive func() *projection.Spaces, log zerolog.Logger, reg prometheus.Registerer) *node.Source {
+	return node.NewSource(node.Options{
+		Client: cl, CRI: cri, Namespaces: nss, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
+		KnownFacts: func(digest string) (f node.ImageFacts) {
+			// Content is shared by every namespace: any one's facts will do.
+			if live := restoredLive(); live != nil {
+				live.View(func(s *projection.State) {
+					if img := s.Images[digest]; img != nil && f.Size == 0 {
+						f = node.ImageFacts{Size: img.Size, Config: img.ConfigDigest, Chain: img.ChainID}
+					}
+				})
+			}
+			return f
+		},
+		KnownContainer: func(ns, id string, created time.Time) (f node.ContainerFacts, ok bool) {
+			if live := restoredLive(); live != nil {
+				if l := live.Live(ns); l != nil {
+					l.View(func(s *projection.State) {
+						if c := s.Containers[id]; c != nil && c.Created == projection.StampOf(created) {
+							f, ok = node.ContainerFacts{SandboxID: c.SandboxID, ImageID: c.ImageID, VolumeImageIDs: slices.Clone(c.VolumeImageIDs())}, true
+						}
+					})
+				}
+			}
+			return f, ok
+		},
+		Log: log.With().Str("component", "events").Logger(), Registerer: reg,
+	})
+}
+
+// setupComponents builds the image GC, the container GC and the log
+// cleaner, each subscribed to the projection (call it before the
+// projection runs), and says which filesystem image GC measures.
+func (a *agent) setupComponents() error {
+	if err := a.setupImageGC(); err != nil {
+		return err
+	}
+	if err := a.setupContainerGC(); err != nil {
+		return err
+	}
+	if err := a.setupLogs(); err != nil {
+		return err
+	}
+	if note := a.imageFS.Note(); note != "" {
+		a.log.Warn().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg(note)
+	} else {
+		a.log.Info().Str("component", "imagegc").Str("image_fs", a.imageFS.Chosen()).Msg("measuring the image filesystem")
+	}
+	return nil
+}
+
+// start runs every part of the agent in g: the projection, heartbeats,
+// the clock's saving, memory return, systemd, control requests, the HTTP
+// endpoints and, once the deletes a crash left are settled, the GC
+// components.
+func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.Scoped, srv *http.Server, ln net.Listener,
+	boot time.Time, skew *clock.Skew, clockFile string) {
+	log, cfg := a.log, a.cfg
 	if sd := a.newSystemdNotify(evs); sd != nil { // before live.Run: it subscribes
 		g.Go(func() error { return sd.run(gctx) })
 	}
-	g.Go(func() error { return live.Run(gctx, evs) })
-	g.Go(func() error { return a.runHeartbeat(gctx, b, boot) })
-	g.Go(func() error { return saveClock(gctx, clk, clockFile, log) })
+	g.Go(func() error { return a.live.Run(gctx, evs) })
+	g.Go(func() error { return a.runHeartbeat(gctx, a.bus, boot) })
+	g.Go(func() error { return saveClock(gctx, a.clock, clockFile, log) })
 	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger()) })
 	if skew != nil {
 		g.Go(func() error {
@@ -267,9 +316,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		defer cancel()
 		return srv.Shutdown(sctx)
 	})
-	err = g.Wait()
-	log.Info().Msg("gcagent stopped")
-	return err
 }
 
 // StatusDoc is /status: the projection report's fields at the top level (so
