@@ -85,7 +85,7 @@ type ImageGCOptions struct {
 type ImagePass struct {
 	Start   time.Time `json:"start"`
 	End     time.Time `json:"end"`
-	Trigger string    `json:"trigger"` // disk, max-age, min-age, retry, change, episode, manual
+	Trigger string    `json:"trigger"` // disk, max-age, min-age, retry, change, episode, resume, manual
 	DryRun  bool      `json:"dryRun,omitempty"`
 	Synced  bool      `json:"synced"`
 	// Disk, Usage and AmountToFree are the plan's, before any delete.

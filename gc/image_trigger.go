@@ -3,6 +3,7 @@ package gc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gcagent/gcagent/projection"
@@ -210,6 +211,12 @@ type imageTrigger struct {
 	passShort    bool          // the last pass was triggered and did not reach low
 	nextEligible time.Time     // earliest too-young image passing MinAge, when short
 
+	// resumeAt is when a pass cut short by a delete whose outcome was
+	// unknown runs again (it may be settled by then); resumeGap doubles
+	// from minGap up to retry while passes keep being cut short.
+	resumeAt  time.Time
+	resumeGap time.Duration
+
 	planSeq    uint64    // seq the next age-out was computed at
 	planAt     time.Time // when it was computed
 	stale      bool      // the state moved since, and the re-plan waits for minGap
@@ -331,6 +338,8 @@ func (tr *imageTrigger) due(now time.Time, seq uint64, synced bool) (string, boo
 	switch {
 	case !synced:
 		return "", false
+	case !tr.resumeAt.IsZero() && !now.Before(tr.resumeAt):
+		return "resume", true // the last pass stopped at an unsettled delete
 	case !tr.nextAgeOut.IsZero() && !now.Before(tr.nextAgeOut):
 		return "max-age", true
 	case !tr.above && tr.episodeAt.IsZero():
@@ -382,6 +391,15 @@ func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p Imag
 		tr.above, tr.crossedAt = false, time.Time{}
 		tr.endEpisode()
 	}
+	// A pass that stopped at a delete whose outcome was unknown (or was
+	// settled after it measured the disk) is resumed, measuring again,
+	// once the delete may be settled: its images wait for no other event.
+	if slices.ContainsFunc(p.Skipped, func(o ImageOutcome) bool { return o.Reason == ReasonUnsettled }) {
+		tr.resumeGap = min(max(2*tr.resumeGap, tr.minGap), max(tr.retry, tr.minGap))
+		tr.resumeAt = now.Add(tr.resumeGap)
+	} else {
+		tr.resumeAt, tr.resumeGap = time.Time{}, 0
+	}
 }
 
 // reacted reports whether a delete at t is the first since usage crossed
@@ -400,6 +418,7 @@ func (tr *imageTrigger) reacted(t time.Time) bool {
 func (tr *imageTrigger) wake() time.Time {
 	var t time.Time
 	earliest(&t, tr.nextAgeOut)
+	earliest(&t, tr.resumeAt)
 	if tr.stale {
 		earliest(&t, tr.planAt.Add(tr.minGap))
 	}

@@ -807,3 +807,33 @@ func TestImageGCRunSamplesFarFromThreshold(t *testing.T) {
 		t.Fatalf("crossing not acted on at the next sample, DiskInterval later: %+v", st.LastPass)
 	}
 }
+
+// TestImageTriggerResumesAfterUnsettled: a pass cut short by a delete
+// whose outcome was unknown is resumed after minGap, backing off while
+// passes keep being cut short, and no more once one is not (the images
+// it skipped wait for no projection change).
+func TestImageTriggerResumesAfterUnsettled(t *testing.T) {
+	tr := newImageTrigger(ImageGCOptions{Policy: ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 80, MaxAge: time.Hour}, Retry: time.Minute})
+	now := at(time.Hour)
+	cut := ImagePass{Skipped: []ImageOutcome{{Digest: digestOf("b"), Reason: ReasonUnsettled}}}
+	tr.passed(now, 1, ImagePlan{Now: now}, cut)
+	if why, ok := tr.due(now, 1, true); ok {
+		t.Fatalf("due at once (%s), want after minGap", why)
+	}
+	if got, want := tr.wake(), now.Add(tr.minGap); !got.Equal(want) {
+		t.Errorf("wake %s, want %s", got, want)
+	}
+	now = now.Add(tr.minGap)
+	if why, ok := tr.due(now, 1, true); !ok || why != "resume" {
+		t.Fatalf("after minGap: %q %v, want resume", why, ok)
+	}
+	tr.passed(now, 1, ImagePlan{Now: now}, cut) // still unsettled: back off
+	if got, want := tr.wake(), now.Add(2*tr.minGap); !got.Equal(want) {
+		t.Errorf("wake after a second cut-short pass %s, want %s", got, want)
+	}
+	now = now.Add(2 * tr.minGap)
+	tr.passed(now, 1, ImagePlan{Now: now}, ImagePass{}) // settled: it went
+	if why, ok := tr.due(now.Add(time.Hour), 1, true); ok {
+		t.Errorf("due (%s) after a pass that was not cut short", why)
+	}
+}
