@@ -129,6 +129,9 @@ type Manager struct {
 	inDoubt int
 	// failedAt is when the node last could not settle one.
 	failedAt time.Time
+	// settling is held by the one caller asking the node about unsettled
+	// deletes.
+	settling sync.Mutex
 	loaded   bool
 	// unjournaled counts deletes made without a durable intent.
 	unjournaled int
@@ -192,10 +195,10 @@ func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, e
 // call; within RetryGap of a failed check it does not ask the node again.
 func (m *Manager) Settle(ctx context.Context) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if !m.loaded {
 		left, err := m.d.Journal.Pending()
 		if err != nil {
+			m.mu.Unlock()
 			return fmt.Errorf("read delete intents: %w", err)
 		}
 		for _, in := range left {
@@ -206,27 +209,54 @@ func (m *Manager) Settle(ctx context.Context) error {
 			m.o.Log.Info().Int("intents", len(left)).Msg("delete intents left by the last run: checking which deletes happened")
 		}
 	}
-	if m.inDoubt > 0 {
+	switch {
+	case m.inDoubt > 0:
+		m.mu.Unlock()
 		return fmt.Errorf("%w: a failed delete is being checked", ErrUnsettled)
-	}
-	if len(m.unsettled) > 0 && m.now().Sub(m.failedAt) < m.o.RetryGap {
+	case len(m.unsettled) == 0:
+		m.mu.Unlock()
+		return nil
+	case m.now().Sub(m.failedAt) < m.o.RetryGap:
 		u := m.unsettled[0]
-		return fmt.Errorf("%w: %s %s (containerd did not answer %s ago)", ErrUnsettled, u.in.Kind, u.in.Subject, m.now().Sub(m.failedAt).Round(time.Millisecond))
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %s %s (containerd did not answer)", ErrUnsettled, u.in.Kind, u.in.Subject)
 	}
-	for len(m.unsettled) > 0 {
-		u := m.unsettled[0]
+	m.mu.Unlock()
+	// One caller asks the node at a time, without m.mu: Unsettled,
+	// Generation and Tx.Settle never wait for containerd; the others fail
+	// fast rather than queue behind a hung call.
+	if !m.settling.TryLock() {
+		return fmt.Errorf("%w: an earlier delete is being checked", ErrUnsettled)
+	}
+	defer m.settling.Unlock()
+	for {
+		m.mu.Lock()
+		if len(m.unsettled) == 0 {
+			m.mu.Unlock()
+			return nil
+		}
+		u := m.unsettled[0] // only the settling holder pops; Tx.Settle appends
+		m.mu.Unlock()
 		gone, err := m.gone(ctx, u.in)
 		if err != nil {
+			m.mu.Lock()
 			m.failedAt = m.now()
+			m.mu.Unlock()
 			return fmt.Errorf("%w: %s %s: %w", ErrUnsettled, u.in.Kind, u.in.Subject, err)
 		}
+		// containerd has said what happened: the outcome is known even if
+		// its record cannot be written now (a full state disk, often the
+		// disk GC must free). The intent then stays in the journal and the
+		// next start settles it again, once: Complete is idempotent.
 		if err := m.resolve(u, gone); err != nil {
-			return err
+			m.o.Log.Error().Err(err).Str("namespace", u.in.Namespace).Str("kind", u.in.Kind).Str("subject", u.in.Subject).
+				Msg("delete settled, but its record could not be written; the next start settles it again")
 		}
+		m.mu.Lock()
 		m.unsettled = m.unsettled[1:]
 		m.generation++
+		m.mu.Unlock()
 	}
-	return nil
 }
 
 // Generation counts the deletes whose unknown outcome has been settled

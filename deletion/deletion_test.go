@@ -362,3 +362,63 @@ func TestRunSettlesAnUnknownOutcomeAlone(t *testing.T) {
 		t.Errorf("got %v, want a's event stored", got)
 	}
 }
+
+// TestFullJournalStillSettles: once containerd has said what happened, the
+// outcome is known even when its record cannot be written (a full state
+// disk): GC starts and deletes go on; the next start settles it again.
+func TestFullJournalStillSettles(t *testing.T) {
+	j := &fullJournal{journal: journal{pending: []Intent{{Seq: 1, Namespace: "ns", Kind: "container", Subject: "c1"}}, seq: 1}}
+	c := &checker{gone: map[string]bool{"ns/c1": true}}
+	m, err := New(Deps{Journal: j, Checker: c}, Options{Clock: clock.System(testClock.Now)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Settle(context.Background()); err != nil {
+		t.Fatalf("Settle with a full journal: %v, want the outcome taken as known", err)
+	}
+	if m.Unsettled() != 0 || m.Generation() != 1 {
+		t.Errorf("unsettled %d, generation %d: want 0 and 1", m.Unsettled(), m.Generation())
+	}
+	if _, err := m.Begin(context.Background(), "ns", removal("c2")); err != nil {
+		t.Errorf("Begin after: %v", err)
+	}
+}
+
+// fullJournal cannot write an event: its disk is full.
+type fullJournal struct{ journal }
+
+func (j *fullJournal) Complete(Intent, any) error {
+	return errors.New("no space left on device")
+}
+
+// TestCountsDoNotWaitForTheNode: while the node is asked about an
+// unsettled delete (containerd hung), Unsettled and Generation (/readyz,
+// the image GC's pass) answer at once, and a Begin fails fast.
+func TestCountsDoNotWaitForTheNode(t *testing.T) {
+	j := &journal{pending: []Intent{{Seq: 1, Namespace: "ns", Kind: "container", Subject: "c1"}}, seq: 1}
+	c := &blockingChecker{entered: make(chan struct{}), release: make(chan struct{})}
+	m, err := New(Deps{Journal: j, Checker: c}, Options{Clock: clock.System(testClock.Now)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Settle(context.Background()) }()
+	<-c.entered
+	answered := make(chan struct{})
+	go func() {
+		_, _ = m.Unsettled(), m.Generation()
+		close(answered)
+	}()
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Unsettled and Generation waited for the node")
+	}
+	if _, err := m.Begin(context.Background(), "ns", removal("c2")); !errors.Is(err, ErrUnsettled) {
+		t.Errorf("Begin while the node is asked: %v, want ErrUnsettled at once", err)
+	}
+	close(c.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -114,8 +114,13 @@ func (x *imageExecutor) executeFrom(ctx context.Context, plan ImagePlan, gen uin
 	}
 	synced := x.synced()
 	var errs []error
+	unsettled := "" // why the pass stopped deleting: an unknown outcome
+	if x.deletes != nil && x.deletes.Unsettled() > 0 {
+		// containerd has not said what became of an earlier delete: ask it
+		// nothing more for this pass (it may hang), delete nothing.
+		unsettled = deletion.ErrUnsettled.Error()
+	}
 	estimated := int64(0) // bytes the plan's estimate counts as freed so far
-	unsettled := ""       // why the pass stopped deleting: an unknown outcome
 	for i, it := range queue {
 		beyond := i >= planned
 		rule := it.Reason

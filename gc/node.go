@@ -116,4 +116,6 @@ type deleteLog interface {
 	// Generation changes whenever a delete whose outcome was unknown has
 	// been settled: a disk measurement from before is stale.
 	Generation() uint64
+	// Unsettled counts the deletes whose outcome containerd has not told.
+	Unsettled() int
 }

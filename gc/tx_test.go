@@ -3,6 +3,7 @@ package gc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -306,11 +307,21 @@ func TestImageExecutorMeasuresAfterSettle(t *testing.T) {
 	if got := n.rt.Removed(); !slices.Equal(got, []string{digestOf("a")}) {
 		t.Fatalf("first pass removed %v, want only a (its outcome unknown)", got)
 	}
-	// containerd answers again; the next pass measured before Begin settles a.
-	delete(n.rt.errs, "gone "+digestOf("a"))
+	// A pass measures the disk while a is unknown: it deletes nothing
+	// and asks containerd nothing.
 	n.disk.Fill(20 * mib)
+	if res := x.execute(context.Background(), n.plan(policy8070, at(time.Hour))); len(n.rt.Removed()) != 1 || res.Removed != 0 {
+		t.Fatalf("a pass with an unknown outcome pending removed %v", n.rt.Removed()[1:])
+	}
+	// containerd answers again; the next pass measured the disk before
+	// the manager (its Run) settled a: that measurement is stale.
+	delete(n.rt.errs, "gone "+digestOf("a"))
+	gen := x.generation()
 	plan := n.plan(policy8070, at(time.Hour))
-	res := x.execute(context.Background(), plan)
+	if err := x.deletes.(*deletion.Manager).Settle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	res := x.executeFrom(context.Background(), plan, gen)
 	if got := n.rt.Removed(); len(got) != 1 {
 		t.Errorf("a pass removed %v on a measurement older than the settled delete", got[1:])
 	}
@@ -329,5 +340,35 @@ func TestImageExecutorMeasuresAfterSettle(t *testing.T) {
 	x.execute(context.Background(), n.plan(policy8070, at(time.Hour)))
 	if got := n.rt.Removed(); len(got) < 2 {
 		t.Errorf("the pass after re-measuring removed nothing: %v", got)
+	}
+}
+
+// TestImageExecutorRetagBeforeDelete: the owner re-points the image's
+// only name between the re-check and the delete, so nothing is deleted:
+// the node says ErrOwnerWon (with ErrImageChanged). No removal is
+// invented though the digest has no name left, and the pass goes on.
+func TestImageExecutorRetagBeforeDelete(t *testing.T) {
+	n := newNode()
+	n.rt.InjectError("remove", digestOf("a"), fmt.Errorf("%w: %w", ErrOwnerWon, ErrImageChanged))
+	n.rt.beforeRemove = func(d string) {
+		if d == digestOf("a") {
+			n.rt.mu.Lock()
+			delete(n.rt.names, d) // the name now points at another digest
+			n.rt.mu.Unlock()
+		}
+	}
+	pub := &fakePublisher{}
+	x := n.executorPublishing(t, policy8070, pub)
+	res := x.execute(context.Background(), n.plan(policy8070, at(time.Hour)))
+	for _, ac := range pub.Actions() {
+		if ac.Action == "removed" && ac.Subject == digestOf("a") {
+			t.Errorf("a removal was invented for an image the owner re-tagged: %+v", ac)
+		}
+	}
+	if got := reasons(res.Outcomes)[digestOf("a")]; got != ReasonChanged {
+		t.Errorf("a: skip reason %q, want %q", got, ReasonChanged)
+	}
+	if !slices.Contains(n.rt.Removed(), digestOf("b")) {
+		t.Errorf("the pass did not go on: removed %v", n.rt.Removed())
 	}
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -84,8 +85,14 @@ func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc
 		}
 	}
 	deleted, err := r.removeImageNative(ctx, digest, names)
-	if err == nil && !ours && deleted == 0 {
+	switch {
+	case !ours && deleted == 0 && err == nil:
 		return via, gc.ErrOwnerWon
+	case !ours && deleted == 0 && errors.Is(err, gc.ErrImageChanged):
+		// Its owner re-pointed the name (a re-pull, a re-tag) before we
+		// deleted anything: not ours, and no outcome to settle (the
+		// digest may well have no name left now).
+		return via, fmt.Errorf("%w: %w", gc.ErrOwnerWon, err)
 	}
 	return via, err
 }
