@@ -50,13 +50,13 @@ image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION),
 	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -o bin/gcagent-image.tar
 
 test: deps lint image ## install what is missing, build the image, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3)
-	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 60m ./...
 
 unit: ## run the tests that need no daemon
 	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./cmd/... ./deploy/ ./internal/ociimage/
 
 e2e: deps image ## run only the end-to-end tests
-	$(GO) test -count=1 -timeout 30m -v ./e2e/
+	$(GO) test -count=1 -timeout 60m -v ./e2e/
 
 bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers) and print figures
 	$(GO) test -run '^$$' -bench . -skip BenchmarkFootprint -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./e2e/ ./natsbus/
