@@ -34,10 +34,19 @@ func ParseNamespaces(list, exclude string) (Namespaces, error) {
 	var n Namespaces
 	split := func(flag, v string) ([]string, error) {
 		var out []string
+		if strings.TrimSpace(v) == "" {
+			return nil, nil
+		}
 		for _, f := range strings.Split(v, ",") {
 			f = strings.TrimSpace(f)
 			if f == "" {
-				continue
+				return nil, fmt.Errorf("--%s %q: an empty name between commas", flag, v)
+			}
+			if f == "*" && flag == "namespace" {
+				return nil, fmt.Errorf("--namespace %q: * means every namespace and cannot be combined with names", v)
+			}
+			if f == "*" {
+				return nil, fmt.Errorf("--%s %q: takes names, not *", flag, v)
 			}
 			if err := validIdentifier(f); err != nil {
 				return nil, fmt.Errorf("--%s %q: %v", flag, f, err)

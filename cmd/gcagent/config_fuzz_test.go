@@ -29,7 +29,7 @@ func FuzzConfigFile(f *testing.F) {
 		if err := os.WriteFile(file, content, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := parseRun([]string{"--config", file}, func(string) string { return "" }, io.Discard)
+		cfg, err := parseRun([]string{"--config", file}, func(string) string { return "" }, runHelp, io.Discard)
 		if err == nil {
 			if verr := cfg.Validate(); verr != nil {
 				t.Fatalf("accepted a config that does not validate: %v", verr)
@@ -43,7 +43,7 @@ func FuzzConfigFile(f *testing.F) {
 // a agent.Config that passes Validate, never panic.
 func FuzzEnvValue(f *testing.F) {
 	var names []string
-	runFlags(new(agent.Config)).VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
+	runFlags("run", new(agent.Config)).VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
 	for i, v := range []string{"90", "-1", "1e400", "all", "5m", "-5m", "", "[x", "relative/dir", "\x00", "loud", "0x10", "true"} {
 		f.Add(uint8(i), v)
 	}
@@ -58,7 +58,7 @@ func FuzzEnvValue(f *testing.F) {
 			}
 			return ""
 		}
-		cfg, err := parseRun(nil, env, io.Discard)
+		cfg, err := parseRun(nil, env, runHelp, io.Discard)
 		if err == nil {
 			if verr := cfg.Validate(); verr != nil {
 				t.Fatalf("%s=%q accepted but does not validate: %v", name, value, verr)

@@ -68,7 +68,7 @@ func TestParseRun(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseRun(tc.args, envOf(tc.env), io.Discard)
+			cfg, err := parseRun(tc.args, envOf(tc.env), runHelp, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), "\n") {
 					t.Fatalf("error %v, want one line containing %q", err, tc.wantErr)
@@ -87,7 +87,7 @@ func TestParseRun(t *testing.T) {
 
 func TestDispatchUsageErrors(t *testing.T) {
 	for _, args := range [][]string{{}, {"frob"}, {"run", "--image-gc-high-threshold=-1"}, {"status", "--nope"}} {
-		err := dispatch(context.Background(), args, envOf(nil), io.Discard, io.Discard)
+		err := dispatch(context.Background(), args, nil, io.Discard, io.Discard)
 		var ue usageError
 		if !errors.As(err, &ue) {
 			t.Errorf("%v: got %v, want a usage error (exit 2)", args, err)

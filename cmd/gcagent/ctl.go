@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -20,19 +19,18 @@ import (
 func ctl(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
 	cfg := agent.DefaultConfig()
 	cfg.NATSURL = ""
-	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("ctl")
 	natsClientFlags(fs, &cfg)
 	localStateDirFlag(fs, &cfg)
 	node := fs.String("node", natsbus.AllNodes, "node to ask, or all")
 	image := fs.String("image", "", "image name or digest (explain)")
 	id := fs.String("id", "", "request id (default random)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for replies")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: gcagent ctl [flags] %s\n", strings.Join(natsbus.Verbs, "|"))
-		fs.PrintDefaults()
-	}
-	if err := parseNATSClient(fs, &cfg, args, env, "ctl"); err != nil {
+	h := help{Usage: "gcagent ctl [flags] " + strings.Join(natsbus.Verbs, "|"), Env: "shared",
+		About: "Sends one control request over NATS to a node, or to every node of the cluster,\n" +
+			"and prints the replies. Without --nats-url it asks the local agent through its\n" +
+			"embedded NATS server, with the credentials in --state-dir."}
+	if err := parseNATSClient(fs, &cfg, args, env, h, stdout); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {

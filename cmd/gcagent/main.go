@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/gcagent/gcagent/internal/agent"
@@ -27,18 +28,20 @@ func (u usageError) Error() string { return u.err.Error() }
 const usage = `usage: gcagent <command> [flags]
 
 commands:
-  run       run the agent (gcagent run -h for flags)
-  plan      one-shot dry run: what GC would delete now and why (run's flags, --json)
-  status    print a running agent's projection (--address, --json)
-  watch     live fleet view from NATS (--nats-url, --cluster, --since, --json; without
-            --nats-url: the local agent's embedded server, credentials from --state-dir)
-  ctl       send a control request over NATS (status, plan, explain, gc; same local default)
+  run       run the agent
+  plan      what GC would delete now and why, and the policy in force (deletes nothing)
+  status    print a running agent's projection
+  watch     live fleet view from NATS
+  ctl       send a control request over NATS (status, plan, explain, gc)
   version   print the version, commit and Go version
+
+gcagent <command> -h shows a command's flags. Every flag of run is also read
+from GCAGENT_<FLAG> (GCAGENT_IMAGE_GC_HIGH_THRESHOLD=90) and from --config.
 `
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := dispatch(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := dispatch(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	var ue usageError
 	switch {
@@ -53,25 +56,30 @@ func main() {
 	}
 }
 
-func dispatch(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
+// dispatch runs the command args name with the environment environ
+// (KEY=value). A usage error is one line and starts nothing.
+func dispatch(ctx context.Context, args []string, environ []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return usageError{errors.New("no command given")}
+		return usageError{errors.New("no command given (run, plan, status, watch, ctl, version; gcagent -h for help)")}
+	}
+	env := lookupIn(environ)
+	switch args[0] {
+	case "run", "plan", "status", "watch", "ctl":
+		if err := checkEnviron(environ); err != nil {
+			return usageError{err}
+		}
 	}
 	switch args[0] {
 	case "run":
-		cfg, err := parseRun(args[1:], env, stderr)
+		cfg, err := parseRun(args[1:], env, runHelp, stdout)
 		if err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return err
-			}
-			return usageError{err}
+			return err
 		}
 		return agent.Run(ctx, cfg, stderr)
 	case "plan":
 		return planCmd(ctx, args[1:], env, stdout, stderr)
 	case "status":
-		return status(ctx, args[1:], stdout, stderr)
+		return status(ctx, args[1:], env, stdout, stderr)
 	case "watch":
 		return watch(ctx, args[1:], env, stdout, stderr)
 	case "ctl":
@@ -88,4 +96,15 @@ func dispatch(ctx context.Context, args []string, env func(string) string, stdou
 		return nil
 	}
 	return usageError{fmt.Errorf("unknown command %q (run, plan, status, watch, ctl, version)", args[0])}
+}
+
+// lookupIn returns a lookup of environ (KEY=value); the last of a repeated
+// key wins, as in getenv.
+func lookupIn(environ []string) func(string) string {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return func(k string) string { return m[k] }
 }

@@ -1,19 +1,27 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
 )
 
+// clusterUsage is --cluster's help, by command.
+var clusterUsage = map[string]string{
+	"run":   "cluster name in NATS subjects and events",
+	"plan":  "cluster name in NATS subjects and events",
+	"ctl":   "cluster of the node(s) to ask",
+	"watch": "cluster to show, or * for every cluster",
+}
+
 // natsClientFlags binds the flags a NATS client command shares with run.
 func natsClientFlags(fs *flag.FlagSet, cfg *agent.Config) {
 	fs.StringVar(&cfg.NATSURL, "nats-url", cfg.NATSURL, "NATS server URLs, comma separated (run: empty starts an embedded server)")
-	fs.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, "cluster name in NATS subjects (watch: * for every cluster)")
+	fs.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, clusterUsage[fs.Name()])
 	fs.StringVar(&cfg.NATSCreds, "nats-creds", cfg.NATSCreds, "NATS credentials file")
 	fs.StringVar(&cfg.NATSNKey, "nats-nkey", cfg.NATSNKey, "NATS nkey seed file")
 	fs.StringVar(&cfg.NATSUser, "nats-user", cfg.NATSUser, "NATS user")
@@ -34,12 +42,14 @@ func localStateDirFlag(fs *flag.FlagSet, cfg *agent.Config) {
 // parseNATSClient parses a NATS client command's flags, then fills the ones
 // not given from GCAGENT_<FLAG> like run does. The connection is named
 // gcagent/<cluster>/<tool>@<host>, which control requests carry as their caller.
-func parseNATSClient(fs *flag.FlagSet, cfg *agent.Config, args []string, env func(string) string, tool string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
+func parseNATSClient(fs *flag.FlagSet, cfg *agent.Config, args []string, env func(string) string, h help, stdout io.Writer) error {
+	tool := fs.Name()
+	maxArgs := 0
+	if tool == "ctl" {
+		maxArgs = 1
+	}
+	if err := parseFlags(fs, args, h, stdout, maxArgs); err != nil {
+		return err
 	}
 	onCLI := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -26,13 +24,9 @@ func planCmd(ctx context.Context, args []string, env func(string) string, stdout
 	if err != nil {
 		return usageError{err}
 	}
-	cfg, err := parseRun(rest, env, stderr)
+	cfg, err := parseRun(rest, env, planHelp, stdout)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "gcagent plan takes the flags of run above, plus --json")
-			return err
-		}
-		return usageError{err}
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

@@ -1,9 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,16 +18,16 @@ import (
 )
 
 // status asks a running agent for its projection and prints it.
-func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("address", agent.DefaultConfig().MetricsAddress, "the agent's --metrics-address")
+func status(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("status")
+	addr := fs.String("address", cmp.Or(env("GCAGENT_METRICS_ADDRESS"), agent.DefaultConfig().MetricsAddress),
+		"the agent's --metrics-address (default: GCAGENT_METRICS_ADDRESS, as the agent reads it)")
 	asJSON := fs.Bool("json", false, "print the raw /status document")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return usageError{err}
+	h := help{Usage: "gcagent status [--address host:port] [--json]",
+		About: "Prints a running agent's projection, disk and policy, from its /status endpoint.\n" +
+			"GCAGENT_METRICS_ADDRESS, as set for the agent (e.g. in its pod), is the default address."}
+	if err := parseFlags(fs, args, h, stdout, 0); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -37,19 +36,19 @@ type watchOptions struct {
 func watch(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
 	o := watchOptions{cfg: agent.DefaultConfig(), since: time.Hour, refresh: 2 * time.Second, tail: 15}
 	o.cfg.NATSURL = ""
-	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("watch")
 	natsClientFlags(fs, &o.cfg)
 	localStateDirFlag(fs, &o.cfg)
-	fs.DurationVar(&o.since, "since", o.since, "replay events from this long ago")
+	fs.Var(durationValue{&o.since}, "since", "replay events from this long ago")
 	fs.BoolVar(&o.json, "json", o.json, "print the raw CloudEvents, one per line, instead of the table")
-	fs.DurationVar(&o.refresh, "refresh", o.refresh, "how often the table is redrawn")
+	fs.Var(durationValue{&o.refresh}, "refresh", "how often the table is redrawn")
 	fs.IntVar(&o.tail, "tail", o.tail, "how many recent actions the table shows")
-	if err := parseNATSClient(fs, &o.cfg, args, env, "watch"); err != nil {
+	h := help{Usage: "gcagent watch [flags]", Env: "shared",
+		About: "Shows the fleet live from NATS: a table of nodes and recent actions, replayed\n" +
+			"from --since and then followed, or the raw CloudEvents (--json). Without\n" +
+			"--nats-url it reads the local agent's embedded server (credentials from --state-dir)."}
+	if err := parseNATSClient(fs, &o.cfg, args, env, h, stdout); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	if o.since < 0 || o.refresh <= 0 || o.tail < 0 {
 		return usageError{errors.New("--since and --tail must not be negative, --refresh must be positive")}

@@ -245,7 +245,7 @@ func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
 	natsClientFlags(fs, &cfg)
 	image := fs.String("image", "", "")
 	env := envOf(map[string]string{"GCAGENT_NATS_URL": "nats://127.0.0.1:4999", "GCAGENT_IMAGE": "evil:1"})
-	if err := parseNATSClient(fs, &cfg, nil, env, "ctl"); err != nil {
+	if err := parseNATSClient(fs, &cfg, nil, env, help{}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.NATSURL != "nats://127.0.0.1:4999" {
@@ -276,7 +276,7 @@ func TestNATSClientLocalCredentials(t *testing.T) {
 		fs.SetOutput(io.Discard)
 		natsClientFlags(fs, &cfg)
 		localStateDirFlag(fs, &cfg)
-		if err := parseNATSClient(fs, &cfg, args, envOf(env), "watch"); err != nil {
+		if err := parseNATSClient(fs, &cfg, args, envOf(env), help{}, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		return cfg

@@ -3,12 +3,17 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
+	"github.com/distribution/reference"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/natsbus"
@@ -113,6 +118,10 @@ type Config struct {
 	LogFormat string
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string
+
+	// Sources says where each setting given came from, by flag name: "flag",
+	// "env GCAGENT_X", "file PATH:LINE"; a setting not in it has its default.
+	Sources map[string]string `json:"-"`
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -179,6 +188,12 @@ func (c Config) Validate() error {
 		}(),
 		nonNeg("pod-log-grace", c.PodLogGrace),
 	}
+	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress,
+		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {
+		if strings.TrimSpace(v) == "" {
+			checks = append(checks, fmt.Errorf("invalid --%s: must not be empty", name))
+		}
+	}
 	if c.ImageGCLowThreshold > c.ImageGCHighThreshold {
 		checks = append(checks, fmt.Errorf("invalid --image-gc-low-threshold %d: must not exceed --image-gc-high-threshold %d", c.ImageGCLowThreshold, c.ImageGCHighThreshold))
 	}
@@ -216,6 +231,10 @@ func (c Config) Validate() error {
 	if c.OutboxMaxBytes <= 0 || c.OutboxMaxAge <= 0 {
 		checks = append(checks, fmt.Errorf("invalid outbox bounds --outbox-max-bytes %d --outbox-max-age %s: must be positive", c.OutboxMaxBytes, c.OutboxMaxAge))
 	}
+	checks = append(checks, c.natsFlagErrors()...)
+	if err := validNATSURLs(c.NATSURL); err != nil {
+		checks = append(checks, fmt.Errorf("invalid --nats-url %q: %v", c.NATSURL, err))
+	}
 	if c.NATSURL != "" {
 		if err := c.ConnOptions().Validate(); err != nil {
 			checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
@@ -224,8 +243,8 @@ func (c Config) Validate() error {
 	if c.NATSURL == "" && !natsbus.EmbeddedBuilt {
 		checks = append(checks, errors.New("missing --nats-url: this gcagent was built without the embedded NATS server (-tags noembeddednats)"))
 	} else if c.NATSURL == "" {
-		if err := c.EmbeddedOptions().Validate(); err != nil {
-			checks = append(checks, fmt.Errorf("invalid --embedded-nats-listen or --state-dir: %v", err))
+		if err := validAddress(c.EmbeddedNATSListen); err != nil {
+			checks = append(checks, fmt.Errorf("invalid --embedded-nats-listen %q: %v", c.EmbeddedNATSListen, err))
 		}
 		if c.EmbeddedNATSMaxStore < minEmbeddedNATSMaxStore {
 			checks = append(checks, fmt.Errorf("invalid --embedded-nats-max-store %d: must be at least %d (1 MiB)", c.EmbeddedNATSMaxStore, minEmbeddedNATSMaxStore))
@@ -237,6 +256,17 @@ func (c Config) Validate() error {
 	if err := c.PublisherOptions().Validate(); err != nil {
 		checks = append(checks, fmt.Errorf("invalid NATS settings: %v", err))
 	}
+	if err := validAddress(c.MetricsAddress); err != nil {
+		checks = append(checks, fmt.Errorf("invalid --metrics-address %q: %v", c.MetricsAddress, err))
+	}
+	if c.ImageFS != "" && !filepath.IsAbs(c.ImageFS) {
+		checks = append(checks, fmt.Errorf("invalid --image-fs %q: must be an absolute path", c.ImageFS))
+	}
+	if c.SandboxImage != "" {
+		if _, err := reference.ParseAnyReference(c.SandboxImage); err != nil {
+			checks = append(checks, fmt.Errorf("invalid --sandbox-image %q: %v", c.SandboxImage, err))
+		}
+	}
 	if _, err := zerolog.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
 		checks = append(checks, fmt.Errorf("invalid --log-level %q: must be debug, info, warn or error", c.LogLevel))
 	}
@@ -247,12 +277,6 @@ func (c Config) Validate() error {
 	}
 	if _, err := c.Namespaces(); err != nil {
 		checks = append(checks, fmt.Errorf("invalid %v", err))
-	}
-	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress,
-		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {
-		if strings.TrimSpace(v) == "" {
-			checks = append(checks, fmt.Errorf("invalid --%s: must not be empty", name))
-		}
 	}
 	// Then each component's own rules, so nothing starts with a setting it
 	// would refuse.
@@ -268,6 +292,87 @@ func (c Config) Validate() error {
 	for _, err := range checks {
 		if err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// validAddress checks a host:port listen address; the host may be empty
+// (every address) and the port 0 (any free port).
+func validAddress(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return errors.New("want host:port, e.g. 127.0.0.1:9617 or :9617")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q: want a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// natsFlagErrors checks the NATS client settings flag by flag, so that an
+// error names the flag; natsbus's own checks follow as a backstop.
+func (c Config) natsFlagErrors() []error {
+	var errs []error
+	set := []struct{ flag, value string }{
+		{"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey}, {"nats-user", c.NATSUser},
+		{"nats-password", c.NATSPassword}, {"nats-token", c.NATSToken},
+		{"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},
+	}
+	for _, f := range set {
+		if f.value == "" {
+			continue
+		}
+		if c.NATSURL == "" {
+			errs = append(errs, fmt.Errorf("invalid --%s: needs --nats-url (the embedded server uses its own nkey)", f.flag))
+			continue
+		}
+		switch f.flag {
+		case "nats-creds", "nats-nkey", "nats-tls-ca", "nats-tls-cert", "nats-tls-key":
+			if _, err := os.Stat(f.value); err != nil {
+				errs = append(errs, fmt.Errorf("invalid --%s %q: %v", f.flag, f.value, errors.Unwrap(err)))
+			}
+		}
+	}
+	auth := 0
+	for _, on := range []bool{c.NATSCreds != "", c.NATSNKey != "", c.NATSUser != "" || c.NATSPassword != "", c.NATSToken != ""} {
+		if on {
+			auth++
+		}
+	}
+	switch {
+	case auth > 1:
+		errs = append(errs, errors.New("invalid NATS credentials: use only one of --nats-creds, --nats-nkey, --nats-user with --nats-password, and --nats-token"))
+	case c.NATSPassword != "" && c.NATSUser == "":
+		errs = append(errs, errors.New("invalid --nats-password: needs --nats-user"))
+	case (c.NATSTLSCert == "") != (c.NATSTLSKey == ""):
+		errs = append(errs, errors.New("invalid --nats-tls-cert and --nats-tls-key: give both or neither"))
+	}
+	if natsbus.SafeToken(c.NATSStream) != c.NATSStream || strings.ContainsAny(c.NATSStream, "/\\") || c.NATSStream == "" {
+		errs = append(errs, fmt.Errorf("invalid --nats-stream %q: no spaces, dots, *, > or slashes", c.NATSStream))
+	}
+	for _, f := range []struct{ flag, value string }{{"node-name", c.NodeName}, {"cluster", c.Cluster}} {
+		if strings.IndexFunc(f.value, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+			errs = append(errs, fmt.Errorf("invalid --%s %q: must be printable", f.flag, f.value))
+		}
+	}
+	return errs
+}
+
+// validNATSURLs checks a comma-separated list of NATS server URLs.
+func validNATSURLs(list string) error {
+	if list == "" {
+		return nil
+	}
+	for _, raw := range strings.Split(list, ",") {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		if err != nil || u.Host == "" {
+			return fmt.Errorf("%q: want a URL such as nats://host:4222", strings.TrimSpace(raw))
+		}
+		switch u.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			return fmt.Errorf("%q: scheme %q: want nats, tls, ws or wss", raw, u.Scheme)
 		}
 	}
 	return nil
