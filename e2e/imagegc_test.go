@@ -326,7 +326,7 @@ func testImageGC(t *testing.T, v testenv.Version) {
 	if got := reason[digest[c.SandboxImage]]; got != gc.ReasonSandboxImage && got != gc.ReasonPinned {
 		t.Errorf("plan: sandbox image %q", got)
 	}
-	if doc.History != "containerd" || doc.Images.Disk.CapacityBytes != capacity {
+	if doc.History != "none" || doc.Images.Disk.CapacityBytes != capacity {
 		t.Errorf("plan: history %q, capacity %d", doc.History, doc.Images.Disk.CapacityBytes)
 	}
 }

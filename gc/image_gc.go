@@ -107,7 +107,11 @@ type ImagePass struct {
 	// meaningful when Triggered.
 	LowReached bool      `json:"lowReached"`
 	NextAgeOut time.Time `json:"nextAgeOut,omitzero"`
-	Error      string    `json:"error,omitempty"`
+	// Shortfall and FirstEligibleAt say why a triggered plan frees less
+	// than needed (ImagePlan.Shortfall) and when more becomes eligible.
+	Shortfall       string    `json:"shortfall,omitempty"`
+	FirstEligibleAt time.Time `json:"firstEligibleAt,omitzero"`
+	Error           string    `json:"error,omitempty"`
 }
 
 // ImageGCStatus is the image GC's state for /status.
@@ -270,7 +274,8 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	}
 	pass := ImagePass{Start: start, Trigger: trigger, DryRun: g.o.DryRun, Synced: synced, Disk: plan.Disk,
 		Usage: plan.Usage, Triggered: plan.Triggered, AmountToFree: plan.AmountToFree, Planned: len(plan.Delete),
-		Removed: []ImageOutcome{}, Skipped: []ImageOutcome{}, NextAgeOut: plan.NextAgeOut}
+		Removed: []ImageOutcome{}, Skipped: []ImageOutcome{}, NextAgeOut: plan.NextAgeOut,
+		Shortfall: plan.Shortfall(), FirstEligibleAt: plan.FirstEligibleAt}
 	key := "image@" + strconv.FormatInt(start.UnixNano(), 10)
 	log := g.o.Log.With().Str("pass", key).Logger()
 	rep := &passReport{}
@@ -279,7 +284,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 		log.WithLevel(level(zerolog.InfoLevel, quiet)).Str("trigger", trigger).Int("usage", plan.Usage).
 			Int("high", g.o.Policy.HighThresholdPercent).Int("low", g.o.Policy.LowThresholdPercent).Bool("triggered", plan.Triggered).
 			Int64("amount_to_free", plan.AmountToFree).Int("planned", len(plan.Delete)).Int64("bytes", plan.EstimatedBytes).
-			Bool("dry_run", g.o.DryRun).Msg("image gc pass started")
+			Str("shortfall", pass.Shortfall).Bool("dry_run", g.o.DryRun).Msg("image gc pass started")
 		if !quiet {
 			g.publish(Action{Kind: "gc", Action: "started", Subject: "image", Key: key, Data: started}, log)
 		}
@@ -435,7 +440,8 @@ type passSummary = schema.GCPass
 func passData(p ImagePass) passSummary {
 	return passSummary{Start: p.Start, End: p.End, Trigger: p.Trigger, DryRun: p.DryRun, Usage: p.Usage,
 		AmountToFree: p.AmountToFree, Planned: p.Planned, Removed: len(p.Removed), Skipped: len(p.Skipped),
-		EstimatedBytes: p.EstimatedBytes, FreedBytes: p.FreedBytes, UsageAfter: p.UsageAfter, Error: p.Error}
+		EstimatedBytes: p.EstimatedBytes, FreedBytes: p.FreedBytes, UsageAfter: p.UsageAfter,
+		Shortfall: p.Shortfall, FirstEligibleAt: p.FirstEligibleAt, Error: p.Error}
 }
 
 func (g *ImageGC) publish(a Action, log zerolog.Logger) {

@@ -3,6 +3,8 @@ package gc
 import (
 	"cmp"
 	"fmt"
+	"maps"
+	"math"
 	"math/bits"
 	"path"
 	"slices"
@@ -93,6 +95,10 @@ type ImagePlan struct {
 	// NextAgeOut is the earliest future instant at which a kept image
 	// becomes a max-age candidate; zero when none will or MaxAge is off.
 	NextAgeOut time.Time `json:"nextAgeOut,omitzero"`
+	// FirstEligibleAt is, when the plan falls short of AmountToFree, the
+	// earliest instant at which a too-young image passes MinAge: the next
+	// chance to free more. Zero otherwise.
+	FirstEligibleAt time.Time `json:"firstEligibleAt,omitzero"`
 	// Delete is in the order to delete: max-age images, then space images,
 	// each least recently used first.
 	Delete []ImageItem `json:"delete"`
@@ -199,6 +205,9 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 		case ReasonMaxAge, ReasonSpace:
 			continue
 		case ReasonTooYoung, ReasonNotNeeded:
+			if it.Reason == ReasonTooYoung && plan.Triggered && plan.EstimatedBytes < plan.AmountToFree {
+				earliest(&plan.FirstEligibleAt, it.EligibleAt)
+			}
 			if p.MaxAge > 0 {
 				// Strictly older than MaxAge, like the kubelet. Idle time starts
 				// no earlier than first seen and MaxAge > MinAge, so by then the
@@ -210,6 +219,45 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 	}
 	plan.Keep = out
 	return plan
+}
+
+// Shortfall says, when the plan frees less than AmountToFree, why: how
+// many images each rule keeps, and when the first too-young one becomes
+// eligible. Empty when the plan is enough or GC is not triggered.
+func (plan ImagePlan) Shortfall() string {
+	if !plan.Triggered || plan.EstimatedBytes >= plan.AmountToFree {
+		return ""
+	}
+	counts := map[Reason]int{}
+	for _, it := range plan.Keep {
+		counts[it.Reason]++
+	}
+	parts := []string{"frees an estimated " + HumanBytes(plan.EstimatedBytes) + " of " + HumanBytes(plan.AmountToFree)}
+	for _, r := range slices.Sorted(maps.Keys(counts)) {
+		part := fmt.Sprintf("%d %s", counts[r], r)
+		if r == ReasonTooYoung && !plan.FirstEligibleAt.IsZero() {
+			part += " (first eligible at " + plan.FirstEligibleAt.UTC().Format(time.RFC3339) + ")"
+		}
+		parts = append(parts, part)
+	}
+	if len(counts) == 0 {
+		parts = append(parts, "no image left to delete")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// HumanBytes writes n bytes for a person: 512 B, 1.5 KiB, 230.0 MiB, 2.1 GiB.
+func HumanBytes(n int64) string {
+	f := float64(n)
+	for _, u := range []struct {
+		name string
+		size float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if math.Abs(f) >= u.size {
+			return fmt.Sprintf("%.1f %s", f/u.size, u.name)
+		}
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // measure sets the usage, the trigger and the amount to free with the

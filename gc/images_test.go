@@ -160,6 +160,14 @@ func TestPlanImages(t *testing.T) {
 				if !p.NextAgeOut.IsZero() {
 					t.Errorf("next age out = %v with max age off, want zero", p.NextAgeOut)
 				}
+				// a frees 10 of the 100 bytes needed: b is the next chance.
+				if !p.FirstEligibleAt.Equal(at(10*h + m)) {
+					t.Errorf("first eligible at %v, want %v", p.FirstEligibleAt, at(10*h+m))
+				}
+				want := "frees an estimated 10 B of 100 B; 1 too-young (first eligible at " + at(10*h+m).UTC().Format(time.RFC3339) + ")"
+				if got := p.Shortfall(); got != want {
+					t.Errorf("shortfall %q, want %q", got, want)
+				}
 			},
 		},
 		{

@@ -53,7 +53,12 @@ type GCPass struct {
 	EstimatedBytes int64     `json:"bytes"`
 	FreedBytes     int64     `json:"freedBytes"`
 	UsageAfter     int       `json:"usageAfter"`
-	Error          string    `json:"error,omitempty"`
+	// Shortfall says why a triggered pass planned less than it had to
+	// free (how many images each rule kept), and FirstEligibleAt when the
+	// first too-young image may go.
+	Shortfall       string    `json:"shortfall,omitempty"`
+	FirstEligibleAt time.Time `json:"firstEligibleAt,omitzero"`
+	Error           string    `json:"error,omitempty"`
 }
 
 // OwnerCleanup is what DeleteNative cleaned, after the container itself,

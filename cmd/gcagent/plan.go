@@ -1,12 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -30,7 +35,15 @@ func planCmd(ctx context.Context, args []string, env func(string) string, stdout
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	doc, err := agent.BuildPlan(ctx, cfg)
+	doc, err := askAgentPlan(ctx, cfg.MetricsAddress)
+	switch {
+	case errors.Is(err, errNoAgent):
+		doc, err = agent.BuildPlan(ctx, cfg)
+	case err == nil:
+		if d := policyDiff(cfg.Policy(), doc.Policy); d != "" {
+			doc.HistoryNote += "; the agent's policy, not this command's: " + d
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -41,6 +54,65 @@ func planCmd(ctx context.Context, args []string, env func(string) string, stdout
 	}
 	printPlan(stdout, doc)
 	return nil
+}
+
+// errNoAgent: nothing listens on the agent's metrics address.
+var errNoAgent = errors.New("no agent answers")
+
+// askAgentPlan asks a running agent for its own plan (GET /plan on its
+// metrics address): with an agent running, plan prints exactly what that
+// agent decides. errNoAgent when none listens there.
+func askAgentPlan(ctx context.Context, addr string) (agent.Plan, error) {
+	var doc agent.Plan
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return doc, err
+	}
+	if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	url := "http://" + net.JoinHostPort(host, port) + "/plan"
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return doc, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return doc, errNoAgent
+	}
+	if err != nil {
+		return doc, fmt.Errorf("agent at %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return doc, fmt.Errorf("%s listens on %s but has no /plan: an older agent, or not gcagent", url, addr)
+	}
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return doc, fmt.Errorf("agent at %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return doc, fmt.Errorf("agent at %s: bad plan: %w", url, err)
+	}
+	return doc, nil
+}
+
+// policyDiff names the settings whose values differ between mine and the
+// agent's; empty when they agree.
+func policyDiff(mine, agents []agent.Setting) string {
+	theirs := map[string]string{}
+	for _, s := range agents {
+		theirs[s.Name] = s.Value
+	}
+	var diffs []string
+	for _, s := range mine {
+		if v, ok := theirs[s.Name]; ok && v != s.Value {
+			diffs = append(diffs, fmt.Sprintf("%s=%s (given %s)", s.Name, v, s.Value))
+		}
+	}
+	return strings.Join(diffs, ", ")
 }
 
 // splitJSONFlag takes --json (-json, --json=BOOL) out of args, so that the
@@ -79,6 +151,7 @@ func printPlan(w io.Writer, doc agent.Plan) {
 		fmt.Fprintf(w, " (%s)", doc.HistoryNote)
 	}
 	fmt.Fprintln(w)
+	printPolicy(w, doc.Policy)
 	printImagePlan(w, doc)
 	printContainerPlan(w, doc.ContainerPolicy, doc.Containers)
 	printLogsPlan(w, doc.LogsConfig, doc.Logs)
@@ -139,4 +212,35 @@ func printImagePlan(w io.Writer, doc agent.Plan) {
 		row("keep", it)
 	}
 	tw.Flush()
+	if why := p.Shortfall(); why != "" {
+		fmt.Fprintf(w, "\nshort of the low threshold: %s\n", why)
+	}
+	if doc.Next != nil {
+		fmt.Fprintf(w, "at %s, if the disk stays as it is, a pass deletes:", doc.Next.Now.Format(time.RFC3339))
+		for _, it := range doc.Next.Delete {
+			fmt.Fprintf(w, " %s", cmp.Or(firstOf(it.Names), projection.ShortDigest(it.Digest)))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// printPolicy prints the settings in force and where each came from.
+func printPolicy(w io.Writer, policy []agent.Setting) {
+	fmt.Fprintln(w, "\nPOLICY")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, s := range policy {
+		v := s.Value
+		if v == "" {
+			v = "-"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Name, v, s.Source)
+	}
+	tw.Flush()
+}
+
+func firstOf(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return names[0]
 }

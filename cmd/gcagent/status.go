@@ -56,6 +56,7 @@ func status(ctx context.Context, args []string, env func(string) string, stdout,
 		return fmt.Errorf("agent at %s: bad /status: %w", *addr, err)
 	}
 	printReport(stdout, doc.Report)
+	printPolicy(stdout, doc.Policy)
 	if doc.ImageGC != nil {
 		printImageGCStatus(stdout, *doc.ImageGC)
 	}

@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +19,7 @@ import (
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/rs/zerolog"
+	bolterrors "go.etcd.io/bbolt/errors"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -28,15 +32,23 @@ type Plan struct {
 	Namespace  string   `json:"namespace"`
 	Namespaces []string `json:"namespaces"`
 	ImageFS    string   `json:"imageFS"`
-	// History says where first-seen and last-used times come from: "state"
-	// (the agent's persisted projection, then a fresh listing on top) or
-	// "containerd" (creation times; last use unknown).
+	// History says where first-seen and last-used times come from:
+	// "agent" (the running agent's own projection: this is its plan),
+	// "state" (the agent's persisted projection, then a fresh listing on
+	// top) or "none" (no state: a fresh listing seen as the agent's first
+	// start sees it, every image and container first seen now).
 	History     string `json:"history"`
 	HistoryNote string `json:"historyNote,omitempty"`
+	// Policy is the settings in force and where each came from.
+	Policy []Setting `json:"policy"`
 	// SandboxImages are the sandbox images in force: the flag, CRI's config,
 	// and the images of sandbox containers.
 	SandboxImages []string     `json:"sandboxImages"`
 	Images        gc.ImagePlan `json:"images"`
+	// Next is, when Images falls short because images are too young, the
+	// plan of a pass at Images.FirstEligibleAt if the disk stays as it is:
+	// which images go then, in order.
+	Next *gc.ImagePlan `json:"next,omitempty"`
 	// ContainerPolicy and Containers: what container GC would remove now.
 	ContainerPolicy gc.ContainerPolicy `json:"containerPolicy"`
 	Containers      gc.ContainerPlan   `json:"containers"`
@@ -51,7 +63,7 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	// The running agent's time (a wall-clock step since it started does
 	// not move it), so that this plan's ages are the agent's.
 	clk, _ := clock.Continue(nil, filepath.Join(cfg.StateDir, clock.File))
-	doc := Plan{At: clk.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS}
+	doc := Plan{At: clk.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS, Policy: cfg.Policy()}
 	nss, err := cfg.Namespaces()
 	if err != nil {
 		return doc, err
@@ -73,10 +85,13 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 		return doc, fmt.Errorf("containerd at %s: %w", cfg.ContainerdAddress, err)
 	}
 	doc.Namespaces = names
-	persisted, note := loadHistory(filepath.Join(cfg.StateDir, "state.db"))
+	persisted, note, err := loadHistory(filepath.Join(cfg.StateDir, "state.db"), cfg.MetricsAddress)
+	if err != nil {
+		return doc, err
+	}
 	doc.History, doc.HistoryNote = "state", note
 	if persisted == nil {
-		doc.History = "containerd"
+		doc.History = "none"
 	}
 	var states []*projection.State
 	criState := projection.New()
@@ -87,7 +102,8 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 		}
 		state := persisted[ns].State
 		if state == nil {
-			state = fromListing(listing)
+			// The agent's first start: everything first seen now.
+			state = projection.New()
 		}
 		for _, ev := range projection.Reconcile(state, listing) {
 			state.Apply(ev)
@@ -115,55 +131,78 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	if err != nil {
 		return doc, err
 	}
+	return doc, doc.decide(cfg, states, criState, disk, p)
+}
+
+// decide fills the plan's decisions from the projections: the one code
+// both `gcagent plan` and a running agent's /plan go through.
+func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projection.State, disk gc.DiskStats, p gc.ImagePolicy) error {
 	doc.Images = gc.PlanImages(states, disk, p, doc.At)
+	if len(doc.Images.Delete) == 0 && !doc.Images.FirstEligibleAt.IsZero() {
+		next := gc.PlanImages(states, disk, p, doc.Images.FirstEligibleAt)
+		doc.Next = &next
+	}
 	doc.ContainerPolicy = cfg.ContainerPolicy()
 	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, logs.PodLogDirExists(cfg.PodLogDir))
 	doc.LogsConfig = cfg.LogsConfig()
 	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
 	// empty and unsynced, and the log plan removes nothing.
-	if doc.Logs, err = PlanLogs(cfg, criState); err != nil {
-		return doc, err
+	var err error
+	doc.Logs, err = PlanLogs(cfg, criState)
+	return err
+}
+
+// servePlan answers GET /plan with the running agent's own plan: what its
+// next passes would do now, from its live projection, measured disk and
+// learned sandbox images.
+func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
+	doc := Plan{At: a.clock.Now(), Containerd: a.cfg.ContainerdAddress, Namespace: a.cfg.Namespace,
+		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.cfg.Policy(),
+		HistoryNote: fmt.Sprintf("the running agent's own projection (pid %d)", os.Getpid())}
+	if !a.live.Synced() {
+		doc.HistoryNote += "; not yet synced with containerd"
 	}
-	return doc, nil
+	disk, err := a.imageFS.Disk()
+	if err != nil {
+		http.Error(w, "image filesystem not measured: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	p := a.imagePolicy()
+	doc.SandboxImages = p.SandboxImages
+	a.live.ViewAll(func(states []*projection.State) {
+		criState := projection.New()
+		for _, s := range states {
+			doc.Namespaces = append(doc.Namespaces, s.Namespace)
+			if s.Namespace == events.CRINamespace {
+				criState = s
+			}
+		}
+		err = doc.decide(a.cfg, states, criState, disk, p)
+	})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(doc)
 }
 
 // loadHistory restores the agent's persisted projections (by namespace)
-// when the agent is not running; it returns nil when there is none or it
-// is locked. A running
-// agent holds the store's lock (bbolt allows no reader beside the writer,
-// and copying a file being written is not safe), so plan then works from
-// containerd's creation times and says so: `gcagent status` and the control
-// verb plan give the running agent's own view.
-func loadHistory(path string) (map[string]projection.LoadResult, string) {
+// when the agent is not running; it returns nil when there is none. A
+// running agent holds the store's lock (bbolt allows no reader beside the
+// writer): then plan must ask that agent, and says how, rather than plan
+// from another history than the agent's.
+func loadHistory(path, metricsAddress string) (map[string]projection.LoadResult, string, error) {
 	if _, err := os.Stat(path); err != nil {
-		return nil, "no agent state at " + path + ": first seen is containerd's creation time, last use unknown"
+		return nil, "no agent state at " + path + ": every image and container first seen now, as on the agent's first start", nil
 	}
 	res, err := projection.ReadStore(path)
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return nil, "", fmt.Errorf("agent state %s is held by a running agent that does not answer on http://%s/plan: give plan that agent's --metrics-address", path, metricsAddress)
+	}
 	if err != nil {
-		return nil, "agent state " + path + " not readable (is the agent running?): " + err.Error() +
-			"; first seen is containerd's creation time, last use unknown"
+		// The agent too starts afresh from a state it cannot read.
+		return nil, "agent state " + path + " not readable (" + err.Error() + "): every image and container first seen now, as on the agent's first start", nil
 	}
-	return res, fmt.Sprintf("agent state %s plus a fresh listing", path)
-}
-
-// fromListing builds a projection from a listing alone, each image and
-// container first seen when containerd created it.
-func fromListing(l events.Listing) *projection.State {
-	s := projection.New()
-	for _, img := range l.Images {
-		if !img.Created.IsZero() && img.Created.Before(l.At) {
-			img.At = img.Created
-		} else {
-			img.At = l.At
-		}
-		s.Apply(img)
-	}
-	for _, c := range l.Containers {
-		c.At = l.At
-		if !c.Created.IsZero() && c.Created.Before(l.At) {
-			c.At = c.Created
-		}
-		s.Apply(c)
-	}
-	return s
+	return res, fmt.Sprintf("agent state %s plus a fresh listing", path), nil
 }

@@ -176,7 +176,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
 
-	log.Info().Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
+	policyLog(log.Info(), cfg.Policy()).Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
 		Strs("exclude_namespaces", nss.Exclude).
 		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
@@ -323,6 +323,8 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 // state in an optional field.
 type StatusDoc struct {
 	projection.Report
+	// Policy is the settings in force and where each came from.
+	Policy  []Setting         `json:"policy"`
 	ImageGC *gc.ImageGCStatus `json:"imageGC,omitempty"`
 	// ContainerGC is the container GC's last pass; Logs the log cleaner's.
 	ContainerGC *gc.ContainerGCStatus `json:"containerGC,omitempty"`
@@ -379,8 +381,9 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	mux.HandleFunc("GET /plan", a.servePlan)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		var doc StatusDoc
+		doc := StatusDoc{Policy: a.cfg.Policy()}
 		a.live.ViewAll(func(states []*projection.State) { doc.Report = projection.NewReport(a.clock.Now(), states...) })
 		if a.imageGC != nil {
 			st := a.imageGC.Status()
