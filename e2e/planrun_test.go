@@ -132,4 +132,3 @@ func testPlanPredictsRun(t *testing.T, v testenv.Version) {
 func sameSet(a, b []string) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
-
