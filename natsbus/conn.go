@@ -165,7 +165,10 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 			lastErr.Store("")
 			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")
 		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // closed on purpose (Close): nothing reconnects; ClosedHandler says so
+			}
 			log.Warn().Err(err).Msg("disconnected from NATS; reconnecting")
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
