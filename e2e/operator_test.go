@@ -137,9 +137,25 @@ func TestOperatorMessages(t *testing.T) {
 	for _, v := range testenv.Versions() {
 		t.Run(string(v), func(t *testing.T) {
 			c := testenv.StartContainerd(t, testenv.Options{Version: v})
+			c.Import(t, testenv.Runnable("docker.io/library/app4:v1", testenv.Layer{Seed: "app4", Size: 64 << 10}))
 			state := filepath.Join(t.TempDir(), "state")
-			a := testenv.StartAgent(t, c, state)
+			a := testenv.StartAgent(t, c, state, "--keep-image", "app4:*")
 			natsWaitSynced(t, a)
+
+			// explain finds the image by the short name the keep pattern matched.
+			out, errOut, err, _ := runTool(t, state, "ctl", "--image", "app4:v1", "explain")
+			if err != nil || !strings.Contains(out, "app4:v1: keep: kept: docker.io/library/app4:v1 matches --keep-image app4:*") {
+				t.Errorf("ctl explain app4:v1: %v\n%s%s", err, out, errOut)
+			}
+			// A typo is the operator's: no error line in the agent's log.
+			if _, _, err, _ := runTool(t, state, "ctl", "--image", "app5:v1", "explain"); err == nil {
+				t.Errorf("explain of an unknown image succeeded")
+			}
+			for _, l := range logLines(t, a, "control request") {
+				if l["level"] != "info" {
+					t.Errorf("control request logged at %v: %v", l["level"], l)
+				}
+			}
 
 			// The promise is under 1 s; the median of 3 keeps a noisy
 			// machine's one slow start of the binary out of it.
@@ -156,7 +172,7 @@ func TestOperatorMessages(t *testing.T) {
 			if took[1] >= time.Second {
 				t.Errorf("ctl status took %s (median of %v), promised under 1 s", took[1], took)
 			}
-			out, errOut, err, _ := runTool(t, state, "ctl", "--json", "status")
+			out, errOut, err, _ = runTool(t, state, "ctl", "--json", "status")
 			if err != nil || !strings.HasPrefix(out, "{") || !strings.Contains(out, `"ok":true`) {
 				t.Errorf("ctl --json status: %v\n%s%s", err, out, errOut)
 			}
