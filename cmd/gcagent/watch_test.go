@@ -295,7 +295,12 @@ func TestCtlNamesWhatDoesNotAnswer(t *testing.T) {
 		}
 		return ""
 	})
-	out, err := run("--nats-url", s.ClientURL(), "--cluster", "c1", "--image", "app:1", "explain")
+	out, err := run("--nats-url", s.ClientURL(), "--cluster", "c1", "plan")
+	if err != nil || !strings.Contains(out, "n1  synced false; disk ") || !strings.Contains(out, "images: 0 to delete") {
+		t.Errorf("plan: %v\n%s", err, out)
+	}
+	t.Logf("ctl plan:\n%s", out)
+	out, err = run("--nats-url", s.ClientURL(), "--cluster", "c1", "--image", "app:1", "explain")
 	if err == nil || !strings.Contains(out, `n1  error: image "app:1" is not known to this node`) {
 		t.Errorf("explain of an unknown image: %v\n%s", err, out)
 	}
