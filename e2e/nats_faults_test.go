@@ -173,7 +173,7 @@ func TestEmbeddedNATSPortTakenAndLocalAuth(t *testing.T) {
 		return fmt.Sprintf("watch printed %d events, none the removal of port-taken-1", len(evs))
 	})
 	t.Logf("local watch printed %d events without flags", len(evs))
-	out, err := localTool(t, state, "ctl", "--timeout", "5s", "--node", natsNode, "status").CombinedOutput()
+	out, err := localTool(t, state, "ctl", "--json", "--timeout", "5s", "--node", natsNode, "status").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), `"ok":true`) {
 		t.Errorf("local ctl status without flags: %v\n%s", err, out)
 	}
@@ -302,7 +302,7 @@ func TestPerNodeCredentialsEndToEnd(t *testing.T) {
 	waitRemoved(t, c, "per-node-1")
 	waitDelivered(t, a, reader, []string{"per-node-1"}, 1)
 
-	out, err := exec.Command(testenv.AgentBinary(t), "ctl", "--nats-url", s.ClientURL(), "--nats-user", "ops", "--nats-password", "s3cret",
+	out, err := exec.Command(testenv.AgentBinary(t), "ctl", "--json", "--nats-url", s.ClientURL(), "--nats-user", "ops", "--nats-password", "s3cret",
 		"--node", natsNode, "--timeout", "5s", "status").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), `"ok":true`) {
 		t.Errorf("operator's ctl status: %v\n%s", err, out)

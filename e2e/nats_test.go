@@ -380,9 +380,13 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 		if err != nil || r.OK || r.Error != natsbus.ErrRemoteGCDisabled.Error() {
 			t.Errorf("gc without --allow-remote-gc: %+v %v", r, err)
 		}
-		if !strings.Contains(a.LogTail(400), `"request_id":"gc-1"`) {
-			t.Errorf("the agent did not log the refused gc request")
-		}
+		// The reply goes out before the request's log line is written.
+		testenv.Eventually(t, 10*time.Second, func() string {
+			if !logHas(t, a, `"request_id":"gc-1"`) {
+				return "the agent did not log the refused gc request"
+			}
+			return ""
+		})
 
 		evs := readStream(t, nc)
 		types := checkContract(t, evs)

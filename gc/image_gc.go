@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/internal/streak"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
 )
@@ -158,6 +159,7 @@ type ImageGC struct {
 	sandboxSeen  map[string]struct{} // images sandboxes were created from
 	sandboxCache []string
 	lastOutcome  string // outcome of the last pass (see passOutcome) when it removed nothing; "" otherwise
+	diskFailures streak.Streak
 
 	mu     sync.Mutex
 	status ImageGCStatus

@@ -120,13 +120,27 @@ func (g *ImageGC) sample() (DiskStats, bool) {
 	return d, err == nil
 }
 
+// noteDiskError logs a failed measurement of the image filesystem, a run
+// of them at a backoff with their count, and the first measurement that
+// works again after them.
+func (g *ImageGC) noteDiskError(now time.Time, err error) {
+	if err == nil {
+		if n, since := g.diskFailures.Recover(); n > 0 {
+			g.o.Log.Info().Int("failures", n).Int64("unmeasured_ms", now.Sub(since).Milliseconds()).
+				Msg("image filesystem measured again")
+		}
+		return
+	}
+	if log, n := g.diskFailures.Fail(now, err.Error()); log {
+		g.o.Log.Warn().Err(err).Int("failures", n).Msg("image filesystem not measured")
+	}
+}
+
 // evaluate samples the disk, decides and runs a pass when one is due.
 func (g *ImageGC) evaluate(ctx context.Context) {
 	now := g.now()
 	disk, err := g.d.Disk.Disk()
-	if err != nil {
-		g.o.Log.Warn().Err(err).Msg("image filesystem not measured")
-	}
+	g.noteDiskError(now, err)
 	g.trig.observe(now, disk, err == nil)
 	g.noteDisk(now, disk)
 	var seq uint64

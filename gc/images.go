@@ -382,13 +382,21 @@ func keepMatch(pattern, name string) bool {
 	if ok, _ := path.Match(pattern, name); ok {
 		return true
 	}
-	if n, err := reference.ParseNormalizedNamed(name); err == nil {
-		if fam := reference.FamiliarString(n); fam != name {
-			ok, _ := path.Match(pattern, fam)
-			return ok
-		}
+	if fam := FamiliarName(name); fam != name {
+		ok, _ := path.Match(pattern, fam)
+		return ok
 	}
 	return false
+}
+
+// FamiliarName is the short form of an image name, as keep patterns also
+// match it: nginx:1.25 for docker.io/library/nginx:1.25, the name itself
+// when it has no shorter form or is not a reference.
+func FamiliarName(name string) string {
+	if n, err := reference.ParseNormalizedNamed(name); err == nil {
+		return reference.FamiliarString(n)
+	}
+	return name
 }
 
 // matchRef reports whether ref names the image: equal to one of its names,

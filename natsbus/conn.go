@@ -58,6 +58,12 @@ type ConnOptions struct {
 	// dialing URL (which then only names it). Default none.
 	InProcess nats.InProcessConnProvider
 
+	// FailFast makes Connect fail when no server answers the first
+	// connect, for tools that ask once (ctl, watch); once connected they
+	// reconnect like the agent. Default false: the agent's connection
+	// retries in the background from the start.
+	FailFast bool
+
 	// Logger receives connection events (component=natsbus is added). Default: no logs.
 	Logger zerolog.Logger
 }
@@ -138,8 +144,9 @@ func (o ConnOptions) Validate() error {
 }
 
 // Connect validates o and returns a connection that never gives up: it
-// returns even when no server is reachable yet, and reconnects forever with
-// jittered backoff. It fails only on invalid options or unusable credentials.
+// returns even when no server is reachable yet (unless o.FailFast), and
+// reconnects forever with jittered backoff. It fails only on invalid
+// options, unusable credentials or, with FailFast, no server answering.
 func Connect(o ConnOptions) (*nats.Conn, error) {
 	o.setDefaults()
 	if err := o.Validate(); err != nil {
@@ -150,7 +157,7 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 	lastErr.Store("")
 	opts := []nats.Option{
 		nats.Name("gcagent/" + o.Cluster + "/" + o.Node),
-		nats.RetryOnFailedConnect(true),
+		nats.RetryOnFailedConnect(!o.FailFast),
 		nats.MaxReconnects(-1),
 		nats.CustomReconnectDelay(reconnectDelay(o.ReconnectMin, o.ReconnectMax)),
 		nats.ReconnectBufSize(o.ReconnectBufSize),
@@ -165,7 +172,10 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 			lastErr.Store("")
 			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")
 		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // closed on purpose (Close): nothing reconnects; ClosedHandler says so
+			}
 			log.Warn().Err(err).Msg("disconnected from NATS; reconnecting")
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {

@@ -123,6 +123,22 @@ func (e controlError) Error() string { return e.msg }
 
 func badRequest(format string, a ...any) error { return controlError{fmt.Sprintf(format, a...)} }
 
+// requesterError is a Handler's error that the request caused (RequesterError).
+type requesterError struct{ error }
+
+func (e requesterError) Unwrap() error { return e.error }
+
+// RequesterError marks err, returned by a Handler, as the requester's
+// doing (an unknown or ambiguous image: an operator's typo): the reply
+// carries its text as usual, and the request is logged at info, not as an
+// error of the agent. Nil stays nil.
+func RequesterError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return requesterError{err}
+}
+
 // ServeControl answers control requests for opts.Node on nc until ctx ends,
 // then unsubscribes and waits for the requests in progress, whose
 // handlers' context ends with ctx. Every request gets
@@ -378,12 +394,16 @@ func (c *control) reply(m *nats.Msg, id, verb string, who caller, data json.RawM
 	default:
 		serr = m.Respond(b)
 	}
+	// What the requester caused (a typo, a refused or busy verb) is no
+	// fault of the agent: info, like a request that worked.
 	lvl := zerolog.InfoLevel
 	var ce controlError
+	var re requesterError
 	switch {
-	case err != nil && errors.As(err, &ce):
-		lvl = zerolog.WarnLevel
-	case err != nil || serr != nil:
+	case serr != nil:
+		lvl = zerolog.ErrorLevel
+	case err == nil, errors.As(err, &ce), errors.As(err, &re):
+	default:
 		lvl = zerolog.ErrorLevel
 	}
 	ev := c.log.WithLevel(lvl).Str("request_id", id).Str("verb", verb).Str("subject", m.Subject).
@@ -408,6 +428,10 @@ type RequestOptions struct {
 	Args any
 	// Caller goes into the Gcagent-Caller header. Default: the connection's name.
 	Caller string
+	// Quiet, for RequestAll, ends the wait that long after the last reply
+	// once one came in: a fleet's nodes answer within milliseconds of each
+	// other. Default 0: wait for want replies or the context.
+	Quiet time.Duration
 }
 
 func newRequestMsg(nc *nats.Conn, subject string, o RequestOptions) (*nats.Msg, string, error) {
@@ -459,9 +483,11 @@ func Request(ctx context.Context, nc *nats.Conn, cluster, node, verb string, o R
 }
 
 // RequestAll sends a control request for verb to every node of cluster
-// (gcagent.v1.ctl.<cluster>.all.<verb>) and collects replies until ctx ends
-// or want replies arrived (want <= 0: until ctx ends). It returns the
-// replies in arrival order; it fails only when the request cannot be sent.
+// (gcagent.v1.ctl.<cluster>.all.<verb>) and collects replies until ctx ends,
+// want replies arrived (want <= 0: any number), or o.Quiet passed since the
+// last one. It returns the replies in arrival order; it fails when the
+// request cannot be sent, or with nats.ErrNoResponders when the server says
+// nobody subscribes to the subject.
 func RequestAll(ctx context.Context, nc *nats.Conn, cluster, verb string, want int, o RequestOptions) ([]ControlReply, error) {
 	m, _, err := newRequestMsg(nc, ControlSubject(cluster, AllNodes, verb), o)
 	if err != nil {
@@ -479,7 +505,15 @@ func RequestAll(ctx context.Context, nc *nats.Conn, cluster, verb string, want i
 	}
 	var out []ControlReply
 	for want <= 0 || len(out) < want {
-		resp, err := sub.NextMsgWithContext(ctx)
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if o.Quiet > 0 && len(out) > 0 {
+			wctx, cancel = context.WithTimeout(ctx, o.Quiet)
+		}
+		resp, err := sub.NextMsgWithContext(wctx)
+		cancel()
+		if errors.Is(err, nats.ErrNoResponders) && len(out) == 0 {
+			return nil, fmt.Errorf("natsbus: %s request to all: %w", verb, err)
+		}
 		if err != nil {
 			break
 		}

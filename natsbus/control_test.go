@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,7 +57,7 @@ func (h *fakeHandler) Explain(_ context.Context, image string) (any, error) {
 	h.inc(VerbExplain)
 	h.explains <- image
 	if image == "unknown:1" {
-		return nil, errors.New(`image "unknown:1" is not known to this node`)
+		return nil, RequesterError(errors.New(`image "unknown:1" is not known to this node`))
 	}
 	return map[string]any{"image": image, "decision": "keep", "reason": "in-use"}, nil
 }
@@ -350,6 +351,54 @@ func TestControlNoResponders(t *testing.T) {
 	_, err := Request(ctx5(t), nc, "c1", "nobody", VerbStatus, RequestOptions{})
 	if !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("request to a node that does not exist: %v, want no responders", err)
+	}
+}
+
+// TestControlAllStopsWhenQuiet: RequestAll returns once no reply came for
+// Quiet after the last, and says when nobody subscribes at all.
+func TestControlAllStopsWhenQuiet(t *testing.T) {
+	s := runServer(t, -1, "", false)
+	nc := connect(t, s.ClientURL())
+	if _, err := RequestAll(ctx5(t), nc, "c1", VerbStatus, 0, RequestOptions{Quiet: 100 * time.Millisecond}); !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("nobody serves c1: %v, want no responders", err)
+	}
+	for _, n := range []string{"n1", "n2"} {
+		serveControl(t, connect(t, s.ClientURL()), newFakeHandler(n), ControlOptions{Cluster: "c1", Node: n})
+	}
+	start := time.Now()
+	replies, err := RequestAll(ctx5(t), nc, "c1", VerbStatus, 0, RequestOptions{Quiet: 200 * time.Millisecond})
+	if err != nil || len(replies) != 2 {
+		t.Fatalf("RequestAll: %d replies, %v; want 2", len(replies), err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("RequestAll took %s: it waited for the context, not the quiet period", took)
+	}
+}
+
+// TestControlTyposAreNotAgentErrors: an unknown verb or image is logged at
+// info; only the agent's own failures are errors.
+func TestControlTyposAreNotAgentErrors(t *testing.T) {
+	s := runServer(t, -1, "", false)
+	var logs logBuffer
+	serveControl(t, connect(t, s.ClientURL()), newFakeHandler("n1"), ControlOptions{Cluster: "c1", Node: "n1", Logger: logs.logger()})
+	nc := connect(t, s.ClientURL())
+	if r, err := Request(ctx5(t), nc, "c1", "n1", VerbExplain, RequestOptions{Args: ExplainArgs{Image: "unknown:1"}}); err != nil || r.OK {
+		t.Fatalf("explain unknown:1: %+v %v", r, err)
+	}
+	if r, err := Request(ctx5(t), nc, "c1", "n1", "statsu", RequestOptions{}); err != nil || r.OK {
+		t.Fatalf("verb statsu: %+v %v", r, err)
+	}
+	var lines []map[string]any
+	wait.For(t, 5*time.Second, func() string {
+		if lines = logs.lines(t, "control request"); len(lines) < 2 {
+			return fmt.Sprintf("%d request lines logged, want 2", len(lines))
+		}
+		return ""
+	})
+	for _, l := range lines {
+		if l["level"] != "info" {
+			t.Errorf("logged at %v: %v", l["level"], l)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -33,21 +34,38 @@ func DeadlineInterceptor(d time.Duration) grpc.UnaryClientInterceptor {
 	}
 }
 
+// reconnectMax bounds gRPC's own wait between dials of a socket that
+// failed: containerd that comes back is followed within it (the Source
+// also resets it before each of its attempts).
+const reconnectMax = 5 * time.Second
+
 // ClientOpts are the containerd client options gcagent uses: every unary
-// call bounded by CallTimeout.
+// call bounded by CallTimeout; a missing or refused socket fails calls at
+// once with an error naming the path (DialSocket) instead of after a
+// timeout.
 func ClientOpts() []client.Opt {
-	return []client.Opt{client.WithExtraDialOpts([]grpc.DialOption{
+	sd := &socketDial{}
+	return []client.Opt{client.WithExtraDialOpts(append(sd.options(),
 		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(CallTimeout)),
-	})}
+		grpc.WithConnectParams(connectParams()),
+	))}
+}
+
+func connectParams() grpc.ConnectParams {
+	b := backoff.DefaultConfig
+	b.MaxDelay = reconnectMax
+	return grpc.ConnectParams{Backoff: b, MinConnectTimeout: 10 * time.Second}
 }
 
 // DialCRI opens a gRPC connection for CRI clients on containerd's socket,
 // with every unary call bounded by CallTimeout and room for large
-// listings. It does not dial until the first call.
+// listings. It does not dial until the first call; a missing or refused
+// socket fails calls at once, naming the path.
 func DialCRI(address string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(CallTimeout)),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxCRIMessage)))
+	sd := &socketDial{}
+	conn, err := grpc.NewClient("unix://"+address, append(sd.options(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(CallTimeout)), grpc.WithConnectParams(connectParams()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxCRIMessage)))...)
 	if err != nil {
 		return nil, fmt.Errorf("cri %s: %w", address, err)
 	}

@@ -23,15 +23,25 @@ import (
 	"google.golang.org/grpc"
 )
 
+// Source's wait between attempts to follow containerd: doubled after each
+// failure up to the cap, back to the minimum once a session followed it.
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
 // Run follows containerd until ctx ends, sending events to out. Sending
 // blocks on out, but the receive loop never does: envelopes queue (bounded)
 // behind it, so a slow consumer cannot make containerd buffer without limit.
+// While containerd cannot be reached, the first failure is logged at once
+// and the run of them then once per backoff step with its count
+// (streak.Streak); the session that follows containerd again says how many
+// failed before it.
 func (s *Source) Run(ctx context.Context, out chan<- events.Scoped) error {
-	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
 	backoff := minBackoff
 	reason := "start"
 	for {
-		began := time.Now()
+		s.resetDialBackoff()
 		err := s.session(ctx, out, reason)
 		lost := s.connected.Swap(false)
 		if ctx.Err() != nil {
@@ -39,13 +49,17 @@ func (s *Source) Run(ctx context.Context, out chan<- events.Scoped) error {
 		}
 		if lost { // not the attempts that fail while containerd is away
 			s.m.reconnects.Inc()
-		}
-		if time.Since(began) > 30*time.Second {
 			backoff = minBackoff
 		}
 		// Full jitter keeps a fleet of agents from reconnecting in step.
 		wait := backoff/2 + rand.N(backoff/2+1)
-		s.o.Log.Warn().Err(err).Dur("retry_in", wait).Msg("containerd subscription ended")
+		msg := "cannot follow containerd"
+		if lost {
+			msg = "containerd subscription ended"
+		}
+		if log, n := s.failures.Fail(time.Now(), err.Error()); log || lost {
+			s.o.Log.Warn().Err(err).Int("failures", n).Int64("retry_in_ms", wait.Milliseconds()).Msg(msg)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -53,6 +67,18 @@ func (s *Source) Run(ctx context.Context, out chan<- events.Scoped) error {
 		}
 		backoff = min(backoff*2, maxBackoff)
 		reason = "reconnect"
+	}
+}
+
+// resetDialBackoff makes gRPC dial containerd again at the next call,
+// instead of after its own backoff: the Source's backoff is the one that
+// paces attempts.
+func (s *Source) resetDialBackoff() {
+	if s.o.Client == nil {
+		return
+	}
+	if cc, ok := s.o.Client.Conn().(interface{ ResetConnectBackoff() }); ok {
+		cc.ResetConnectBackoff()
 	}
 }
 
@@ -74,7 +100,7 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if _, err := s.o.Client.Version(ctx); err != nil {
-		return fmt.Errorf("containerd version: %w", err)
+		return fmt.Errorf("containerd version: %w", errgrpc.ToNative(err))
 	}
 	// Subscribe first, then list: nothing that happens in between is lost.
 	conn, ok := s.o.Client.Conn().(grpc.ClientConnInterface)
@@ -109,8 +135,12 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 		return err
 	}
 	s.connected.Store(true)
-	s.o.Log.Info().Str("namespaces", s.o.Namespaces.String()).Strs("listed", slices.Sorted(maps.Keys(s.listed))).
-		Str("reason", reason).Msg("following containerd")
+	ev := s.o.Log.Info().Str("namespaces", s.o.Namespaces.String()).Strs("listed", slices.Sorted(maps.Keys(s.listed))).
+		Str("reason", reason)
+	if n, since := s.failures.Recover(); n > 0 {
+		ev = ev.Int("failures", n).Int64("unreachable_ms", time.Since(since).Milliseconds())
+	}
+	ev.Msg("following containerd")
 	resync := time.NewTimer(jitter(s.o.ResyncInterval))
 	defer resync.Stop()
 	for {

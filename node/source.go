@@ -6,6 +6,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/streak"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -58,6 +59,9 @@ type Options struct {
 type Source struct {
 	o         Options
 	connected atomic.Bool
+	// failures is the run of failed attempts to follow containerd, for
+	// the log (Run's goroutine).
+	failures streak.Streak
 	// listed are the namespaces the current session has listed; the
 	// session's goroutine only.
 	listed map[string]bool

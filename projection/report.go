@@ -28,7 +28,7 @@ type ImageReport struct {
 	Names     []string  `json:"names"`
 	Size      int64     `json:"size"`
 	FirstSeen time.Time `json:"firstSeen"`
-	LastUsed  time.Time `json:"lastUsed"`
+	LastUsed  time.Time `json:"lastUsed,omitzero"` // never used: left out
 	Users     []string  `json:"users"`
 	Pinned    bool      `json:"pinned"`
 	// ID is the config digest (CRI's image id), ChainID that of the top

@@ -94,6 +94,9 @@ func (st *Store) buckets(tx *bolt.Tx) (journal, meta *bolt.Bucket, err error) {
 func OpenStore(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
+		if le := locked(path, err); le != nil {
+			return nil, le
+		}
 		return nil, fmt.Errorf("open state %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
@@ -117,6 +120,9 @@ func OpenStore(path string) (*Store, error) {
 func OpenStoreReadOnly(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: true})
 	if err != nil {
+		if le := locked(path, err); le != nil {
+			return nil, le
+		}
 		return nil, fmt.Errorf("open state %s read-only: %w", path, err)
 	}
 	return &Store{db: db, ns: events.CRINamespace, journal: bucketJournal, meta: bucketMeta}, nil

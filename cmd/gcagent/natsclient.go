@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/nats-io/nats.go"
 )
 
 // clusterUsage is --cluster's help, by command.
@@ -39,17 +41,61 @@ func localStateDirFlag(fs *flag.FlagSet, cfg *agent.Config) {
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "the local agent's state dir: without --nats-url, the embedded NATS server's URL and credentials are read from it")
 }
 
+// natsTarget is the server a NATS client tool talks to, to say so when
+// nothing answers there.
+type natsTarget struct {
+	// local: the local agent's embedded server, found through --state-dir
+	// (no --nats-url and no credentials given).
+	local    bool
+	stateDir string
+	url      string // redacted
+	noURL    bool   // local, but the state dir names no URL (no agent ever ran there)
+}
+
+// hint is what to check when nothing answers.
+func (t natsTarget) hint() string {
+	switch {
+	case t.noURL:
+		return fmt.Sprintf(": no agent ever ran with --state-dir %s (no %s there)", t.stateDir, natsbus.LocalURLFile)
+	case t.local:
+		return fmt.Sprintf(": is the agent running with --state-dir %s?", t.stateDir)
+	}
+	return ""
+}
+
+// noAgent is the error of a tool that reached no agent on t.
+func (t natsTarget) noAgent(cause error) error {
+	return fmt.Errorf("no agent answers on %s (%v)%s", t.url, cause, t.hint())
+}
+
+// connectTool connects a tool to t as cfg says; it fails at once, naming
+// the URL, when no server answers there.
+func connectTool(cfg agent.Config, t natsTarget) (*nats.Conn, error) {
+	o := cfg.ConnOptions()
+	o.FailFast = true
+	nc, err := natsbus.Connect(o)
+	if err != nil {
+		cause := errors.Unwrap(err) // natsbus's prefix says nothing here
+		if cause == nil {
+			cause = err
+		}
+		return nil, t.noAgent(cause)
+	}
+	return nc, nil
+}
+
 // parseNATSClient parses a NATS client command's flags, then fills the ones
 // not given from GCAGENT_<FLAG> like run does. The connection is named
 // gcagent/<cluster>/<tool>@<host>, which control requests carry as their caller.
-func parseNATSClient(fs *flag.FlagSet, cfg *agent.Config, args []string, env func(string) string, h help, stdout io.Writer) error {
+func parseNATSClient(fs *flag.FlagSet, cfg *agent.Config, args []string, env func(string) string, h help, stdout io.Writer) (natsTarget, error) {
+	var target natsTarget
 	tool := fs.Name()
 	maxArgs := 0
 	if tool == "ctl" {
 		maxArgs = 1
 	}
 	if err := parseFlags(fs, args, h, stdout, maxArgs); err != nil {
-		return err
+		return target, err
 	}
 	onCLI := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
@@ -65,24 +111,26 @@ func parseNATSClient(fs *flag.FlagSet, cfg *agent.Config, args []string, env fun
 		}
 	})
 	if err != nil {
-		return usageError{err}
+		return target, usageError{err}
 	}
 	if cfg.NATSURL == "" && !cfg.HasNATSAuth() {
 		// The local agent's embedded server: its URL and credentials are in
 		// its state dir.
 		url, seed, err := natsbus.LocalClient(cfg.StateDir)
 		if err != nil {
-			return fmt.Errorf("%v (give --nats-url and credentials, or run as the agent's user)", err)
+			return target, fmt.Errorf("%v (give --nats-url and credentials, or run as the agent's user)", err)
 		}
 		cfg.NATSURL, cfg.NATSNKey = url, seed
+		target = natsTarget{local: true, stateDir: cfg.StateDir, noURL: url == ""}
 	}
 	if cfg.NATSURL == "" {
 		cfg.NATSURL = "nats://" + agent.DefaultConfig().EmbeddedNATSListen
 	}
+	target.url = natsbus.RedactURL(cfg.NATSURL)
 	host, _ := os.Hostname()
 	cfg.NodeName = tool + "@" + host
 	if err := cfg.ConnOptions().Validate(); err != nil {
-		return usageError{fmt.Errorf("invalid NATS settings: %v", err)}
+		return target, usageError{fmt.Errorf("invalid NATS settings: %v", err)}
 	}
-	return nil
+	return target, nil
 }

@@ -47,20 +47,21 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 		About: "Shows the fleet live from NATS: a table of nodes and recent actions, replayed\n" +
 			"from --since and then followed, or the raw CloudEvents (--json). Without\n" +
 			"--nats-url it reads the local agent's embedded server (credentials from --state-dir)."}
-	if err := parseNATSClient(fs, &o.cfg, args, env, h, stdout); err != nil {
+	target, err := parseNATSClient(fs, &o.cfg, args, env, h, stdout)
+	if err != nil {
 		return err
 	}
 	if o.since < 0 || o.refresh <= 0 || o.tail < 0 {
 		return usageError{errors.New("--since and --tail must not be negative, --refresh must be positive")}
 	}
-	nc, err := natsbus.Connect(o.cfg.ConnOptions())
+	nc, err := connectTool(o.cfg, target)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 
 	msgs := make(chan []byte, 4096)
-	stop, err := followEvents(ctx, nc, o, msgs, stderr)
+	stop, err := followEvents(ctx, nc, o, target, msgs, stderr)
 	if err != nil {
 		return err
 	}
@@ -107,8 +108,9 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 // followEvents starts delivering the events of the cluster from now-since
 // on msgs: an ordered consumer on the stream (recreated by nats.go after
 // reconnects), or a core subscription without replay when the server has
-// no stream. It retries until NATS answers or ctx ends.
-func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, msgs chan<- []byte, stderr io.Writer) (func(), error) {
+// no stream. It retries until NATS answers or ctx ends, waiting longer
+// each time (2 s doubling to 30 s), and says why once per cause.
+func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, target natsTarget, msgs chan<- []byte, stderr io.Writer) (func(), error) {
 	cluster := o.cfg.Cluster
 	if cluster != "*" {
 		cluster = natsbus.SafeToken(cluster)
@@ -125,6 +127,7 @@ func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, msgs chan<
 		return nil, err
 	}
 	warned := ""
+	retry := 2 * time.Second
 	for {
 		start := time.Now().Add(-o.since)
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -141,7 +144,8 @@ func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, msgs chan<
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 			errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-			fmt.Fprintf(stderr, "gcagent watch: no stream %s (%v): showing live events only, no history\n", o.cfg.NATSStream, err)
+			fmt.Fprintf(stderr, "gcagent watch: no stream %s on %s (%v)%s; showing live events only, no history\n",
+				o.cfg.NATSStream, target.url, err, target.hint())
 			sub, err := nc.Subscribe(filter, func(m *nats.Msg) { deliver(m.Data) })
 			if err != nil {
 				return nil, err
@@ -150,13 +154,15 @@ func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, msgs chan<
 		}
 		if err.Error() != warned {
 			warned = err.Error()
-			fmt.Fprintf(stderr, "gcagent watch: cannot read stream %s yet: %v; retrying\n", o.cfg.NATSStream, err)
+			fmt.Fprintf(stderr, "gcagent watch: no stream %s answers on %s (%v)%s; retrying\n",
+				o.cfg.NATSStream, target.url, err, target.hint())
 		}
 		select {
 		case <-ctx.Done():
 			return func() {}, nil
-		case <-time.After(2 * time.Second):
+		case <-time.After(retry):
 		}
+		retry = min(retry*2, 30*time.Second)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -229,10 +231,78 @@ func TestCtlCommand(t *testing.T) {
 		t.Errorf("flags after the verb must be refused")
 	}
 	out.Reset()
-	err = ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "--image", "x", "explain"}, env, &out, &errOut)
+	err = ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "--image", "x", "--json", "explain"}, env, &out, &errOut)
 	var r natsbus.ControlReply
 	if jerr := json.Unmarshal(out.Bytes(), &r); jerr != nil || r.ID != "x1" || r.Node != "n1" || r.OK || !strings.Contains(r.Error, "not known to this node") {
 		t.Errorf("explain of an unknown image to all: %v %s %v", err, out.String(), jerr)
+	}
+}
+
+// TestCtlNamesWhatDoesNotAnswer: ctl with no agent says so, naming the
+// URL, at once; with one agent on a fleet's NATS, --node all returns soon
+// after its reply and prints it for a person.
+func TestCtlNamesWhatDoesNotAnswer(t *testing.T) {
+	env := func(string) string { return "" }
+	run := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		start := time.Now()
+		err := ctl(context.Background(), args, env, &out, &errOut)
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("ctl %v took %s", args, took)
+		}
+		return out.String(), err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "nats://" + ln.Addr().String()
+	ln.Close()
+	if _, err := run("--nats-url", dead, "status"); err == nil || !strings.Contains(err.Error(), "no agent answers on "+dead) {
+		t.Errorf("dead URL: %v", err)
+	}
+	empty := t.TempDir()
+	if _, err := run("--state-dir", empty, "status"); err == nil || !strings.Contains(err.Error(), "no agent ever ran with --state-dir "+empty) {
+		t.Errorf("empty state dir: %v", err)
+	}
+
+	s := startTestNATS(t)
+	if _, err := run("--nats-url", s.ClientURL(), "--cluster", "c1", "status"); err == nil ||
+		!strings.Contains(err.Error(), "no agent of cluster c1 answers on "+s.ClientURL()) {
+		t.Errorf("no agent on the server: %v", err)
+	}
+	nc, err := natsbus.Connect(natsbus.ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	live, err := projection.NewSpaces(projection.SpacesOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := agent.DefaultConfig()
+	cfg.Cluster, cfg.NodeName, cfg.ImageFS = "c1", "n1", t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- natsbus.ServeControl(ctx, nc, agent.NewControl(cfg, live), natsbus.ControlOptions{Cluster: "c1", Node: "n1"})
+	}()
+	defer func() { cancel(); <-done }()
+	wait.For(t, 5*time.Second, func() string {
+		out, err := run("--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "10s", "status")
+		if err != nil || !strings.Contains(out, "NODE") || !strings.Contains(out, "\nn1 ") {
+			return fmt.Sprintf("status: %v\n%s", err, out)
+		}
+		return ""
+	})
+	out, err := run("--nats-url", s.ClientURL(), "--cluster", "c1", "plan")
+	if err != nil || !strings.Contains(out, "n1  synced false; disk ") || !strings.Contains(out, "images: 0 to delete") {
+		t.Errorf("plan: %v\n%s", err, out)
+	}
+	t.Logf("ctl plan:\n%s", out)
+	out, err = run("--nats-url", s.ClientURL(), "--cluster", "c1", "--image", "app:1", "explain")
+	if err == nil || !strings.Contains(out, `n1  error: image "app:1" is not known to this node`) {
+		t.Errorf("explain of an unknown image: %v\n%s", err, out)
 	}
 }
 
@@ -245,7 +315,7 @@ func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
 	natsClientFlags(fs, &cfg)
 	image := fs.String("image", "", "")
 	env := envOf(map[string]string{"GCAGENT_NATS_URL": "nats://127.0.0.1:4999", "GCAGENT_IMAGE": "evil:1"})
-	if err := parseNATSClient(fs, &cfg, nil, env, help{}, io.Discard); err != nil {
+	if _, err := parseNATSClient(fs, &cfg, nil, env, help{}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.NATSURL != "nats://127.0.0.1:4999" {
@@ -276,7 +346,7 @@ func TestNATSClientLocalCredentials(t *testing.T) {
 		fs.SetOutput(io.Discard)
 		natsClientFlags(fs, &cfg)
 		localStateDirFlag(fs, &cfg)
-		if err := parseNATSClient(fs, &cfg, args, envOf(env), help{}, io.Discard); err != nil {
+		if _, err := parseNATSClient(fs, &cfg, args, envOf(env), help{}, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		return cfg

@@ -133,7 +133,7 @@ func (h controlHandler) Explain(_ context.Context, query string) (any, error) {
 		}
 	})
 	if digest == "" {
-		return nil, err
+		return nil, natsbus.RequesterError(err) // a typo is not the agent's error
 	}
 	ex := ControlExplanation{Query: query, Usage: p.Images.Usage, High: h.a.cfg.ImageGCHighThreshold,
 		Low: h.a.cfg.ImageGCLowThreshold, Synced: p.Synced}
@@ -161,22 +161,34 @@ func (h controlHandler) Explain(_ context.Context, query string) (any, error) {
 // errImageUnknown: no image of a namespace matches the query.
 var errImageUnknown = errors.New("not known to this node")
 
-// findImage returns the digest of the one image matching query.
+// findImage returns the digest of the one image matching query: a name
+// as stored or in the short form keep patterns match too (app:1 for
+// docker.io/library/app:1, gc.FamiliarName), or a digest or its prefix.
 func findImage(s *projection.State, query string) (string, error) {
 	q := strings.TrimSpace(query)
 	if _, ok := s.Images[q]; ok {
 		return q, nil
 	}
-	var hits []string
+	fq := gc.FamiliarName(q)
+	var hits, named []string
 	for _, d := range slices.Sorted(maps.Keys(s.Images)) {
 		img := s.Images[d]
 		if _, ok := img.Names.Labels(q); ok {
 			return d, nil
 		}
+		for _, n := range img.Names {
+			if gc.FamiliarName(n.Name) == fq {
+				named = append(named, d)
+				break
+			}
+		}
 		hex := strings.TrimPrefix(q, "sha256:")
 		if len(hex) >= 12 && strings.HasPrefix(strings.TrimPrefix(d, "sha256:"), hex) {
 			hits = append(hits, d)
 		}
+	}
+	if len(named) > 0 {
+		hits = named // a name is no digest prefix
 	}
 	switch len(hits) {
 	case 0:

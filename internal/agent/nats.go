@@ -178,7 +178,9 @@ func (a *agent) heartbeat(now time.Time, b *bus) Heartbeat {
 		}
 		hb.ReclaimableBytes = a.reclaimableBytes(states, now)
 	})
-	hb.Outbox, hb.NATSMode = b.pub.Depth(), b.pub.Mode()
+	if b != nil && b.pub != nil { // NewControl's agent has no bus
+		hb.Outbox, hb.NATSMode = b.pub.Depth(), b.pub.Mode()
+	}
 	if a.lastGC != nil {
 		hb.LastGC = a.lastGC()
 	}
