@@ -204,7 +204,7 @@ func TestDemo(t *testing.T) {
 // briefFields keeps the log fields an operator reads first.
 func briefFields(e map[string]any) string {
 	var out []string
-	for _, k := range []string{"image", "container", "name", "reason", "bytes", "freed", "usage", "trigger", "latency"} {
+	for _, k := range []string{"image", "container", "name", "reason", "size_bytes", "freed_bytes", "usage", "trigger", "latency_s"} {
 		if v, ok := e[k]; ok {
 			out = append(out, fmt.Sprintf("%s=%v", k, v))
 		}

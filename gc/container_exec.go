@@ -348,7 +348,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			m.latency.WithLabelValues(kind).Observe(max(latency, 0).Seconds())
 		}
 	}
-	e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Float64("latency_s", latency.Seconds()).Msg("removed")
+	e.event(e.log.Info(), it, kind).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).Msg("removed")
 	removal.At, removal.LatencySecs = r.At, latency.Seconds()
 	if owner.Owner != "" {
 		removal.OwnerState = &owner
@@ -379,8 +379,8 @@ func (e *ContainerExecutor) dryRun(it ContainerItem, kind, key string, removal C
 		return r
 	}
 	latency := r.At.Sub(r.EligibleAt)
-	e.event(e.log.Info(), it, kind).Time("exitedAt", it.ExitedAt).Float64("latency_s", latency.Seconds()).
-		Bool("dryRun", true).Msg("would remove")
+	e.event(e.log.Info(), it, kind).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).
+		Bool("dry_run", true).Msg("would remove")
 	removal.At, removal.LatencySecs, removal.DryRun = r.At, latency.Seconds(), true
 	if err := e.pub.Publish(Action{Kind: "container", Action: ActionSkipped, Subject: it.ID, Key: key,
 		Data: ContainerSkip{ContainerRemoval: removal, SkipReason: schema.ReasonDryRun}}); err != nil {

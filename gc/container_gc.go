@@ -154,9 +154,9 @@ func (g *ContainerGC) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	g.log.Info().Str("prune", string(g.opts.Policy.Prune)).Dur("minAge", g.opts.Policy.MinAge).
-		Int("maxPerContainer", g.opts.Policy.MaxPerEvictUnit).Int("maxContainers", g.opts.Policy.MaxContainers).
-		Bool("dryRun", g.opts.DryRun).Msg("container gc started")
+	g.log.Info().Str("prune", string(g.opts.Policy.Prune)).Float64("min_age_s", g.opts.Policy.MinAge.Seconds()).
+		Int("max_per_container", g.opts.Policy.MaxPerEvictUnit).Int("max_containers", g.opts.Policy.MaxContainers).
+		Bool("dry_run", g.opts.DryRun).Msg("container gc started")
 	timer := g.opts.Clock.NewTimer(0) // the first pass now
 	defer timer.Stop()
 	var last, next time.Time // the last pass; when the timer fires

@@ -285,14 +285,14 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	rep.add(func(quiet bool) {
 		log.WithLevel(level(zerolog.InfoLevel, quiet)).Str("trigger", trigger).Int("usage", plan.Usage).
 			Int("high", g.o.Policy.HighThresholdPercent).Int("low", g.o.Policy.LowThresholdPercent).Bool("triggered", plan.Triggered).
-			Int64("amount_to_free", plan.AmountToFree).Int("planned", len(plan.Delete)).Int64("bytes", plan.EstimatedBytes).
+			Int64("amount_to_free_bytes", plan.AmountToFree).Int("planned", len(plan.Delete)).Int64("estimated_bytes", plan.EstimatedBytes).
 			Str("shortfall", pass.Shortfall).Bool("dry_run", g.o.DryRun).Msg("image gc pass started")
 		if !quiet {
 			g.publish(Action{Kind: "gc", Action: "started", Subject: "image", Key: key, Data: started}, log)
 		}
 	})
 	for _, it := range plan.Keep {
-		log.Debug().Str("namespace", it.Namespace).Str("image", firstName(it.Names)).Str("digest", it.Digest).Strs("names", it.Names).Int64("bytes", it.Size).
+		log.Debug().Str("namespace", it.Namespace).Str("image", firstName(it.Names)).Str("digest", it.Digest).Strs("names", it.Names).Int64("size_bytes", it.Size).
 			Str("reason", string(it.Reason)).Str("rule", it.Rule).Msg("image kept")
 	}
 
@@ -329,8 +329,8 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	g.lastOutcome = outcome
 	rep.add(func(quiet bool) {
 		log.WithLevel(level(lvl, quiet)).Err(res.Err).Str("trigger", trigger).Int("removed", len(pass.Removed)).
-			Int("skipped", len(pass.Skipped)).Int64("bytes", pass.EstimatedBytes).Int64("freed", pass.FreedBytes).
-			Int("usage", pass.UsageAfter).Bool("low_reached", pass.LowReached).Dur("took", pass.End.Sub(pass.Start)).
+			Int("skipped", len(pass.Skipped)).Int64("estimated_bytes", pass.EstimatedBytes).Int64("freed_bytes", pass.FreedBytes).
+			Int("usage", pass.UsageAfter).Bool("low_reached", pass.LowReached).Float64("took_ms", float64(pass.End.Sub(pass.Start).Microseconds())/1000).
 			Bool("unchanged", quiet).Msg("image gc pass " + result)
 		if !quiet {
 			g.publish(Action{Kind: "gc", Action: result, Subject: "image", Key: key, Data: passData(pass)}, log)
@@ -375,8 +375,8 @@ func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log z
 		if o.Action == ActionRemoved {
 			ev = ev.Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
 		}
-		ev.Str("namespace", o.Namespace).Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("bytes", o.Size).
-			Int64("freed", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
+		ev.Str("namespace", o.Namespace).Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("size_bytes", o.Size).
+			Int64("freed_bytes", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
 			Msg("image " + o.Action)
 		// A removal's event was stored by its delete transaction.
 		if !quiet && o.Action != ActionRemoved {

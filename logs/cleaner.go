@@ -387,7 +387,7 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		ev, msg = c.log.Warn().Err(err), "removed in part"
 		err = fmt.Errorf("remove %s: removed in part: %w", path, err)
 	}
-	c.event(ev, path, d).Int64("bytes", r.Bytes).Int("entries", r.Entries).Dur("latency", latency).Msg(msg)
+	c.event(ev, path, d).Int64("size_bytes", r.Bytes).Int("entries", r.Entries).Float64("latency_s", latency.Seconds()).Msg(msg)
 	if cerr := tx.Commit(r); cerr != nil {
 		c.metrics.error("publish")
 		c.log.Warn().Str("path", path).Err(cerr).Msg("store the removal's event")
@@ -416,7 +416,7 @@ func (c *Cleaner) dryRun(root int, e Entry, planned Decision, r Removal, t *trac
 	t.dryRun = true
 	r.At, r.DryRun = c.now(), true
 	latency := r.At.Sub(planned.EligibleAt)
-	c.event(c.log.Info(), path, planned).Int64("bytes", r.Bytes).Dur("latency", latency).Bool("dryRun", true).Msg("would remove")
+	c.event(c.log.Info(), path, planned).Int64("size_bytes", r.Bytes).Float64("latency_s", latency.Seconds()).Bool("dry_run", true).Msg("would remove")
 	if c.pub == nil {
 		return nil
 	}

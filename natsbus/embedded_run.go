@@ -131,7 +131,7 @@ func (e *Embedded) try() bool {
 	default:
 	}
 	if e.lastErr != nil {
-		e.log.Info().Dur("down_for", time.Since(e.since)).Str("url", s.ClientURL()).Msg("embedded NATS server started after retrying")
+		e.log.Info().Float64("down_for_s", time.Since(e.since).Seconds()).Str("url", s.ClientURL()).Msg("embedded NATS server started after retrying")
 	}
 	e.srv, e.lastErr = s, nil
 	e.up.Set(1)

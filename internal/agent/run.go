@@ -35,18 +35,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// NewLogger is the agent's logger as cfg says (format, level, node).
-func NewLogger(cfg Config, w io.Writer) zerolog.Logger {
-	if cfg.LogFormat == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
-	}
-	level, err := zerolog.ParseLevel(cfg.LogLevel)
-	if err != nil || cfg.LogLevel == "" {
-		level = zerolog.InfoLevel
-	}
-	return zerolog.New(w).Level(level).With().Timestamp().Str("node", cfg.NodeName).Logger()
-}
-
 // agent is the running daemon's parts. Each component (image GC, container
 // GC, logs, NATS) adds its field and starts from run.
 type agent struct {
@@ -197,7 +185,7 @@ func continueClock(cfg Config, log zerolog.Logger) (clk *clock.Clock, skew *cloc
 	file = filepath.Join(cfg.StateDir, clock.File)
 	clk, stepped := clock.Continue(skew, file)
 	if stepped != 0 {
-		log.Warn().Str("component", "clock").Dur("step", stepped).
+		log.Warn().Str("component", "clock").Float64("step_s", stepped.Seconds()).
 			Msg("the wall clock stepped while the agent was down; ages go on from the agent's own time")
 	}
 	return clk, skew, file, nil
@@ -414,7 +402,7 @@ func returnListing(log zerolog.Logger) func() {
 		debug.FreeOSMemory()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
-		log.Debug().Uint64("heap_in_use", m.HeapInuse).Uint64("heap_released", m.HeapReleased).
+		log.Debug().Uint64("heap_in_use_bytes", m.HeapInuse).Uint64("heap_released_bytes", m.HeapReleased).
 			Msg("listing applied: its memory returned")
 	}
 }

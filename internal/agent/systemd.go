@@ -80,7 +80,7 @@ func (s *systemdNotify) run(ctx context.Context) error {
 		t := time.NewTicker(s.watchdog / 2)
 		defer t.Stop()
 		tick = t.C
-		s.log.Info().Dur("watchdog", s.watchdog).Msg("feeding the systemd watchdog while the event loop is healthy")
+		s.log.Info().Float64("watchdog_s", s.watchdog.Seconds()).Msg("feeding the systemd watchdog while the event loop is healthy")
 	}
 	healthy := true
 	feed := func() {

@@ -57,7 +57,7 @@ func testSkew() (*clock.Skew, error) { return clock.SkewFromEnv() }
 // followTestSkew re-reads the test-only clock offset file until ctx ends:
 // end-to-end tests step the emulated wall clock by writing it.
 func followTestSkew(ctx context.Context, skew *clock.Skew, path string, log zerolog.Logger) error {
-	log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset enabled (" + clock.TestOffsetEnv + ")")
+	log.Warn().Str("component", "clock").Float64("offset_s", skew.Get().Seconds()).Msg("test clock offset enabled (" + clock.TestOffsetEnv + ")")
 	t := time.NewTicker(clock.TestOffsetPoll)
 	defer t.Stop()
 	for {
@@ -66,7 +66,7 @@ func followTestSkew(ctx context.Context, skew *clock.Skew, path string, log zero
 			return nil
 		case <-t.C:
 			if skew.ReadFile(path) {
-				log.Warn().Str("component", "clock").Dur("offset", skew.Get()).Msg("test clock offset stepped")
+				log.Warn().Str("component", "clock").Float64("offset_s", skew.Get().Seconds()).Msg("test clock offset stepped")
 			}
 		}
 	}
