@@ -21,8 +21,11 @@ TAGS ?=
 comma := ,
 BUILD_TAGS := grpcnotrace$(if $(TAGS),$(comma)$(TAGS))
 export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
+# The Helm chart's tests are a module of their own: Helm's Go SDK would move
+# bbolt, prometheus/client_golang and others up in the agent's go.mod.
+HELM_MODULE := deploy/helm
 
-.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz
+.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz chart manifest
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -79,6 +82,19 @@ lint: ## gofmt and go vet (also of the agent built without the embedded NATS ser
 	$(GO) vet ./...
 	$(GO) vet -tags noembeddednats ./cmd/gcagent/
 	$(GO) vet -tags testhooks ./internal/agent/
+
+chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deploy/kubernetes/gcagent.yaml, every value set, strict typed decode), gofmt, vet and tidy-check of its module
+	@cd $(HELM_MODULE) && out=$$(gofmt -l .) && if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	@cd $(HELM_MODULE) && cp go.mod /tmp/gcagent-helm.go.mod.bak && cp go.sum /tmp/gcagent-helm.go.sum.bak && $(GO) mod tidy && \
+	if ! diff -q go.mod /tmp/gcagent-helm.go.mod.bak >/dev/null || ! diff -q go.sum /tmp/gcagent-helm.go.sum.bak >/dev/null; then \
+		cp /tmp/gcagent-helm.go.mod.bak go.mod; cp /tmp/gcagent-helm.go.sum.bak go.sum; echo "go mod tidy would change $(HELM_MODULE)/go.mod/go.sum"; exit 1; fi
+	cd $(HELM_MODULE) && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+manifest: ## regenerate deploy/kubernetes/gcagent.yaml: the chart rendered with its default values
+	cd $(HELM_MODULE) && $(GO) test -count=1 -run '^TestManifestIsChartDefault$$' . -update-manifest
+
+# The chart's module is outside ./..., so test runs it too.
+test: chart
 
 tidy-check: ## fail if go mod tidy would change go.mod or go.sum
 	@cp go.mod /tmp/gcagent.go.mod.bak; cp go.sum /tmp/gcagent.go.sum.bak; \
