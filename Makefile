@@ -4,9 +4,12 @@ GO ?= go
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2_DIR ?= $(HOME)/.cache/gcagent/containerd-$(CONTAINERD2_VERSION)
 APT_PACKAGES := containerd runc busybox-static prometheus systemd
-# VERSION and COMMIT are stamped into the binary (`gcagent version`) and name the image.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# VERSION is the release, read from the VERSION file: stamped into the binary
+# (`gcagent version`), the image's tag, the chart's appVersion and the
+# manifest's image (deploy/version_test.go fails when they differ). COMMIT is
+# the commit, with -dirty for a changed tree.
+VERSION ?= $(shell cat VERSION)
+COMMIT ?= $(shell git describe --always --dirty --abbrev=40 --exclude='*' 2>/dev/null || echo unknown)
 COMMIT_TIME ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 LDFLAGS := -X github.com/gcagent/gcagent/internal/version.Version=$(VERSION) -X github.com/gcagent/gcagent/internal/version.Commit=$(COMMIT)
 # TAGS are Go build tags for `build` and `image`: TAGS=noembeddednats leaves
