@@ -24,6 +24,9 @@ TAGS ?=
 comma := ,
 BUILD_TAGS := grpcnotrace$(if $(TAGS),$(comma)$(TAGS))
 export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
+CRICTL_VERSION := v1.37.0
+CRICTL_DIR ?= $(HOME)/.cache/gcagent/crictl-$(CRICTL_VERSION)
+export GCAGENT_CRICTL_DIR := $(CRICTL_DIR)
 # The Helm chart's tests are a module of their own: Helm's Go SDK would move
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
@@ -33,7 +36,7 @@ HELM_MODULE := deploy/helm
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr (go install), Go modules
+deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr, crictl (go install), Go modules
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
@@ -45,6 +48,10 @@ deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-stat
 			github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD2_VERSION) \
 			github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION) \
 			github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD2_VERSION); \
+	fi
+	@if [ ! -x $(CRICTL_DIR)/crictl ]; then \
+		echo "building crictl $(CRICTL_VERSION) into $(CRICTL_DIR)"; \
+		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
 	fi
 	@$(GO) mod download
 
