@@ -4,9 +4,12 @@ GO ?= go
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2_DIR ?= $(HOME)/.cache/gcagent/containerd-$(CONTAINERD2_VERSION)
 APT_PACKAGES := containerd runc busybox-static prometheus systemd
-# VERSION and COMMIT are stamped into the binary (`gcagent version`) and name the image.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# VERSION is the release, read from the VERSION file: stamped into the binary
+# (`gcagent version`), the image's tag, the chart's appVersion and the
+# manifest's image (deploy/version_test.go fails when they differ). COMMIT is
+# the commit, with -dirty for a changed tree.
+VERSION ?= $(shell cat VERSION)
+COMMIT ?= $(shell git describe --always --dirty --abbrev=40 --exclude='*' 2>/dev/null || echo unknown)
 COMMIT_TIME ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 LDFLAGS := -X github.com/gcagent/gcagent/internal/version.Version=$(VERSION) -X github.com/gcagent/gcagent/internal/version.Commit=$(COMMIT)
 # TAGS are Go build tags for `build` and `image`: TAGS=noembeddednats leaves
@@ -21,13 +24,19 @@ TAGS ?=
 comma := ,
 BUILD_TAGS := grpcnotrace$(if $(TAGS),$(comma)$(TAGS))
 export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
+CRICTL_VERSION := v1.37.0
+CRICTL_DIR ?= $(HOME)/.cache/gcagent/crictl-$(CRICTL_VERSION)
+export GCAGENT_CRICTL_DIR := $(CRICTL_DIR)
+# The Helm chart's tests are a module of their own: Helm's Go SDK would move
+# bbolt, prometheus/client_golang and others up in the agent's go.mod.
+HELM_MODULE := deploy/helm
 
-.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz
+.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz chart manifest
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr (go install), Go modules
+deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr, crictl (go install), Go modules
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
@@ -39,6 +48,10 @@ deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-stat
 			github.com/containerd/containerd/v2/cmd/containerd@$(CONTAINERD2_VERSION) \
 			github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$(CONTAINERD2_VERSION) \
 			github.com/containerd/containerd/v2/cmd/ctr@$(CONTAINERD2_VERSION); \
+	fi
+	@if [ ! -x $(CRICTL_DIR)/crictl ]; then \
+		echo "building crictl $(CRICTL_VERSION) into $(CRICTL_DIR)"; \
+		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
 	fi
 	@$(GO) mod download
 
@@ -79,6 +92,19 @@ lint: ## gofmt and go vet (also of the agent built without the embedded NATS ser
 	$(GO) vet ./...
 	$(GO) vet -tags noembeddednats ./cmd/gcagent/
 	$(GO) vet -tags testhooks ./internal/agent/
+
+chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deploy/kubernetes/gcagent.yaml, every value set, strict typed decode), gofmt, vet and tidy-check of its module
+	@cd $(HELM_MODULE) && out=$$(gofmt -l .) && if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	@cd $(HELM_MODULE) && cp go.mod /tmp/gcagent-helm.go.mod.bak && cp go.sum /tmp/gcagent-helm.go.sum.bak && $(GO) mod tidy && \
+	if ! diff -q go.mod /tmp/gcagent-helm.go.mod.bak >/dev/null || ! diff -q go.sum /tmp/gcagent-helm.go.sum.bak >/dev/null; then \
+		cp /tmp/gcagent-helm.go.mod.bak go.mod; cp /tmp/gcagent-helm.go.sum.bak go.sum; echo "go mod tidy would change $(HELM_MODULE)/go.mod/go.sum"; exit 1; fi
+	cd $(HELM_MODULE) && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+manifest: ## regenerate deploy/kubernetes/gcagent.yaml: the chart rendered with its default values
+	cd $(HELM_MODULE) && $(GO) test -count=1 -run '^TestManifestIsChartDefault$$' . -update-manifest
+
+# The chart's module is outside ./..., so test runs it too.
+test: chart
 
 tidy-check: ## fail if go mod tidy would change go.mod or go.sum
 	@cp go.mod /tmp/gcagent.go.mod.bak; cp go.sum /tmp/gcagent.go.sum.bak; \

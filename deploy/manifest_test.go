@@ -170,3 +170,36 @@ func envValue(c corev1.Container, name string) string {
 	}
 	return ""
 }
+
+// TestDaemonSetStartupProbe: a startup probe on /readyz every second brings
+// the pod to ready within about a second of the agent being ready (the
+// kubelet runs the readiness probe at once when the startup probe first
+// succeeds) instead of a whole readiness periodSeconds later; it allows
+// minutes before a restart, and the readiness and liveness probes keep
+// their periods.
+func TestDaemonSetStartupProbe(t *testing.T) {
+	m, err := DecodeManifest(ManifestYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.AgentContainer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := c.StartupProbe
+	switch {
+	case sp == nil || sp.HTTPGet == nil || sp.HTTPGet.Path != "/readyz":
+		t.Fatalf("startupProbe %+v: want an HTTP GET of /readyz", sp)
+	case sp.PeriodSeconds != 1:
+		t.Errorf("startupProbe periodSeconds %d, want 1", sp.PeriodSeconds)
+	case sp.FailureThreshold*sp.PeriodSeconds < 120:
+		t.Errorf("startupProbe allows %ds before a restart, want at least 120", sp.FailureThreshold*sp.PeriodSeconds)
+	}
+	if sp.HTTPGet.Port != c.ReadinessProbe.HTTPGet.Port {
+		t.Errorf("startupProbe port %v, readiness %v", sp.HTTPGet.Port, c.ReadinessProbe.HTTPGet.Port)
+	}
+	if c.ReadinessProbe.PeriodSeconds != 10 || c.LivenessProbe.PeriodSeconds != 20 || c.LivenessProbe.FailureThreshold != 3 {
+		t.Errorf("readiness period %d, liveness period %d threshold %d: want 10, 20, 3 as before",
+			c.ReadinessProbe.PeriodSeconds, c.LivenessProbe.PeriodSeconds, c.LivenessProbe.FailureThreshold)
+	}
+}

@@ -9,8 +9,9 @@ import (
 
 // TestEmbeddedStoreBoundOnAnOlderLargerStream: an embedded store created
 // before the store bound holds a stream larger than the bound; the server
-// refuses to shrink it. The publisher still delivers to it (and says so)
-// instead of retrying forever with every event stuck in the outbox.
+// refuses to shrink it. The publisher still delivers to it and says so in
+// one line with the server's cause, instead of retrying forever with every
+// event stuck in the outbox.
 func TestEmbeddedStoreBoundOnAnOlderLargerStream(t *testing.T) {
 	stateDir := t.TempDir()
 	s, err := StartEmbedded(EmbeddedOptions{StateDir: stateDir, Listen: "127.0.0.1:-1"})
@@ -44,7 +45,10 @@ func TestEmbeddedStoreBoundOnAnOlderLargerStream(t *testing.T) {
 	}
 	wait.Until(t, 10*time.Second, "the second event stored", func() bool { return p.Depth() == 0 && p.Mode() == ModeJetStream })
 	assertExactlyOnce(t, nc, []string{actionID(1), actionID(2)})
-	if n := len(log.lines(t, "the server refuses this agent's stream config: using the existing stream as it is (delete it to get the new bounds)")); n != 1 {
-		t.Errorf("%d warning lines, want 1", n)
+	if l := log.lines(t, "the server refuses this agent's stream config: using the existing stream as it is (delete it to get the new bounds)"); len(l) != 1 ||
+		l[0]["error"] == nil || l[0]["max_bytes"] != float64(DefaultStreamMaxBytes) || l[0]["want_max_bytes"] != float64(256<<20) {
+		t.Errorf("warning lines %v, want one with the cause, the stream's and the wanted max_bytes", l)
+	} else {
+		t.Logf("cause: %v", l[0]["error"])
 	}
 }

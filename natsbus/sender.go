@@ -134,35 +134,7 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 	if p.opts.NoCreateStream {
 		s, err = p.js.Stream(ctx, p.opts.Stream)
 	} else {
-		s, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:        p.opts.Stream,
-			Description: "gcagent events, one CloudEvent per action",
-			Subjects:    []string{EventPrefix + ".>"},
-			Storage:     jetstream.FileStorage,
-			Retention:   jetstream.LimitsPolicy,
-			Discard:     jetstream.DiscardOld,
-			MaxAge:      p.opts.StreamMaxAge,
-			MaxBytes:    p.opts.StreamMaxBytes,
-			Duplicates:  p.opts.DuplicateWindow,
-			Replicas:    p.opts.Replicas,
-		})
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // exists with another config: use it as it is
-			s, err = p.js.Stream(ctx, p.opts.Stream)
-		} else if err != nil {
-			// The server refuses the config for a stream that exists (e.g. an
-			// older, larger stream under a smaller JetStream store bound):
-			// deliver to it as it is rather than not at all, and say so.
-			if old, serr := p.js.Stream(ctx, p.opts.Stream); serr == nil {
-				if !p.warnedCfg {
-					p.warnedCfg = true
-					c := old.CachedInfo().Config
-					p.log.Warn().Err(err).Str("stream", p.opts.Stream).Int64("max_bytes", c.MaxBytes).Dur("max_age", c.MaxAge).
-						Int64("want_max_bytes", p.opts.StreamMaxBytes).Dur("want_max_age", p.opts.StreamMaxAge).
-						Msg("the server refuses this agent's stream config: using the existing stream as it is (delete it to get the new bounds)")
-				}
-				s, err = old, nil
-			}
-		}
+		s, err = p.ensureStream(ctx)
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return ModeCore, nil

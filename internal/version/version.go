@@ -4,8 +4,8 @@
 package version
 
 var (
-	// Version is the release (git describe), "dev" when not stamped.
+	// Version is the release (the VERSION file), "dev" when not stamped.
 	Version = "dev"
-	// Commit is the full commit hash, "unknown" when not stamped.
+	// Commit is the full commit hash (with -dirty for a changed tree), "unknown" when not stamped.
 	Commit = "unknown"
 )
