@@ -144,7 +144,7 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 	}
 	if w := s.CachedInfo().Config.Duplicates; w < p.opts.MaxAge && !p.warnedDup {
 		p.warnedDup = true
-		p.log.Warn().Str("stream", p.opts.Stream).Dur("duplicate_window", w).Dur("max_age", p.opts.MaxAge).
+		p.log.Warn().Str("stream", p.opts.Stream).Float64("duplicate_window_s", w.Seconds()).Float64("max_age_s", p.opts.MaxAge.Seconds()).
 			Msg("stream duplicate window is shorter than the outbox max age: a retry after a longer outage may store an event twice")
 	}
 	return ModeJetStream, nil
@@ -265,7 +265,7 @@ func (p *Publisher) reportDrop(d drop) {
 		return
 	}
 	p.log.Error().Int("dropped", d.n).Str("oldest_id", d.oldest).Int("depth", n).
-		Int("max_entries", p.opts.MaxEntries).Int64("max_bytes", p.opts.MaxBytes).Dur("max_age", p.opts.MaxAge).
+		Int("max_entries", p.opts.MaxEntries).Int64("max_bytes", p.opts.MaxBytes).Float64("max_age_s", p.opts.MaxAge.Seconds()).
 		Msg("outbox over its bound: dropped the oldest events unsent")
 }
 

@@ -59,7 +59,7 @@ func (p *Publisher) ensureStream(ctx context.Context) (jetstream.Stream, error) 
 			return p.js.Stream(ctx, want.Name)
 		}
 		if err == nil {
-			p.log.Info().Str("stream", want.Name).Int64("max_bytes", want.MaxBytes).Dur("max_age", want.MaxAge).
+			p.log.Info().Str("stream", want.Name).Int64("max_bytes", want.MaxBytes).Float64("max_age_s", want.MaxAge.Seconds()).
 				Msg("stream created")
 		}
 		return s, err
@@ -75,15 +75,15 @@ func (p *Publisher) ensureStream(ctx context.Context) (jetstream.Stream, error) 
 	next.MaxBytes, next.MaxAge, next.Duplicates = want.MaxBytes, want.MaxAge, want.Duplicates
 	updated, uerr := p.js.UpdateStream(ctx, next)
 	if uerr == nil {
-		p.log.Info().Str("stream", want.Name).Int64("max_bytes", next.MaxBytes).Dur("max_age", next.MaxAge).
-			Dur("duplicate_window", next.Duplicates).Int64("was_max_bytes", have.MaxBytes).Dur("was_max_age", have.MaxAge).
-			Dur("was_duplicate_window", have.Duplicates).Msg("stream config updated")
+		p.log.Info().Str("stream", want.Name).Int64("max_bytes", next.MaxBytes).Float64("max_age_s", next.MaxAge.Seconds()).
+			Float64("duplicate_window_s", next.Duplicates.Seconds()).Int64("was_max_bytes", have.MaxBytes).Float64("was_max_age_s", have.MaxAge.Seconds()).
+			Float64("was_duplicate_window_s", have.Duplicates.Seconds()).Msg("stream config updated")
 		return updated, nil
 	}
 	if !p.warnedCfg {
 		p.warnedCfg = true
-		p.log.Warn().Err(uerr).Str("stream", want.Name).Int64("max_bytes", have.MaxBytes).Dur("max_age", have.MaxAge).
-			Int64("want_max_bytes", want.MaxBytes).Dur("want_max_age", want.MaxAge).
+		p.log.Warn().Err(uerr).Str("stream", want.Name).Int64("max_bytes", have.MaxBytes).Float64("max_age_s", have.MaxAge.Seconds()).
+			Int64("want_max_bytes", want.MaxBytes).Float64("want_max_age_s", want.MaxAge.Seconds()).
 			Msg("the server refuses this agent's stream config: using the existing stream as it is (delete it to get the new bounds)")
 	}
 	return s, nil
