@@ -66,7 +66,9 @@ type TailLine struct {
 	Reason  string // why it was removed or skipped
 	Trigger string // what started a GC pass
 	Bytes   int64  // freed (measured) or else estimated; 0 unknown
-	Error   string
+	// Measured says Bytes is what statfs saw freed, not the estimate.
+	Measured bool
+	Error    string
 }
 
 // Row is one node of the fleet table as of a given time.
@@ -112,14 +114,15 @@ func (f *Fleet) Apply(ev natsbus.CloudEvent) {
 			n.pass(ev.Time, action, d.FreedBytes)
 		}
 		line.Trigger, line.Bytes, line.Error = d.Trigger, cmp.Or(d.FreedBytes, d.EstimatedBytes), d.Error
+		line.Measured = d.FreedBytes != 0
 	case *ImageEvent:
 		line.Subject = inNamespace(d.Namespace, imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject)))
-		line.Reason, line.Bytes = string(d.Reason), cmp.Or(d.Freed, d.Size)
+		line.Reason, line.Bytes, line.Measured = string(d.Reason), cmp.Or(d.Freed, d.Size), d.Freed != 0
 	case *ContainerEvent:
 		line.Subject = inNamespace(d.Namespace, containerLabel(ev.Subject, d.PodNamespace, d.PodName, d.ContainerName))
 		line.Reason = string(d.Reason)
 	case *LogEvent:
-		line.Reason, line.Bytes, line.Error = string(d.Reason), d.Bytes, d.Error
+		line.Reason, line.Bytes, line.Error, line.Measured = string(d.Reason), d.Bytes, d.Error, d.Bytes != 0
 	case *StateReset:
 		line.Error = d.Error
 	}

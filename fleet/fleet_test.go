@@ -88,10 +88,10 @@ func TestTailFields(t *testing.T) {
 		f.Apply(ev)
 	}
 	want := []TailLine{
-		{Type: "gc.completed", Subject: "image", Trigger: "disk", Bytes: 7},
+		{Type: "gc.completed", Subject: "image", Trigger: "disk", Bytes: 7, Measured: true},
 		{Type: "gc.started", Subject: "image", Trigger: "age", Bytes: 5},
 		{Type: "image.removed", Subject: "sha256:aa", Reason: "space", Bytes: 5},
-		{Type: "log.removed", Subject: "/var/log/pods/x", Reason: "dangling", Bytes: 9, Error: "partly"},
+		{Type: "log.removed", Subject: "/var/log/pods/x", Reason: "dangling", Bytes: 9, Measured: true, Error: "partly"},
 		{Type: "agent.state_reset", Subject: "n1", Error: "bad json"},
 		{Type: "agent.started", Subject: "n1"},
 		{Type: "log.removed", Subject: "/var/log/pods/y", Reason: "gone"},

@@ -184,7 +184,7 @@ func renderFleet(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int
 	}
 	fmt.Fprint(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tNODE\tDISK\tIMAGES\tLAST GC\tFREED 1H\tFAILURES 1H\tREMOVED (img/ctr/log)\tOUTBOX\tHEARTBEAT")
+	fmt.Fprintln(tw, "CLUSTER\tNODE\tDISK\tIMAGES\tLAST GC\tFREED 1H (MEASURED)\tFAILURES 1H\tREMOVED (img/ctr/log)\tOUTBOX\tHEARTBEAT")
 	for _, r := range rows {
 		disk, images, hb, last := "?", "?", "never", "never"
 		if r.DiskUsagePercent >= 0 {
@@ -230,8 +230,11 @@ func tailDetail(l fleet.TailLine) string {
 	if l.Trigger != "" {
 		detail = "trigger=" + l.Trigger
 	}
-	if l.Bytes > 0 {
-		detail += " " + humanBytes(l.Bytes)
+	switch {
+	case l.Bytes > 0 && l.Measured:
+		detail += " freed " + humanBytes(l.Bytes)
+	case l.Bytes > 0:
+		detail += " est. " + humanBytes(l.Bytes)
 	}
 	if l.Error != "" {
 		detail += " error=" + l.Error

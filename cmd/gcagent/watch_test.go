@@ -67,10 +67,11 @@ func TestTailDetail(t *testing.T) {
 	}{
 		{"empty", fleet.TailLine{}, ""},
 		{"reason", fleet.TailLine{Reason: "space"}, "space"},
-		{"reason and bytes", fleet.TailLine{Reason: "space", Bytes: 1 << 20}, "space 1.0MiB"},
+		{"reason and bytes", fleet.TailLine{Reason: "space", Bytes: 1 << 20}, "space est. 1.0MiB"},
+		{"measured bytes", fleet.TailLine{Reason: "space", Bytes: 1 << 20, Measured: true}, "space freed 1.0MiB"},
 		{"trigger wins", fleet.TailLine{Reason: "x", Trigger: "disk"}, "trigger=disk"},
-		{"bytes alone", fleet.TailLine{Bytes: 1 << 20}, "1.0MiB"},
-		{"all", fleet.TailLine{Trigger: "disk", Bytes: 1 << 20, Error: "boom"}, "trigger=disk 1.0MiB error=boom"},
+		{"bytes alone", fleet.TailLine{Bytes: 1 << 20}, "est. 1.0MiB"},
+		{"all", fleet.TailLine{Trigger: "disk", Bytes: 1 << 20, Error: "boom"}, "trigger=disk est. 1.0MiB error=boom"},
 		{"error alone", fleet.TailLine{Error: "boom"}, "error=boom"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
