@@ -420,26 +420,21 @@ func TestContainerExecutorEligibility(t *testing.T) {
 func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
 	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
 	s := nodeState()
-	plan := PlanContainers(s, p, at(time.Minute))
+	// u2's log dir is gone and its sandbox stopped: it is deleted, and its
+	// sandbox goes in the same pass as its container, after it.
+	plan := PlanContainersWith(s, p, at(time.Minute), func(uid, _, _ string) bool { return uid != "u2" })
 	f := newFakeContainerRuntime()
 	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{})
 	if _, err := e.Apply(context.Background(), plan, p); err != nil {
 		t.Fatal(err)
 	}
-	// Containers go on parallel workers, in any order; the newest sandbox
-	// of a pod stays while its containers exist.
-	want := []string{"cri-remove app-1", "cri-remove app-2", "cri-remove app-3", "cri-remove gone-1", "delete-native n-dead"}
-	if got := slices.Sorted(slices.Values(f.Deletes())); !slices.Equal(got, want) {
-		t.Fatalf("first pass deletes %v, want %v", got, want)
+	// Containers go on parallel workers, in any order, then the sandboxes.
+	want := []string{"cri-remove app-1", "cri-remove app-2", "cri-remove app-3", "cri-remove gone-1", "delete-native n-dead", "sandbox-remove sb2"}
+	got := f.Deletes()
+	if sorted := slices.Sorted(slices.Values(got)); !slices.Equal(sorted, want) {
+		t.Fatalf("deletes %v, want %v", sorted, want)
 	}
-	// The next pass, with the pod's containers gone, removes its sandbox.
-	for _, id := range []string{"app-1", "app-2", "app-3", "gone-1", "n-dead"} {
-		s.Apply(remove(time.Minute, id))
-	}
-	if _, err := e.Apply(context.Background(), PlanContainers(s, p, at(2*time.Minute)), p); err != nil {
-		t.Fatal(err)
-	}
-	if got := f.Deletes(); len(got) != len(want)+1 || got[len(got)-1] != "sandbox-remove sb2" {
+	if got[len(got)-1] != "sandbox-remove sb2" {
 		t.Fatalf("deletes %v: want the sandbox after its containers", got)
 	}
 	if !slices.Contains(f.Calls(), "sandbox-liveness sb2") {

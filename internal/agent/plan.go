@@ -117,7 +117,7 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	}
 	doc.Images = gc.PlanImages(states, disk, p, doc.At)
 	doc.ContainerPolicy = cfg.ContainerPolicy()
-	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, logs.PodLogDirExists(cfg.PodLogDir))
+	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, podKept(cfg.PodLogDir))
 	doc.LogsConfig = cfg.LogsConfig()
 	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
 	// empty and unsynced, and the log plan removes nothing.
