@@ -149,7 +149,9 @@ type ContainerItem struct {
 // remain. Containers younger than MinAge neither go nor count towards the
 // caps. MinAge counts from the exit, which the agent observes exactly:
 // stricter than the kubelet's count from creation, and never earlier. Age
-// order is by exit time too.
+// order (which go first) is the kubelet's, by creation: with fewer
+// candidates than the kubelet (MinAge from the exit), the plan then never
+// removes a container the kubelet would keep.
 //
 // Under PruneAll an exited sandbox goes when no container that stays after
 // this plan is in it, and it is not the newest sandbox of a pod that is
@@ -496,8 +498,8 @@ func byCreation(a, b *projection.Container) int {
 	return strings.Compare(a.ID, b.ID)
 }
 
-// ageKey orders dead containers oldest first: by exit, then creation, then
-// id. Plans sort tens of thousands of them, so it is a compact copy of what
+// ageKey orders dead containers oldest first: by creation (the kubelet's
+// order), then exit, then id. Plans sort tens of thousands of them, so it is a compact copy of what
 // a comparison reads.
 type ageKey struct {
 	dead, created projection.Stamp
@@ -507,7 +509,7 @@ type ageKey struct {
 func ageOf(c *projection.Container) ageKey { return ageKey{deadStamp(c), c.Created, c.ID} }
 
 func (a ageKey) compare(b ageKey) int {
-	return cmp.Or(a.dead.Compare(b.dead), a.created.Compare(b.created), strings.Compare(a.id, b.id))
+	return cmp.Or(a.created.Compare(b.created), a.dead.Compare(b.dead), strings.Compare(a.id, b.id))
 }
 
 // deadSince is when the container's task exited. Creation bounds it from

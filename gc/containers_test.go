@@ -48,6 +48,8 @@ func TestPlanContainers(t *testing.T) {
 		check  func(*testing.T, ContainerPlan)
 	}{
 		{
+			// The kubelet's order: by creation (c3, created first, goes
+			// though it exited last).
 			name: "per-unit cap keeps the newest of each unit, oldest go first",
 			evs: flat(
 				sandbox(0, "s1", "u1"), start(0, "s1"),
@@ -58,8 +60,8 @@ func TestPlanContainers(t *testing.T) {
 				solo(h, m, "n1", "tool:1"), solo(h, m, "n2", "tool:1"),
 			),
 			mod:    func(p *ContainerPolicy) { p.Prune = PruneAll },
-			remove: []string{"c2 per-unit-cap", "c1 per-unit-cap"},
-			keep:   []string{"c3 within-cap", "n1 within-cap", "n2 within-cap", "s1 running", "side within-cap"},
+			remove: []string{"c3 per-unit-cap", "c2 per-unit-cap"},
+			keep:   []string{"c1 within-cap", "n1 within-cap", "n2 within-cap", "s1 running", "side within-cap"},
 		},
 		{
 			name:   "per-unit cap 0 removes every dead container",
