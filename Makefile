@@ -62,8 +62,9 @@ image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION),
 	CGO_ENABLED=0 $(GO) build -tags "$(BUILD_TAGS)" -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-static ./cmd/gcagent
 	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -o bin/gcagent-image.tar
 
-test: deps lint image ## install what is missing, build the image, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3)
+test: deps lint image ## install what is missing, build the image, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3, and the differential against the kubelet's container GC)
 	$(GO) test -count=1 -timeout 60m ./...
+	cd kubeletdiff && $(GO) test -count=1 -v ./...
 
 unit: ## run the tests that need no daemon
 	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./cmd/... ./deploy/ ./internal/ociimage/
@@ -92,6 +93,7 @@ lint: ## gofmt and go vet (also of the agent built without the embedded NATS ser
 	$(GO) vet ./...
 	$(GO) vet -tags noembeddednats ./cmd/gcagent/
 	$(GO) vet -tags testhooks ./internal/agent/
+	cd kubeletdiff && $(GO) vet ./...
 
 chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deploy/kubernetes/gcagent.yaml, every value set, strict typed decode), gofmt, vet and tidy-check of its module
 	@cd $(HELM_MODULE) && out=$$(gofmt -l .) && if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
@@ -106,8 +108,10 @@ manifest: ## regenerate deploy/kubernetes/gcagent.yaml: the chart rendered with 
 # The chart's module is outside ./..., so test runs it too.
 test: chart
 
-tidy-check: ## fail if go mod tidy would change go.mod or go.sum
-	@cp go.mod /tmp/gcagent.go.mod.bak; cp go.sum /tmp/gcagent.go.sum.bak; \
-	$(GO) mod tidy; \
-	if ! diff -q go.mod /tmp/gcagent.go.mod.bak >/dev/null || ! diff -q go.sum /tmp/gcagent.go.sum.bak >/dev/null; then \
-		cp /tmp/gcagent.go.mod.bak go.mod; cp /tmp/gcagent.go.sum.bak go.sum; echo "go mod tidy would change go.mod/go.sum"; exit 1; fi
+tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module and of kubeletdiff)
+	@for d in . kubeletdiff; do \
+		cp $$d/go.mod /tmp/gcagent.go.mod.bak; cp $$d/go.sum /tmp/gcagent.go.sum.bak; \
+		(cd $$d && $(GO) mod tidy); \
+		if ! diff -q $$d/go.mod /tmp/gcagent.go.mod.bak >/dev/null || ! diff -q $$d/go.sum /tmp/gcagent.go.sum.bak >/dev/null; then \
+			cp /tmp/gcagent.go.mod.bak $$d/go.mod; cp /tmp/gcagent.go.sum.bak $$d/go.sum; echo "go mod tidy would change $$d/go.mod or go.sum"; exit 1; fi; \
+	done

@@ -336,15 +336,16 @@ func (v criView) agree() string {
 
 // TestContainerGCCRIPods: with --prune-containers=all, a pod created like a
 // kubelet keeps exactly its newest dead run of a restarting container (cap
-// 1) and its running container; a stopped sandbox whose pod has no
-// container left goes, through CRI; CRI and containerd agree afterwards.
+// 1) and its running container; the stopped sandbox of a deleted pod (its
+// log dir gone for --pod-log-grace) goes, through CRI; CRI and containerd
+// agree afterwards.
 func TestContainerGCCRIPods(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)
 		c.Import(t, testenv.Runnable(gcImage), testenv.Pause(c.SandboxImage))
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
-			"--prune-containers=all", "--maximum-dead-containers-per-container=1")
+			"--prune-containers=all", "--maximum-dead-containers-per-container=1", "--pod-log-grace=1s")
 		waitSynced(t, a)
 
 		web := c.RunPod(t, rt, "web", "default", "7a0c3f6e-web")
@@ -416,7 +417,7 @@ func TestContainerGCCRIPods(t *testing.T) {
 			m := mustMetrics(t, a)
 			for _, want := range []string{
 				`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 3`,
-				`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="sandbox-orphaned"} 1`,
+				`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="pod-deleted"} 1`,
 			} {
 				if !containsLine(m, want) {
 					return fmt.Sprintf("metrics lack %q", want)

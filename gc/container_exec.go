@@ -259,11 +259,15 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		return r, fmt.Errorf("re-check %s %s: %w", kind, it.ID, err)
 	}
 	r.Live = live
-	switch live {
-	case LiveGone:
+	switch {
+	case live == LiveGone:
 		r.Outcome, r.At = ContainerGone, e.now()
 		return r, nil
-	case LiveDead:
+	case live == LiveDead:
+	case live == LiveCreated && kind == ContainerKindContainer && it.State == projection.StateCreated:
+		// Planned as never started, past NeverStartedGrace: CRI still says
+		// created, so its start never came (containerd marks a failed
+		// start exited); the kubelet removes it too.
 	default:
 		r.Outcome, r.At = ContainerKept, e.now()
 		if e.opts.Metrics != nil {
@@ -447,6 +451,9 @@ func (e *ContainerExecutor) eligibleAt(plan ContainerPlan, policy ContainerPolic
 		return time.Time{}
 	}
 	at := it.ExitedAt.Add(policy.MinAge)
+	if it.CRIKind == projection.KindSandbox {
+		at = it.ExitedAt // no MinAge for sandboxes
+	}
 	switch it.Reason {
 	case ReasonTTLExpired:
 		// The planner dated it: owner done (collected, or exit + grace) + TTL.
@@ -470,8 +477,8 @@ func (e *ContainerExecutor) eligibleAt(plan ContainerPlan, policy ContainerPolic
 				at = later(at, newer[n-1].Add(policy.MinAge))
 			}
 		}
-	case ReasonSandboxOrphaned:
-		if t, ok := e.emptied[it.PodUID]; ok && it.PodUID != "" {
+	case ReasonSandboxOrphaned, ReasonPodDeleted:
+		if t, ok := e.emptied[it.PodUID]; ok && it.PodUID != "" && it.CRIKind == projection.KindSandbox {
 			at = later(at, t)
 		}
 	}
@@ -487,6 +494,8 @@ func containerRule(r Reason, p ContainerPolicy) string {
 		return fmt.Sprintf("maximum-dead-containers=%d", p.MaxContainers)
 	case ReasonSandboxOrphaned:
 		return "sandbox-of-empty-pod"
+	case ReasonPodDeleted:
+		return fmt.Sprintf("pod-deleted, pod-log-grace=%s", p.PodGrace)
 	}
 	return string(r)
 }

@@ -107,7 +107,8 @@ func (f *fakeContainerRuntime) remove(op, id string) error {
 	}
 	f.mu.Lock()
 	l, ok := f.live[id]
-	if ok && l != LiveDead && l != LiveGone {
+	// CRI removes a created container as it is (nothing runs to stop).
+	if ok && l != LiveDead && l != LiveGone && (op != "cri-remove" || l != LiveCreated) {
 		// The executor must never ask this: record it, fail the delete.
 		f.violations = append(f.violations, fmt.Sprintf("%s on %s which is %s", op, id, l))
 		f.mu.Unlock()
@@ -420,26 +421,21 @@ func TestContainerExecutorEligibility(t *testing.T) {
 func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
 	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
 	s := nodeState()
-	plan := PlanContainers(s, p, at(time.Minute))
+	// u2's log dir is gone and its sandbox stopped: it is deleted, and its
+	// sandbox goes in the same pass as its container, after it.
+	plan := PlanContainersWith(s, p, at(time.Minute), func(uid, _, _ string) bool { return uid != "u2" })
 	f := newFakeContainerRuntime()
 	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{})
 	if _, err := e.Apply(context.Background(), plan, p); err != nil {
 		t.Fatal(err)
 	}
-	// Containers go on parallel workers, in any order; the newest sandbox
-	// of a pod stays while its containers exist.
-	want := []string{"cri-remove app-1", "cri-remove app-2", "cri-remove app-3", "cri-remove gone-1", "delete-native n-dead"}
-	if got := slices.Sorted(slices.Values(f.Deletes())); !slices.Equal(got, want) {
-		t.Fatalf("first pass deletes %v, want %v", got, want)
+	// Containers go on parallel workers, in any order, then the sandboxes.
+	want := []string{"cri-remove app-1", "cri-remove app-2", "cri-remove app-3", "cri-remove gone-1", "delete-native n-dead", "sandbox-remove sb2"}
+	got := f.Deletes()
+	if sorted := slices.Sorted(slices.Values(got)); !slices.Equal(sorted, want) {
+		t.Fatalf("deletes %v, want %v", sorted, want)
 	}
-	// The next pass, with the pod's containers gone, removes its sandbox.
-	for _, id := range []string{"app-1", "app-2", "app-3", "gone-1", "n-dead"} {
-		s.Apply(remove(time.Minute, id))
-	}
-	if _, err := e.Apply(context.Background(), PlanContainers(s, p, at(2*time.Minute)), p); err != nil {
-		t.Fatal(err)
-	}
-	if got := f.Deletes(); len(got) != len(want)+1 || got[len(got)-1] != "sandbox-remove sb2" {
+	if got[len(got)-1] != "sandbox-remove sb2" {
 		t.Fatalf("deletes %v: want the sandbox after its containers", got)
 	}
 	if !slices.Contains(f.Calls(), "sandbox-liveness sb2") {
@@ -475,5 +471,36 @@ func TestContainerExecutorOwnerWon(t *testing.T) {
 	res, _ = mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{}).Apply(context.Background(), plan, p)
 	if len(res) != 1 || res[0].Outcome != ContainerKept || res[0].Live != LiveLeased || len(f.Deletes()) != 0 {
 		t.Errorf("leased: results %+v, deletes %v", res, f.Deletes())
+	}
+}
+
+// TestContainerExecutorNeverStarted: a CRI container planned as never
+// started (past NeverStartedGrace) is removed while CRI still calls it
+// created (nobody started it); a dead container CRI calls created is kept.
+func TestContainerExecutorNeverStarted(t *testing.T) {
+	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
+	s := build(flat(
+		sandbox(0, "sb", "u"), start(0, "sb"),
+		criContainer(0, "stuck", "img", "u", "app", "sb"),
+		criDead(0, time.Second, "dead", "img", "u", "job", "sb"),
+	)...)
+	plan := PlanContainers(s, p, at(2*time.Minute))
+	if got := containerSummary(plan.Remove); !slices.Equal(got, []string{"stuck per-unit-cap", "dead per-unit-cap"}) {
+		t.Fatalf("plan removes %q", got)
+	}
+	f := newFakeContainerRuntime()
+	f.Set("stuck", LiveCreated)
+	f.Set("dead", LiveCreated)
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{})
+	res, err := e.Apply(context.Background(), plan, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcome := map[string]ContainerOutcome{}
+	for _, r := range res {
+		outcome[r.ID] = r.Outcome
+	}
+	if outcome["stuck"] != ContainerRemoved || outcome["dead"] != ContainerKept {
+		t.Errorf("outcomes %v: want stuck removed, dead kept", outcome)
 	}
 }

@@ -55,9 +55,10 @@ type ContainerGCDeps struct {
 	// Publisher receives what is not a removal (a dry run's skips); nil:
 	// nothing published.
 	Publisher Publisher
-	// PodKept says whether a pod is still there though no container of it
-	// is (its log dir exists, logs.PodLogDirExists), so its newest sandbox
-	// stays; nil: never.
+	// PodKept says whether a pod is still there (its log dir exists): the
+	// kubelet removes a pod's log dir only once the pod is deleted. A pod
+	// it says is not, with no sandbox ready, counts as deleted PodGrace
+	// after the first pass that saw so; nil: every pod is there.
 	PodKept func(uid, namespace, name string) bool
 }
 
@@ -79,6 +80,10 @@ type ContainerGC struct {
 
 	mu    sync.Mutex // serializes passes; guards retry
 	retry map[string]containerRetry
+
+	gmu sync.Mutex // guards gone, so a Plan never waits for a pass
+	// gone is when a pass first saw each pod (by uid) gone by PodKept.
+	gone map[string]time.Time
 
 	smu    sync.Mutex // guards status, so /status never waits for a pass
 	status ContainerGCStatus
@@ -137,6 +142,7 @@ func NewContainerGC(d ContainerGCDeps, opts ContainerGCOptions) (*ContainerGC, e
 		st: d.State, changes: d.Changes, podKept: d.PodKept, exec: exec, opts: opts,
 		log:    opts.Log.With().Str("component", "containergc").Logger(),
 		retry:  map[string]containerRetry{},
+		gone:   map[string]time.Time{},
 		status: ContainerGCStatus{Policy: opts.Policy, DryRun: opts.DryRun, Plan: emptyContainerPlan(), Results: []ContainerResult{}},
 	}, nil
 }
@@ -211,13 +217,21 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 	defer g.mu.Unlock()
 	now := g.opts.Clock.Now()
 	var plan ContainerPlan
+	podGone, asked := g.podGone(now, true)
 	g.st.View(func(s *projection.State) {
 		if s.Synced { // re-read under the same lock as the plan
 			// Keep leaves out what is plainly not dead: /status shows why
 			// dead containers stay, `gcagent plan` shows everything.
-			plan.merge(planContainers(s, g.opts.Policy, now, g.podKept, false))
+			plan.merge(planContainers(s, g.opts.Policy, now, podGone, false))
 		}
 	})
+	g.gmu.Lock()
+	for uid := range g.gone {
+		if !asked[uid] {
+			delete(g.gone, uid) // nothing of it is left to decide
+		}
+	}
+	g.gmu.Unlock()
 	if plan.Remove == nil {
 		return time.Time{}, nil
 	}
@@ -289,13 +303,45 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 // `gcagent plan`). Before the projection is synced it returns ok false.
 func (g *ContainerGC) Plan() (plan ContainerPlan, ok bool) {
 	now := g.opts.Clock.Now()
+	podGone, _ := g.podGone(now, false)
 	g.st.View(func(s *projection.State) {
 		if s.Synced {
 			ok = true
-			plan.merge(PlanContainersWith(s, g.opts.Policy, now, g.podKept))
+			plan.merge(planContainers(s, g.opts.Policy, now, podGone, true))
 		}
 	})
 	return plan, ok
+}
+
+// podGone dates each pod that PodKept says is gone from the first pass that
+// saw so (record false: from now, remembering nothing), and forgets a pod
+// whose log dir is back; asked collects the uids looked at (by one plan:
+// it is not safe for concurrent use).
+func (g *ContainerGC) podGone(now time.Time, record bool) (PodGoneFunc, map[string]bool) {
+	asked := map[string]bool{}
+	if g.podKept == nil {
+		return nil, asked
+	}
+	return func(uid, namespace, name string) (time.Time, bool) {
+		asked[uid] = true
+		kept := g.podKept(uid, namespace, name)
+		g.gmu.Lock()
+		defer g.gmu.Unlock()
+		if kept {
+			if record {
+				delete(g.gone, uid)
+			}
+			return time.Time{}, false
+		}
+		since, ok := g.gone[uid]
+		if !ok {
+			since = now
+			if record {
+				g.gone[uid] = now
+			}
+		}
+		return since, true
+	}, asked
 }
 
 // Status returns a copy of what the last pass did.

@@ -83,6 +83,15 @@ func startGC(t *testing.T, p ContainerPolicy, evs ...events.Event) *gcHarness {
 // the harness's).
 func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gcHarness {
 	t.Helper()
+	return startGCPods(t, opts, nil, evs...)
+}
+
+// podLogDirGone is a PodKept for which every pod's log dir is gone.
+func podLogDirGone(_, _, _ string) bool { return false }
+
+// startGCPods is startGCWith whose pods are there while podKept says so.
+func startGCPods(t *testing.T, opts ContainerGCOptions, podKept func(uid, namespace, name string) bool, evs ...events.Event) *gcHarness {
+	t.Helper()
 	h := &gcHarness{clock: clock.NewFake(t0), rt: newFakeContainerRuntime(), pub: &fakePublisher{published: make(chan Action, 100)}}
 	live, err := projection.NewLive(projection.LiveOptions{Now: h.clock.Now})
 	if err != nil {
@@ -92,7 +101,7 @@ func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gc
 	changes := live.Subscribe()
 	live.Apply(evs...)
 	opts.Clock = h.clock
-	d := ContainerGCDeps{State: live, Changes: changes, Runtime: h.rt, Publisher: h.pub}
+	d := ContainerGCDeps{State: live, Changes: changes, Runtime: h.rt, Publisher: h.pub, PodKept: podKept}
 	if !opts.DryRun {
 		d.Deletes = testDeletes1(t, h.pub, h.rt)
 	}
@@ -244,7 +253,7 @@ func TestContainerGCCRIOnlyUnderAll(t *testing.T) {
 	for _, mode := range []PruneMode{PruneNative, PruneAll} {
 		t.Run(string(mode), func(t *testing.T) {
 			p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: mode}
-			h := startGC(t, p, evs...)
+			h := startGCPods(t, ContainerGCOptions{Policy: p}, podLogDirGone, evs...)
 			waitArmed(t, h.clock, time.Time{})
 			if mode == PruneNative {
 				if c := h.rt.Calls(); len(c) != 0 {
@@ -268,7 +277,7 @@ func TestContainerGCCRIOnlyUnderAll(t *testing.T) {
 // other event need follow, so the timer looks again shortly.
 func TestContainerGCRechecksWhenTheRuntimeLags(t *testing.T) {
 	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
-	h := startGC(t, p, flat(sandbox(0, "sb", "u"), start(0, "sb"), events.Synced{At: t0})...)
+	h := startGCPods(t, ContainerGCOptions{Policy: p}, podLogDirGone, flat(sandbox(0, "sb", "u"), start(0, "sb"), events.Synced{At: t0})...)
 	waitArmed(t, h.clock, time.Time{})
 	h.rt.Set("sb", LiveRunning)
 	h.apply(exit(0, "sb"))

@@ -36,6 +36,18 @@ type ContainerPolicy struct {
 	// for its client to collect the exit status (delete the task) before
 	// the agent counts the owner as done. Default (zero) 10s.
 	UncollectedGrace time.Duration
+	// PodGrace is how long a pod must have been gone (no sandbox of it
+	// ready, its pod log dir gone) before it counts as deleted, and every
+	// dead container and exited sandbox of it goes whatever the caps: the
+	// kubelet's rule for deleted pods. The agent's --pod-log-grace.
+	// Default 0.
+	PodGrace time.Duration
+	// NeverStartedGrace is how long after its creation a CRI container that
+	// was never started (its start failed) waits before it counts as dead,
+	// MinAge included: the kubelet starts a container right after it
+	// creates it, and one created a moment ago is about to start. Default
+	// (zero) 1m; tests that compare with the kubelet set 1ns.
+	NeverStartedGrace time.Duration
 }
 
 // PodRecheck is how often a sandbox kept only because its pod's log dir
@@ -51,6 +63,16 @@ const DefaultUncollectedGrace = 10 * time.Second
 // client such as `ctr run --rm` deletes the container right after it
 // collects the exit status.
 const OwnerQuiet = time.Second
+
+// DefaultNeverStartedGrace is NeverStartedGrace's default.
+const DefaultNeverStartedGrace = time.Minute
+
+func (p ContainerPolicy) startGrace() time.Duration {
+	if p.NeverStartedGrace <= 0 {
+		return DefaultNeverStartedGrace
+	}
+	return p.NeverStartedGrace
+}
 
 func (p ContainerPolicy) grace() time.Duration {
 	if p.UncollectedGrace <= 0 {
@@ -73,6 +95,10 @@ func (p ContainerPolicy) Validate() error {
 		return fmt.Errorf("prune mode %q: must be native, all or off", p.Prune)
 	case p.UncollectedGrace < 0:
 		return fmt.Errorf("uncollected exit grace %s: must not be negative", p.UncollectedGrace)
+	case p.PodGrace < 0:
+		return fmt.Errorf("pod grace %s: must not be negative", p.PodGrace)
+	case p.NeverStartedGrace < 0:
+		return fmt.Errorf("never-started grace %s: must not be negative", p.NeverStartedGrace)
 	}
 	return nil
 }
@@ -114,16 +140,26 @@ type ContainerItem struct {
 }
 
 // PlanContainers decides which dead containers to remove, with the kubelet's
-// container GC semantics: dead means the task exited (a container never
-// started is not dead); each evict unit keeps its newest MaxPerEvictUnit;
-// then, over MaxContainers, each unit keeps MaxContainers/units (at least 1)
-// and the oldest go until MaxContainers remain. Containers younger than
-// MinAge neither go nor count towards the caps. MinAge counts from the exit,
-// which the agent observes exactly: stricter than the kubelet's count from
-// creation, and never earlier. Age order is by exit time too. Under PruneAll
-// an exited sandbox goes once no container of its pod is left after this
-// plan; caps do not apply to sandboxes (as in the kubelet), MinAge does. It
-// does no I/O and does not modify s.
+// container GC semantics (pkg/kubelet/kuberuntime/kuberuntime_gc.go): dead
+// means the task exited, or, for a CRI container, that it was created and
+// never started (its start failed) at least NeverStartedGrace ago; the dead
+// containers of a deleted pod all go; each other evict unit keeps its newest
+// MaxPerEvictUnit; then, over MaxContainers, each unit keeps
+// MaxContainers/units (at least 1) and the oldest go until MaxContainers
+// remain. Containers younger than MinAge neither go nor count towards the
+// caps. MinAge counts from the exit, which the agent observes exactly:
+// stricter than the kubelet's count from creation, and never earlier. Age
+// order (which go first) is the kubelet's, by creation: with fewer
+// candidates than the kubelet (MinAge from the exit), the plan then never
+// removes a container the kubelet would keep.
+//
+// Under PruneAll an exited sandbox goes when no container that stays after
+// this plan is in it, and it is not the newest sandbox of a pod that is
+// still there; a deleted pod's exited sandboxes all go. Neither caps nor
+// MinAge apply to sandboxes (as in the kubelet). A pod is deleted when no
+// sandbox of it is ready, nothing of it runs, and podGone has said it is
+// gone (its log dir is) for PodGrace, counted from the later of that and
+// its last sandbox's exit. It does no I/O and does not modify s.
 //
 // Plain containers (no CRI kind) have no restarts, so no per-unit cap: one
 // goes once its owner is done with it and MinAge has passed since. The owner
@@ -131,27 +167,41 @@ type ContainerItem struct {
 // does, UncollectedGrace after the exit; and never within OwnerQuiet of a
 // client's last operation on it. One whose restart policy wants it running
 // is not dead.
-//
-// The newest sandbox of a pod is kept while any container of the pod exists
-// or podKept says the pod is still there (its log dir exists): the kubelet
-// removes sandboxes only of pods that are gone.
 func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) ContainerPlan {
 	return PlanContainersWith(s, p, now, nil)
 }
 
-// PlanContainersWith is PlanContainers with podKept (nil: never) saying
-// whether a pod, by uid, namespace and name, is still there.
+// PlanContainersWith is PlanContainers with podKept (nil: always) saying
+// whether a pod, by uid, namespace and name, is still there (its log dir
+// exists). A pod it says is gone counts as gone since now: a one-shot plan
+// shows its removals as due PodGrace from now.
 func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
-	return planContainers(s, p, now, podKept, true)
+	return planContainers(s, p, now, goneSince(podKept, now), true)
+}
+
+// PodGoneFunc says whether a pod, by uid, namespace and name, is gone by its
+// own sign (the kubelet removed its pod log dir) and since when the agent
+// knows it; gone is false while the pod is there. Nil: no pod is gone.
+type PodGoneFunc func(uid, namespace, name string) (since time.Time, gone bool)
+
+// goneSince turns podKept into a PodGoneFunc that dates every gone pod now.
+func goneSince(podKept func(uid, namespace, name string) bool, now time.Time) PodGoneFunc {
+	if podKept == nil {
+		return nil
+	}
+	return func(uid, namespace, name string) (time.Time, bool) {
+		return now, !podKept(uid, namespace, name)
+	}
 }
 
 // planContainers plans; without all, Keep leaves out the containers that
 // are plainly not dead (running, never started) or that the prune mode
 // excludes, which on a busy node are nearly all: a GC pass then looks at
-// the dead containers only (State.DeadContainers), and gives each an item
-// only when the prune mode may remove it. Remove and
-// NextEligible are the same either way.
-func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool, all bool) ContainerPlan {
+// the dead containers only (State.DeadContainers; every container under
+// PruneAll, whose never-started CRI containers may be dead), and gives each
+// an item only when the prune mode may remove it. Remove and NextEligible
+// are the same either way.
+func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podGone PodGoneFunc, all bool) ContainerPlan {
 	plan := ContainerPlan{Now: now}
 	// Items live in one slice beside their containers and are reached by
 	// index: no map and no allocation per container.
@@ -162,13 +212,11 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 	list := make([]ContainerItem, 0, size)
 	ctrs := make([]*projection.Container, 0, size) // ctrs[i] is list[i]'s
 	ages := make([]ageKey, 0, size)                // ctrs[i]'s
-	var units [][]int                              // indexes into list, by evict unit
-	unitOf := map[string]int{}                     // evict unit -> its index in units
-	var sandboxes []int
+	var sandboxes, candidates []int
 	// A pass looks only at the dead: the rest are settled (running, never
 	// started), and a busy node has thousands of them.
 	each := s.DeadContainers
-	if all {
+	if all || p.Prune == PruneAll {
 		each = func(f func(*projection.Container) bool) {
 			for _, c := range s.Containers {
 				if !f(c) {
@@ -194,16 +242,30 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 		case c.CRIKind == projection.KindSandbox:
 			sandboxes = append(sandboxes, i)
 		default:
-			u, ok := unitOf[it.EvictUnit]
-			if !ok {
-				u = len(units)
-				unitOf[it.EvictUnit] = u
-				units = append(units, nil)
-			}
-			units[u] = append(units[u], i)
+			candidates = append(candidates, i)
 		}
 		return true
 	})
+	var pods map[string]*podFacts
+	if p.Prune == PruneAll {
+		pods = p.podsOf(s, &plan, list, ctrs, candidates, sandboxes, podGone)
+	}
+	// The dead containers of a deleted pod all go; the rest fall in units.
+	var units [][]int          // indexes into list, by evict unit
+	unitOf := map[string]int{} // evict unit -> its index in units
+	for _, i := range candidates {
+		if pd := pods[ctrs[i].PodUID]; pd != nil && pd.deleted {
+			list[i].Reason = ReasonPodDeleted
+			continue
+		}
+		u, ok := unitOf[list[i].EvictUnit]
+		if !ok {
+			u = len(units)
+			unitOf[list[i].EvictUnit] = u
+			units = append(units, nil)
+		}
+		units[u] = append(units[u], i)
+	}
 	oldestFirst := func(a, b int) int { return ages[a].compare(ages[b]) }
 	newestFirst := func(a, b int) int { return oldestFirst(b, a) }
 	for _, u := range units {
@@ -236,7 +298,7 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podKe
 				settled = append(settled, c)
 			}
 		}
-		planSandboxes(&plan, list, ctrs, settled, sandboxes, podKept)
+		planSandboxes(list, ctrs, settled, sandboxes, pods)
 	}
 
 	var remove, removeSandboxes, keep []int
@@ -281,90 +343,6 @@ func permute(list []ContainerItem, order []int) {
 	}
 }
 
-// planSandboxes decides the exited sandboxes (indices into list and ctrs)
-// from one index of the pods' containers, by sandbox id and by pod uid, and
-// of their newest sandboxes, so a pass is linear in the containers, not
-// sandboxes times containers. settled containers have no item and are kept.
-func planSandboxes(plan *ContainerPlan, list []ContainerItem, ctrs, settled []*projection.Container, sandboxes []int,
-	podKept func(uid, namespace, name string) bool) {
-	// Each pod's containers form two lists threaded through next (by
-	// sandbox id, by pod uid), so the index costs no allocation per pod.
-	all := slices.Concat(ctrs, settled)
-	kept := func(i int) bool { return i >= len(list) || !removes(list[i].Reason) }
-	nextBySandbox, nextByUID := make([]int, len(all)), make([]int, len(all)) // index+1 of the next, 0 ends
-	type pod struct {
-		bySandbox, byUID int // heads, as index+1
-		newest           *projection.Container
-	}
-	pods := make(map[string]*pod, 2*len(sandboxes)) // by sandbox id and by pod uid (each its own fields)
-	podOf := func(key string) *pod {
-		pd := pods[key]
-		if pd == nil {
-			pd = &pod{}
-			pods[key] = pd
-		}
-		return pd
-	}
-	for i, c := range all {
-		switch c.CRIKind {
-		case projection.KindContainer:
-			if c.SandboxID != "" {
-				pd := podOf(c.SandboxID)
-				nextBySandbox[i], pd.bySandbox = pd.bySandbox, i+1
-			}
-			if c.PodUID != "" {
-				pd := podOf(c.PodUID)
-				nextByUID[i], pd.byUID = pd.byUID, i+1
-			}
-		case projection.KindSandbox:
-			if c.PodUID != "" {
-				pd := podOf(c.PodUID)
-				if pd.newest == nil || byCreation(c, pd.newest) > 0 {
-					pd.newest = c
-				}
-			}
-		}
-	}
-	for _, i := range sandboxes {
-		sb, it := ctrs[i], &list[i]
-		it.Reason = ReasonSandboxOrphaned
-		// The containers that keep it: those kept, else (its pod's newest
-		// sandbox) all.
-		var ids []string
-		collect := func(onlyKept bool) {
-			if pd := pods[sb.ID]; pd != nil {
-				for j := pd.bySandbox; j > 0; j = nextBySandbox[j-1] {
-					if !onlyKept || kept(j-1) {
-						ids = append(ids, all[j-1].ID)
-					}
-				}
-			}
-			if pd := pods[sb.PodUID]; pd != nil && sb.PodUID != "" {
-				for j := pd.byUID; j > 0; j = nextByUID[j-1] {
-					if !onlyKept || kept(j-1) {
-						ids = append(ids, all[j-1].ID)
-					}
-				}
-			}
-		}
-		var newest *projection.Container
-		if pd := pods[sb.PodUID]; pd != nil && sb.PodUID != "" {
-			newest = pd.newest
-		}
-		if collect(true); len(ids) > 0 {
-			it.Reason, it.Containers = ReasonPodHasContainers, ids
-		} else if collect(false); newest == sb && len(ids) > 0 {
-			it.Reason, it.Containers = ReasonNewestSandbox, ids
-		} else if newest == sb && podKept != nil && podKept(sb.PodUID, sb.PodNamespace, sb.PodName) {
-			// The pod's log dir goes without a projection change: look again.
-			it.Reason = ReasonNewestSandbox
-			earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
-		}
-		slices.Sort(it.Containers)
-		it.Containers = slices.Compact(it.Containers)
-	}
-}
-
 // PlanContainersAcross plans each namespace's state on its own, with the
 // same rules, and joins the plans (for tools that show them all).
 func PlanContainersAcross(states []*projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
@@ -391,10 +369,24 @@ func (plan *ContainerPlan) merge(q ContainerPlan) {
 // within a namespace.
 func (it ContainerItem) key() string { return scopedKey(it.Namespace, it.ID) }
 
-// settled reports whether c is kept whatever else holds: not dead, or
-// excluded by the prune mode (screen's first reasons).
+// settled reports whether c is kept whatever else holds: not dead (and
+// not a never-started CRI container under PruneAll), or excluded by the
+// prune mode (screen's first reasons).
 func (p ContainerPolicy) settled(c *projection.Container) bool {
-	return !c.Dead() || p.Prune == PruneOff || p.Prune == PruneNative && c.CRIKind != ""
+	switch {
+	case p.Prune == PruneOff, p.Prune == PruneNative && c.CRIKind != "":
+		return true
+	case c.Dead():
+		return false
+	}
+	return p.Prune != PruneAll || !neverStartedCRI(c)
+}
+
+// neverStartedCRI reports whether c is a CRI container (not a sandbox)
+// that was created and never started: the kubelet creates a container
+// and starts it at once, so one left so is one whose start failed.
+func neverStartedCRI(c *projection.Container) bool {
+	return c.CRIKind == projection.KindContainer && c.State == projection.StateCreated
 }
 
 // screen describes c in *it (in place: a full plan fills tens of thousands)
@@ -417,12 +409,21 @@ func (p ContainerPolicy) screen(it *ContainerItem, c *projection.Container, now 
 	switch {
 	case c.State == projection.StateRunning:
 		it.Reason = ReasonRunning
+	case p.Prune == PruneAll && neverStartedCRI(c):
+		// Dead for the kubelet once older than MinAge, from creation; here
+		// never sooner than NeverStartedGrace, as it may be about to start.
+		if eligible := c.Created.Time().Add(max(p.MinAge, p.startGrace())); now.Before(eligible) {
+			it.Reason, it.EligibleAt = ReasonStarting, eligible
+		}
 	case !c.Dead():
 		it.Reason = ReasonNeverStarted
 	case p.Prune == PruneOff, p.Prune == PruneNative && c.CRIKind != "":
 		it.Reason = ReasonPruneMode
 	case c.CRIKind == "":
 		p.screenPlain(c, now, it)
+	case c.CRIKind == projection.KindSandbox:
+		// No MinAge for sandboxes, as in the kubelet: a live pod's newest
+		// sandbox stays whatever its age, an older one is never used again.
 	default:
 		if eligible := deadSince(c).Add(p.MinAge); now.Before(eligible) {
 			it.Reason, it.EligibleAt = ReasonTooYoung, eligible
@@ -459,7 +460,7 @@ func (p ContainerPolicy) screenPlain(c *projection.Container, now time.Time, it 
 
 // waiting reports whether r keeps a container only until its EligibleAt.
 func waiting(r Reason) bool {
-	return r == ReasonTooYoung || r == ReasonAwaitingCollection || r == ReasonOwnerActive
+	return r == ReasonTooYoung || r == ReasonAwaitingCollection || r == ReasonOwnerActive || r == ReasonStarting
 }
 
 // capUnits keeps the newest n of each unit (sorted newest first) and marks
@@ -485,7 +486,8 @@ func count(units [][]int) int {
 
 // removes reports whether r is a reason to remove a container.
 func removes(r Reason) bool {
-	return r == ReasonPerUnitCap || r == ReasonGlobalCap || r == ReasonSandboxOrphaned || r == ReasonTTLExpired
+	return r == ReasonPerUnitCap || r == ReasonGlobalCap || r == ReasonSandboxOrphaned || r == ReasonTTLExpired ||
+		r == ReasonPodDeleted
 }
 
 // byCreation orders containers by creation, then id.
@@ -496,8 +498,8 @@ func byCreation(a, b *projection.Container) int {
 	return strings.Compare(a.ID, b.ID)
 }
 
-// ageKey orders dead containers oldest first: by exit, then creation, then
-// id. Plans sort tens of thousands of them, so it is a compact copy of what
+// ageKey orders dead containers oldest first: by creation (the kubelet's
+// order), then exit, then id. Plans sort tens of thousands of them, so it is a compact copy of what
 // a comparison reads.
 type ageKey struct {
 	dead, created projection.Stamp
@@ -507,7 +509,7 @@ type ageKey struct {
 func ageOf(c *projection.Container) ageKey { return ageKey{deadStamp(c), c.Created, c.ID} }
 
 func (a ageKey) compare(b ageKey) int {
-	return cmp.Or(a.dead.Compare(b.dead), a.created.Compare(b.created), strings.Compare(a.id, b.id))
+	return cmp.Or(a.created.Compare(b.created), a.dead.Compare(b.dead), strings.Compare(a.id, b.id))
 }
 
 // deadSince is when the container's task exited. Creation bounds it from

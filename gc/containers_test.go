@@ -40,13 +40,16 @@ func TestPlanContainers(t *testing.T) {
 	tests := []struct {
 		name   string
 		evs    []events.Event
-		mod    func(*ContainerPolicy) // applied to the defaults: 0s, 1 per unit, no global cap, native
-		now    time.Duration          // since t0; 10h when zero
-		remove []string               // "id reason", in plan order
-		keep   []string               // "id reason", by id
+		mod    func(*ContainerPolicy)   // applied to the defaults: 0s, 1 per unit, no global cap, native
+		now    time.Duration            // since t0; 10h when zero
+		gone   map[string]time.Duration // pods (by uid) whose log dir is gone, since t0+d
+		remove []string                 // "id reason", in plan order
+		keep   []string                 // "id reason", by id
 		check  func(*testing.T, ContainerPlan)
 	}{
 		{
+			// The kubelet's order: by creation (c3, created first, goes
+			// though it exited last).
 			name: "per-unit cap keeps the newest of each unit, oldest go first",
 			evs: flat(
 				sandbox(0, "s1", "u1"), start(0, "s1"),
@@ -57,8 +60,8 @@ func TestPlanContainers(t *testing.T) {
 				solo(h, m, "n1", "tool:1"), solo(h, m, "n2", "tool:1"),
 			),
 			mod:    func(p *ContainerPolicy) { p.Prune = PruneAll },
-			remove: []string{"c2 per-unit-cap", "c1 per-unit-cap"},
-			keep:   []string{"c3 within-cap", "n1 within-cap", "n2 within-cap", "s1 running", "side within-cap"},
+			remove: []string{"c3 per-unit-cap", "c2 per-unit-cap"},
+			keep:   []string{"c1 within-cap", "n1 within-cap", "n2 within-cap", "s1 running", "side within-cap"},
 		},
 		{
 			name:   "per-unit cap 0 removes every dead container",
@@ -203,10 +206,15 @@ func TestPlanContainers(t *testing.T) {
 				native(0, "created", "tool:1"),
 				native(0, "running", "tool:1"), start(h, "running"),
 				dead(0, h, "restarted", "tool:1"), start(2*h, "restarted"),
-				criContainer(0, "cri-created", "app:1", "u1", "app", "s1"),
+				criContainer(10*h-30*time.Second, "cri-created", "app:1", "u1", "app", "s1"), // about to start
 			),
 			mod:  func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = 0, 0, PruneAll },
-			keep: []string{"created never-started", "cri-created never-started", "restarted running", "running running"},
+			keep: []string{"created never-started", "cri-created starting", "restarted running", "running running"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if want := at(10*h + 30*time.Second); !p.NextEligible.Equal(want) {
+					t.Errorf("next eligible = %v, want %v (created + NeverStartedGrace)", p.NextEligible, want)
+				}
+			},
 		},
 		{
 			name: "prune native leaves CRI containers and sandboxes",
@@ -229,7 +237,7 @@ func TestPlanContainers(t *testing.T) {
 			keep: []string{"n1 prune-mode", "n2 running", "s1 prune-mode"},
 		},
 		{
-			name: "prune all: a sandbox goes once its pod has no container left",
+			name: "prune all: a sandbox goes once no container is in it, unless it is its live pod's newest",
 			evs: flat(
 				// u1: the kubelet already removed the containers.
 				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"),
@@ -252,11 +260,13 @@ func TestPlanContainers(t *testing.T) {
 				// A sandbox without a pod uid is not held by c5, which has none either.
 				sandbox(0, "s8", ""), start(0, "s8"), exit(h, "s8"),
 			),
-			mod:    func(p *ContainerPolicy) { p.Prune = PruneAll },
-			remove: []string{"c3a per-unit-cap", "s6old sandbox-orphaned", "s1 sandbox-orphaned", "s8 sandbox-orphaned"},
+			mod: func(p *ContainerPolicy) { p.Prune = PruneAll },
+			// s1: the newest sandbox of a pod that is there (its log dir is).
+			// c5: never started, 10h ago: dead. s7old: c7 is in s7new.
+			remove: []string{"c3a per-unit-cap", "s6old sandbox-orphaned", "s7old sandbox-orphaned", "s8 sandbox-orphaned"},
 			keep: []string{
-				"c2 within-cap", "c3b within-cap", "c5 never-started", "c7 running", "s2 pod-has-containers", "s3 pod-has-containers", "s4 running", "s5 pod-has-containers",
-				"s6new running", "s7new running", "s7old pod-has-containers",
+				"c2 within-cap", "c3b within-cap", "c5 within-cap", "c7 running", "s1 newest-sandbox", "s2 pod-has-containers", "s3 pod-has-containers", "s4 running", "s5 pod-has-containers",
+				"s6new running", "s7new running",
 			},
 			check: func(t *testing.T, p ContainerPlan) {
 				for _, it := range p.Keep {
@@ -267,30 +277,126 @@ func TestPlanContainers(t *testing.T) {
 			},
 		},
 		{
-			// The kubelet removes sandboxes only of pods that are gone: the
-			// newest sandbox stays while any container of its pod exists, even
-			// one this plan removes; the next plan, with none left, removes it.
-			name: "prune all: the newest sandbox of a pod stays while its containers exist",
+			// Class 1 of issue 30: the kubelet looks at the containers in a
+			// sandbox, not at its pod's, so a restarted pod's old, empty
+			// sandboxes go while its dead containers stay.
+			name: "prune all: an empty old sandbox goes though its pod keeps dead containers",
 			evs: flat(
-				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, h, "c1", "app:1", "u1", "app", "s1"), exit(m, "s1"),
+				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"), exit(h, "s1"),
+				sandbox(h, "s2", "u1"), start(h, "s2"), criDead(h, m, "c2", "app:1", "u1", "app", "s2"), exit(2*h, "s2"),
 			),
-			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.Prune = 0, PruneAll },
-			remove: []string{"c1 per-unit-cap"},
-			keep:   []string{"s1 newest-sandbox"},
+			mod:    func(p *ContainerPolicy) { p.Prune = PruneAll },
+			remove: []string{"c1 per-unit-cap", "s1 sandbox-orphaned"},
+			keep:   []string{"c2 within-cap", "s2 pod-has-containers"},
 		},
 		{
-			name: "prune all: min age applies to sandboxes",
+			// Class 5: the kubelet has no minimum age for sandboxes; a live
+			// pod's newest sandbox stays whatever its age.
+			name: "prune all: no min age for sandboxes",
 			evs: flat(
-				sandbox(0, "s1", "u1"), start(0, "s1"), exit(10*h-time.Second, "s1"),
+				sandbox(0, "s0", "u1"), start(0, "s0"), exit(10*h-2*time.Second, "s0"),
+				sandbox(time.Second, "s1", "u1"), start(time.Second, "s1"), exit(10*h-time.Second, "s1"),
 				sandbox(0, "s2", "u2"),
 			),
-			mod:  func(p *ContainerPolicy) { p.MinAge, p.Prune = m, PruneAll },
-			keep: []string{"s1 too-young", "s2 never-started"},
+			mod:    func(p *ContainerPolicy) { p.MinAge, p.Prune = h, PruneAll },
+			remove: []string{"s0 sandbox-orphaned"},
+			keep:   []string{"s1 newest-sandbox", "s2 never-started"},
+		},
+		{
+			// Classes 2 and 6: a deleted pod's dead containers all go,
+			// whatever the per-unit cap, and its sandboxes with them in the
+			// same plan; MinAge still holds for containers.
+			name: "prune all: a deleted pod leaves nothing",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"), exit(h, "s1"),
+				sandbox(h, "s2", "u1"), start(h, "s2"),
+				criDead(h, m, "c2", "app:1", "u1", "app", "s2"), criDead(2*h, m, "c3", "app:1", "u1", "app", "s2"),
+				criDead(h, m, "side", "side:1", "u1", "side", "s2"), exit(3*h, "s2"),
+				// u2 is deleted too, but its newest container is too young.
+				sandbox(0, "t1", "u2"), start(0, "t1"), criDead(0, 10*h-10*time.Second, "d1", "app:1", "u2", "app", "t1"), exit(10*h-5*time.Second, "t1"),
+			),
+			gone:   map[string]time.Duration{"u1": 4 * h, "u2": 4 * h},
+			mod:    func(p *ContainerPolicy) { p.MinAge, p.Prune = 30*time.Second, PruneAll },
+			remove: []string{"c1 pod-deleted", "c2 pod-deleted", "side pod-deleted", "c3 pod-deleted", "s1 pod-deleted", "s2 pod-deleted"},
+			keep:   []string{"d1 too-young", "t1 pod-has-containers"},
 			check: func(t *testing.T, p ContainerPlan) {
-				if want := at(10*h + m - time.Second); !p.NextEligible.Equal(want) {
+				if want := at(10*h + 20*time.Second); !p.NextEligible.Equal(want) {
+					t.Errorf("next eligible = %v, want %v (d1 past MinAge)", p.NextEligible, want)
+				}
+			},
+		},
+		{
+			// Class 3: the kubelet drops deleted pods' units before it
+			// shares MaxContainers: the live pod gets 2, not 2/3 (so 1).
+			name: "prune all: the global cap is shared among the units of pods that are there",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), exit(h, "s1"),
+				criDead(0, m, "x1", "app:1", "u1", "x", "s1"), criDead(0, m, "y1", "app:1", "u1", "y", "s1"),
+				sandbox(0, "s2", "u2"), start(0, "s2"),
+				criDead(h, m, "a1", "app:1", "u2", "a", "s2"), criDead(2*h, m, "a2", "app:1", "u2", "a", "s2"),
+				criDead(3*h, m, "a3", "app:1", "u2", "a", "s2"),
+			),
+			gone:   map[string]time.Duration{"u1": 2 * h},
+			mod:    func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.MaxContainers, p.Prune = -1, 2, PruneAll },
+			remove: []string{"x1 pod-deleted", "y1 pod-deleted", "a1 global-cap", "s1 pod-deleted"},
+			keep:   []string{"a2 within-cap", "a3 within-cap", "s2 running"},
+		},
+		{
+			// Class 4: a CRI container created and never started (its
+			// start failed) is dead once NeverStartedGrace (and MinAge)
+			// have passed since its creation, and counts under the caps.
+			name: "prune all: a never-started CRI container is dead after the grace",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"),
+				criDead(h, m, "a1", "app:1", "u1", "a", "s1"), criContainer(2*h, "a2", "app:1", "u1", "a", "s1"),
+				criDead(h, m, "b1", "app:1", "u1", "b", "s1"), criContainer(10*h-2*m, "b2", "app:1", "u1", "b", "s1"),
+				criContainer(10*h-20*time.Second, "c1", "app:1", "u1", "c", "s1"),
+			),
+			mod:    func(p *ContainerPolicy) { p.MinAge, p.Prune = m, PruneAll },
+			remove: []string{"a1 per-unit-cap", "b1 per-unit-cap"},
+			keep:   []string{"a2 within-cap", "b2 within-cap", "c1 starting", "s1 running"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if want := at(10*h + 40*time.Second); !p.NextEligible.Equal(want) {
+					t.Errorf("next eligible = %v, want %v (c1 created + 1m)", p.NextEligible, want)
+				}
+			},
+		},
+		{
+			// The deleted-pod sign: every sandbox stopped, nothing running,
+			// its log dir gone for PodGrace, counted from the later of when
+			// the dir was seen gone and the last sandbox's exit.
+			name: "prune all: a pod is deleted only PodGrace after it is gone and stopped",
+			evs: flat(
+				// u1: dir gone 30s ago; grace 1m.
+				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"), exit(h, "s1"),
+				// u2: dir gone long ago, sandbox stopped 10s ago.
+				sandbox(0, "s2", "u2"), start(0, "s2"), criDead(0, m, "c2", "app:1", "u2", "app", "s2"), exit(10*h-10*time.Second, "s2"),
+				// u3: dir gone, but its sandbox is ready.
+				sandbox(0, "s3", "u3"), start(0, "s3"), criDead(0, m, "c3", "app:1", "u3", "app", "s3"),
+				// u4: dir there, everything stopped (a completed Job pod).
+				sandbox(0, "s4", "u4"), start(0, "s4"), criDead(0, m, "c4", "app:1", "u4", "app", "s4"), exit(h, "s4"),
+			),
+			gone: map[string]time.Duration{"u1": 10*h - 30*time.Second, "u2": h, "u3": h},
+			mod:  func(p *ContainerPolicy) { p.PodGrace, p.Prune = m, PruneAll },
+			keep: []string{"c1 within-cap", "c2 within-cap", "c3 within-cap", "c4 within-cap",
+				"s1 pod-has-containers", "s2 pod-has-containers", "s3 running", "s4 pod-has-containers"},
+			check: func(t *testing.T, p ContainerPlan) {
+				// u4's log dir is looked at again in PodRecheck.
+				if want := at(10*h + PodRecheck); !p.NextEligible.Equal(want) {
 					t.Errorf("next eligible = %v, want %v", p.NextEligible, want)
 				}
 			},
+		},
+		{
+			name: "prune all: the deleted pod of the case above, its grace over",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"), exit(h, "s1"),
+				sandbox(0, "s2", "u2"), start(0, "s2"), criDead(0, m, "c2", "app:1", "u2", "app", "s2"), exit(10*h-10*time.Second, "s2"),
+			),
+			now:    10*h + m,
+			gone:   map[string]time.Duration{"u1": 10*h - 30*time.Second, "u2": h},
+			mod:    func(p *ContainerPolicy) { p.PodGrace, p.Prune = m, PruneAll },
+			remove: []string{"c1 pod-deleted", "c2 pod-deleted", "s1 pod-deleted", "s2 pod-deleted"},
 		},
 	}
 	for _, tt := range tests {
@@ -304,7 +410,14 @@ func TestPlanContainers(t *testing.T) {
 			}
 			s := build(tt.evs...)
 			before := s.Clone()
-			plan := PlanContainers(s, p, at(cmp.Or(tt.now, 10*h)))
+			var gone PodGoneFunc
+			if tt.gone != nil {
+				gone = func(uid, _, _ string) (time.Time, bool) {
+					d, ok := tt.gone[uid]
+					return at(d), ok
+				}
+			}
+			plan := planContainers(s, p, at(cmp.Or(tt.now, 10*h)), gone, true)
 
 			if got := containerSummary(plan.Remove); !slices.Equal(got, tt.remove) {
 				t.Errorf("remove:\n got %q\nwant %q", got, tt.remove)
@@ -314,7 +427,7 @@ func TestPlanContainers(t *testing.T) {
 			}
 			checkContainerPlan(t, s, p, plan)
 			// A GC pass's plan leaves settled containers out of Keep only.
-			light := planContainers(s, p, plan.Now, nil, false)
+			light := planContainers(s, p, plan.Now, gone, false)
 			if !slices.Equal(containerSummary(light.Remove), containerSummary(plan.Remove)) || !light.NextEligible.Equal(plan.NextEligible) {
 				t.Errorf("a pass's plan removes %q (next %v), the full plan %q (next %v)",
 					containerSummary(light.Remove), light.NextEligible, containerSummary(plan.Remove), plan.NextEligible)
@@ -331,8 +444,8 @@ func TestPlanContainers(t *testing.T) {
 
 // checkContainerPlan asserts what holds for every plan: each container
 // appears once, nothing running or never started is removed, nothing the
-// prune mode excludes is removed, no sandbox goes while a container of its
-// pod stays, NextEligible is in the future.
+// prune mode excludes is removed, no sandbox goes while a container in it
+// stays, NextEligible is in the future.
 func checkContainerPlan(t *testing.T, s *projection.State, p ContainerPolicy, plan ContainerPlan) {
 	t.Helper()
 	seen := map[string]int{}
@@ -344,14 +457,17 @@ func checkContainerPlan(t *testing.T, s *projection.State, p ContainerPolicy, pl
 		if !removes(it.Reason) {
 			t.Errorf("remove %s with keep reason %q", it.ID, it.Reason)
 		}
-		if !c.Dead() {
+		if !c.Dead() && !(p.Prune == PruneAll && neverStartedCRI(c)) {
 			t.Errorf("remove %s in state %s", it.ID, c.State)
 		}
 		if p.Prune == PruneOff || (p.Prune == PruneNative && c.CRIKind != "") {
 			t.Errorf("remove %s (kind %q) under prune %s", it.ID, c.CRIKind, p.Prune)
 		}
-		if now := plan.Now; now.Sub(deadSince(c)) < p.MinAge {
+		if now := plan.Now; c.CRIKind != projection.KindSandbox && now.Sub(deadSince(c)) < p.MinAge {
 			t.Errorf("remove %s dead for %s, min age %s", it.ID, now.Sub(deadSince(c)), p.MinAge)
+		}
+		if now := plan.Now; neverStartedCRI(c) && now.Sub(c.Created.Time()) < p.startGrace() {
+			t.Errorf("remove %s created %s ago, never started, grace %s", it.ID, now.Sub(c.Created.Time()), p.startGrace())
 		}
 	}
 	for _, it := range plan.Keep {
@@ -374,7 +490,7 @@ func checkContainerPlan(t *testing.T, s *projection.State, p ContainerPolicy, pl
 			continue
 		}
 		for _, c := range s.Containers {
-			if c.CRIKind == projection.KindContainer && !removed[c.ID] && (c.SandboxID == sb.ID || (sb.PodUID != "" && c.PodUID == sb.PodUID)) {
+			if c.CRIKind == projection.KindContainer && !removed[c.ID] && (c.SandboxID == sb.ID || (c.SandboxID == "" && sb.PodUID != "" && c.PodUID == sb.PodUID)) {
 				t.Errorf("sandbox %s removed while its container %s stays", sb.ID, c.ID)
 			}
 		}

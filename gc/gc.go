@@ -46,8 +46,9 @@ const (
 	ReasonNeverStarted     Reason = "never-started"      // no task ever exited: not dead
 	ReasonWithinCap        Reason = "within-cap"         // dead, but within the per-unit and global caps
 	ReasonPruneMode        Reason = "prune-mode"         // excluded by the prune mode
-	ReasonPodHasContainers Reason = "pod-has-containers" // a sandbox whose pod still has containers
+	ReasonPodHasContainers Reason = "pod-has-containers" // a sandbox that still holds a container (CRI's sandbox id)
 	ReasonNewestSandbox    Reason = "newest-sandbox"     // the newest sandbox of a pod that is still there
+	ReasonStarting         Reason = "starting"           // a CRI container created, not started, within NeverStartedGrace
 	// Plain containers: the client that owns one may still be using it.
 	ReasonRestartManaged     Reason = "restart-managed"     // a restart policy wants it running
 	ReasonAwaitingCollection Reason = "awaiting-collection" // exited; its client may still read the exit status
@@ -59,8 +60,9 @@ const (
 const (
 	ReasonPerUnitCap      Reason = "per-unit-cap"     // beyond MaxPerEvictUnit in its evict unit
 	ReasonGlobalCap       Reason = "global-cap"       // beyond MaxContainers overall
-	ReasonSandboxOrphaned Reason = "sandbox-orphaned" // an exited sandbox whose pod has no container left
+	ReasonSandboxOrphaned Reason = "sandbox-orphaned" // an exited sandbox holding no container, not its live pod's newest
 	ReasonTTLExpired      Reason = "ttl-expired"      // a plain container whose owner is done, past its TTL
+	ReasonPodDeleted      Reason = "pod-deleted"      // a dead container or exited sandbox of a deleted pod
 )
 
 // InUseReason reports whether r says an image is held by a container.

@@ -26,7 +26,9 @@ type scenario struct {
 	Disk            DiskStats            `json:"disk"`
 	ImagePolicy     *imagePolicyJSON     `json:"imagePolicy"`
 	ContainerPolicy *containerPolicyJSON `json:"containerPolicy"`
-	Events          []json.RawMessage    `json:"events"`
+	// PodsGone: the pods (by uid) whose log dir is gone, and since when.
+	PodsGone map[string]time.Time `json:"podsGone,omitempty"`
+	Events   []json.RawMessage    `json:"events"`
 }
 
 type imagePolicyJSON struct {
@@ -158,9 +160,13 @@ func plan(t *testing.T, sc scenario, s *projection.State) []byte {
 		if err := policy.Validate(); err != nil {
 			t.Fatalf("container policy: %v", err)
 		}
-		plan := PlanContainers(s, policy, sc.Now)
+		gone := func(uid, _, _ string) (time.Time, bool) {
+			since, ok := sc.PodsGone[uid]
+			return since, ok
+		}
+		plan := planContainers(s, policy, sc.Now, gone, true)
 		checkContainerPlan(t, s, policy, plan)
-		if light := planContainers(s, policy, sc.Now, nil, false); !slices.Equal(containerSummary(light.Remove), containerSummary(plan.Remove)) ||
+		if light := planContainers(s, policy, sc.Now, gone, false); !slices.Equal(containerSummary(light.Remove), containerSummary(plan.Remove)) ||
 			!light.NextEligible.Equal(plan.NextEligible) {
 			t.Errorf("a pass's plan removes %q, the full plan %q", containerSummary(light.Remove), containerSummary(plan.Remove))
 		}

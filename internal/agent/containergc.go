@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"os"
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
@@ -17,6 +18,22 @@ func (c Config) ContainerPolicy() gc.ContainerPolicy {
 		Prune:           gc.PruneMode(c.PruneContainers),
 
 		UncollectedGrace: c.UncollectedExitGrace,
+		PodGrace:         c.PodLogGrace,
+	}
+}
+
+// podKept says a pod is still there while its log dir exists under dir
+// (the kubelet removes it only for a deleted pod), and says so of every
+// pod while dir itself cannot be read as a directory: a pod log dir the
+// agent does not see (not mounted, another --pod-log-dir) must not make
+// every stopped pod look deleted.
+func podKept(dir string) func(uid, namespace, name string) bool {
+	exists := logs.PodLogDirExists(dir)
+	return func(uid, namespace, name string) bool {
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return true
+		}
+		return exists(uid, namespace, name)
 	}
 }
 
@@ -34,7 +51,7 @@ func (a *agent) setupContainerGC() error {
 	}
 	cgc, err := gc.NewContainerGC(gc.ContainerGCDeps{
 		State: a.live, Changes: a.live.Subscribe(), Runtime: a.runtime, Deletes: a.deletes, Publisher: a.pub,
-		PodKept: logs.PodLogDirExists(a.cfg.PodLogDir),
+		PodKept: podKept(a.cfg.PodLogDir),
 	}, gc.ContainerGCOptions{
 		Policy:  a.cfg.ContainerPolicy(),
 		DryRun:  a.cfg.DryRun,

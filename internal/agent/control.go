@@ -11,7 +11,6 @@ import (
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/version"
-	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
@@ -90,7 +89,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	p.Synced = a.live.Synced()
 	a.live.ViewAll(func(states []*projection.State) {
 		p.Images = gc.PlanImages(states, disk, a.imagePolicy(), now)
-		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, logs.PodLogDirExists(a.cfg.PodLogDir))
+		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, podKept(a.cfg.PodLogDir))
 	})
 	return p, nil
 }

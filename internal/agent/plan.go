@@ -143,7 +143,7 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 		doc.Next = &next
 	}
 	doc.ContainerPolicy = cfg.ContainerPolicy()
-	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, logs.PodLogDirExists(cfg.PodLogDir))
+	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, podKept(cfg.PodLogDir))
 	doc.LogsConfig = cfg.LogsConfig()
 	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
 	// empty and unsynced, and the log plan removes nothing.
