@@ -151,14 +151,16 @@ func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Pla
 	p := Plan{At: now, Synced: st.Synced(), Decisions: make([]Decision, 0, len(entries))}
 	// A PodLogDir that is missing or empty while CRI containers run is not
 	// the one the kubelet writes to (a DaemonSet without that mount, a
-	// wrong flag): every link would look dangling. Remove no link then.
-	// Asked only when a link is not kept: it reads every container.
+	// wrong flag): every link would look dangling. Remove no link then,
+	// and say so also for a link kept as unverifiable: the missing dir is
+	// the cause to fix first. Asked only for such links: it reads every
+	// container.
 	blind := sync.OnceValue(func() bool {
 		return !slices.ContainsFunc(entries, func(e Entry) bool { return e.Kind == KindPodDir }) && st.CRIContainersRunning()
 	})
 	for _, e := range entries {
 		d := decide(e, st, grace, now)
-		if e.Kind == KindSymlink && d.Action != ActionKeep && blind() {
+		if e.Kind == KindSymlink && (d.Action != ActionKeep || d.Reason == ReasonTargetUnverifiable) && blind() {
 			d.Action, d.Reason, d.EligibleAt = ActionKeep, ReasonNoPodLogDir, time.Time{}
 		}
 		if d.Action == ActionWait && (p.Next.IsZero() || d.EligibleAt.Before(p.Next)) {

@@ -239,6 +239,8 @@ func TestPlanLogsBlindWithoutPodLogDir(t *testing.T) {
 	exited := cid("e1")
 	dangling := Entry{Kind: KindSymlink, Name: "p_ns_c-" + exited + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetErr: syscall.ENOENT, FirstSeen: now}
 	podDir := Entry{Kind: KindPodDir, Name: "ns_p_" + "alive", Type: fs.ModeDir, FirstSeen: now}
+	elsewhere := dangling
+	elsewhere.TargetInView = false
 	for _, tt := range []struct {
 		name       string
 		criRunning bool
@@ -246,6 +248,8 @@ func TestPlanLogsBlindWithoutPodLogDir(t *testing.T) {
 		want       Reason
 	}{
 		{"no pod dirs, CRI containers run", true, []Entry{dangling}, ReasonNoPodLogDir},
+		{"no pod dirs, CRI containers run, target elsewhere", true, []Entry{elsewhere}, ReasonNoPodLogDir},
+		{"pod dirs seen, target elsewhere", true, []Entry{elsewhere, podDir}, ReasonTargetUnverifiable},
 		{"no pod dirs, no CRI container runs", false, []Entry{dangling}, ReasonContainerExited},
 		{"pod dirs seen, CRI containers run", true, []Entry{dangling, podDir}, ReasonContainerExited},
 	} {
