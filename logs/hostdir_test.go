@@ -11,6 +11,7 @@ import (
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 func TestTargetInView(t *testing.T) {
@@ -130,5 +131,20 @@ func TestHostPodLogDir(t *testing.T) {
 	}
 	if r := reasons[filepath.Base(stray)]; r != ReasonTargetUnverifiable {
 		t.Errorf("mapped: the stray link is kept for %q, want %q", r, ReasonTargetUnverifiable)
+	}
+}
+
+// TestReadlinkatGrows: a target longer than the first buffer is read whole.
+func TestReadlinkatGrows(t *testing.T) {
+	dir := t.TempDir()
+	target := "/nonexistent/" + strings.Repeat("abcdefg/", 500) + "0.log" // over 4000 bytes
+	symlink(t, target, filepath.Join(dir, "l.log"))
+	fd, err := openRoot(dir)
+	if err != nil || fd < 0 {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if got, err := readlinkat(fd, "l.log"); err != nil || got != target {
+		t.Errorf("readlinkat = %d bytes, %v; want %d bytes", len(got), err, len(target))
 	}
 }

@@ -98,14 +98,12 @@ func scanEntry(cfg Config, root int, kind Kind, name string) (e Entry, gone bool
 func statTarget(cfg Config, root int, name string) (target string, inView bool, err error) {
 	var st unix.Stat_t
 	through := func() error { return unix.Fstatat(root, name, &st, unix.AT_NO_AUTOMOUNT) }
-	buf := make([]byte, unix.PathMax+1)
-	n, rerr := unix.Readlinkat(root, name, buf)
-	if rerr != nil || n >= len(buf) {
-		// Unreadable or too long: no path to judge; the stat through the
-		// link still tells whether it exists.
+	target, rerr := readlinkat(root, name)
+	if rerr != nil {
+		// Unreadable: no path to judge; the stat through the link still
+		// tells whether it exists.
 		return "", false, through()
 	}
-	target = string(buf[:n])
 	path, inView := cfg.TargetInView(target)
 	if !inView || path == filepath.Join(cfg.LogDir, target) || path == filepath.Clean(target) {
 		return target, inView, through() // the kernel resolves it to path (or it is not in view)
@@ -115,6 +113,25 @@ func statTarget(cfg Config, root int, name string) (target string, inView bool, 
 		err = nil
 	}
 	return target, inView, err
+}
+
+// readlinkat reads the target of the symlink name of the directory open as
+// dirfd. It starts small (a kubelet's target is about 150 bytes; a pass
+// reads every link) and grows up to PATH_MAX.
+func readlinkat(dirfd int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return "", err
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+		if size > unix.PathMax {
+			return "", unix.ENAMETOOLONG
+		}
+	}
 }
 
 // scanDir scans every entry of root. Per-entry errors are collected and the
