@@ -206,6 +206,9 @@ func TestDaemonSetAsCRIPod(t *testing.T) {
 			"GCAGENT_MINIMUM_IMAGE_TTL_DURATION": "0s",
 			"GCAGENT_UNCOLLECTED_EXIT_GRACE":     "1s", // nobody collects the job's exit here
 			"GCAGENT_POD_LOG_GRACE":              "1s", // a link of an unknown container waits this long
+			// The links name the host's pod log dir, which the pod sees at
+			// /var/log/pods: what a chart sets where the host path differs.
+			"GCAGENT_HOST_POD_LOG_DIR": c.PodLogDir,
 		}
 		for k, v := range overrides {
 			if _, ok := env[k]; !ok {
@@ -318,6 +321,10 @@ func TestDaemonSetAsCRIPod(t *testing.T) {
 		if err != nil {
 			t.Fatalf("start dead-job: %v", err)
 		}
+		// A link whose target exists on the host, at a path the pod does
+		// not see (issue 27): kept, though its container is unknown.
+		hostLink := filepath.Join(c.LogDir, "shipper_default_app-fedcba9876543210.log")
+		mustSymlink(t, agentLog, hostLink)
 		link := danglingLog(t, c, "ghost", "0123456789abcdef")
 		testenv.Eventually(t, 30*time.Second, func() string {
 			switch {
@@ -328,6 +335,9 @@ func TestDaemonSetAsCRIPod(t *testing.T) {
 			}
 			return ""
 		})
+		if !exists(hostLink) {
+			t.Errorf("the agent in the pod removed %s, whose target exists on the host", hostLink)
+		}
 
 		// Each action on NATS, exactly once, with the documented fields.
 		var evs []storedEvent

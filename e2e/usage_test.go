@@ -36,6 +36,7 @@ var badRunValues = map[string]struct {
 	"embedded-nats-max-store":               {value: "256XB"},
 	"exclude-namespace":                     {value: "*"},
 	"heartbeat-interval":                    {value: "30"},
+	"host-pod-log-dir":                      {value: "var/log/pods"},
 	"image-fs":                              {value: "relative/dir"},
 	"image-gc-high-threshold":               {value: "101"},
 	"image-gc-low-threshold":                {value: "-1"},

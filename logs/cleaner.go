@@ -102,6 +102,8 @@ type Cleaner struct {
 
 	deepFull bool // the deep watch limit was reached (logged once); Run's goroutine only
 
+	unverifiableSaid bool // links kept as unverifiable were logged; guarded by mu
+
 	mu   sync.Mutex // serializes passes; guards seen
 	seen map[key]*tracked
 }
@@ -160,7 +162,7 @@ func (c *Cleaner) Status() Plan {
 		return Plan{}
 	}
 	cp := *p
-	cp.Decisions = slices.Clone(p.Decisions)
+	cp.Decisions, cp.Problems = slices.Clone(p.Decisions), slices.Clone(p.Problems)
 	return cp
 }
 
@@ -194,15 +196,17 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 
 	plan := PlanLogs(entries, c.state, c.cfg.PodLogGrace, now)
 	plan.DryRun = c.cfg.DryRun
+	plan.Problems = c.problems(plan)
 	if !apply {
 		return plan, scanErr
 	}
+	c.sayUnverifiable(plan)
 	errs := []error{scanErr}
 	if scanErr != nil {
 		c.metrics.error("scan")
 	}
 	last := plan
-	last.Decisions = slices.Clone(plan.Decisions)
+	last.Decisions, last.Problems = slices.Clone(plan.Decisions), slices.Clone(plan.Problems)
 	c.last.Store(&last)
 	c.metrics.pass(plan)
 
@@ -252,7 +256,7 @@ func (c *Cleaner) scan() (roots map[Kind]int, entries []Entry, err error) {
 			continue
 		}
 		roots[kind] = fd
-		es, err := scanDir(fd, dir, kind)
+		es, err := scanDir(c.cfg, fd, dir, kind)
 		errs = append(errs, err)
 		if kind == KindPodDir {
 			mounted, err := mountedNames(fd)
@@ -317,7 +321,7 @@ func (c *Cleaner) path(d Decision) string {
 // and records it.
 func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, planned Decision) error {
 	path := c.path(planned)
-	fresh, gone, err := scanEntry(root, e.Kind, e.Name)
+	fresh, gone, err := scanEntry(c.cfg, root, e.Kind, e.Name)
 	if err != nil {
 		return fmt.Errorf("re-check %s: %w", path, err)
 	}

@@ -183,7 +183,9 @@ func TestHostileTree(t *testing.T) {
 			t.Errorf("%s: outside tree changed:\n%s", step, d)
 		}
 	}
-	removedFirst := append([]string{linkExited, linkWeird, linkToMissing, podOrphan, podWeird}, h.unmounted()...)
+	// linkToMissing dangles, its container exited, but its target lies
+	// outside the pod log dir: unverifiable, kept.
+	removedFirst := append([]string{linkExited, linkWeird, podOrphan, podWeird}, h.unmounted()...)
 
 	// Not synced: nothing at all.
 	h.state.mu.Lock()
@@ -211,24 +213,25 @@ func TestHostileTree(t *testing.T) {
 		reasons[string(d.Kind)+":"+d.Name] = d.Reason
 	}
 	for name, want := range map[string]Reason{
-		"symlink:" + filepath.Base(linkRunning):  ReasonContainerRunning,
-		"symlink:" + filepath.Base(linkTargetOK): ReasonTargetExists,
-		"symlink:" + filepath.Base(linkOutside):  ReasonTargetExists,
-		"symlink:" + filepath.Base(linkLoopA):    ReasonTargetError,
-		"symlink:" + filepath.Base(fileRegular):  ReasonNotSymlink,
-		"symlink:" + filepath.Base(dirDotLog):    ReasonNotSymlink,
-		"symlink:" + filepath.Base(linkNotLog):   ReasonNotLog,
-		"symlink:" + filepath.Base(linkShortID):  ReasonBadName,
-		"symlink:" + filepath.Base(linkUnknown):  ReasonGrace,
-		"symlink:" + filepath.Base(linkExited):   ReasonContainerExited,
-		"poddir:" + filepath.Base(podLive):       ReasonPodAlive,
-		"poddir:" + filepath.Base(podSymlink):    ReasonNotDirectory,
-		"poddir:" + filepath.Base(podFile):       ReasonNotDirectory,
-		"poddir:" + filepath.Base(podLostF):      ReasonBadName,
-		"poddir:" + filepath.Base(podBadUID):     ReasonBadName,
-		"poddir:" + filepath.Base(podYoung):      ReasonGrace,
-		"poddir:" + filepath.Base(podNever):      ReasonGrace,
-		"poddir:" + filepath.Base(podOrphan):     ReasonPodGone,
+		"symlink:" + filepath.Base(linkRunning):   ReasonContainerRunning,
+		"symlink:" + filepath.Base(linkTargetOK):  ReasonTargetExists,
+		"symlink:" + filepath.Base(linkOutside):   ReasonTargetExists,
+		"symlink:" + filepath.Base(linkLoopA):     ReasonTargetError,
+		"symlink:" + filepath.Base(fileRegular):   ReasonNotSymlink,
+		"symlink:" + filepath.Base(dirDotLog):     ReasonNotSymlink,
+		"symlink:" + filepath.Base(linkNotLog):    ReasonNotLog,
+		"symlink:" + filepath.Base(linkShortID):   ReasonBadName,
+		"symlink:" + filepath.Base(linkUnknown):   ReasonGrace,
+		"symlink:" + filepath.Base(linkExited):    ReasonContainerExited,
+		"symlink:" + filepath.Base(linkToMissing): ReasonTargetUnverifiable,
+		"poddir:" + filepath.Base(podLive):        ReasonPodAlive,
+		"poddir:" + filepath.Base(podSymlink):     ReasonNotDirectory,
+		"poddir:" + filepath.Base(podFile):        ReasonNotDirectory,
+		"poddir:" + filepath.Base(podLostF):       ReasonBadName,
+		"poddir:" + filepath.Base(podBadUID):      ReasonBadName,
+		"poddir:" + filepath.Base(podYoung):       ReasonGrace,
+		"poddir:" + filepath.Base(podNever):       ReasonGrace,
+		"poddir:" + filepath.Base(podOrphan):      ReasonPodGone,
 	} {
 		if got := reasons[name]; got != want {
 			t.Errorf("%q: reason %q, want %q", name, got, want)
@@ -293,8 +296,11 @@ func TestHostileTree(t *testing.T) {
 	if got, want := testutil.ToFloat64(m.removed.WithLabelValues("poddir", "pod-gone")), 3+len(h.unmounted()); got != float64(want) {
 		t.Errorf("removed{poddir,pod-gone} = %v, want %v", got, want)
 	}
-	if got := testutil.ToFloat64(m.removed.WithLabelValues("symlink", "container-exited")); got != 3 {
-		t.Errorf("removed{symlink,container-exited} = %v, want 3", got)
+	if got := testutil.ToFloat64(m.removed.WithLabelValues("symlink", "container-exited")); got != 2 {
+		t.Errorf("removed{symlink,container-exited} = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.unverifiable); got != 1 {
+		t.Errorf("links unverifiable = %v, want 1", got)
 	}
 	if got := testutil.ToFloat64(m.skipped.WithLabelValues("symlink", "target-exists")); got != 2 {
 		t.Errorf("skipped{symlink,target-exists} = %v, want 2", got)
@@ -359,7 +365,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	if d := diffSnap(outside0, snapshot(t, h.outside)); d != "" {
 		t.Errorf("dry run changed the outside tree:\n%s", d)
 	}
-	if got, want := len(bus.all()), 8+len(h.unmounted()); got != want {
+	if got, want := len(bus.all()), 7+len(h.unmounted()); got != want {
 		t.Errorf("published %d dry-run skips, want %d: %+v", got, want, bus.all())
 	}
 	if j := bus.journal(); len(j) != 0 {
@@ -397,7 +403,7 @@ func TestPlanChangesNothing(t *testing.T) {
 			remove++
 		}
 	}
-	if want := 5 + len(h.unmounted()); remove != want {
+	if want := 4 + len(h.unmounted()); remove != want {
 		t.Errorf("plan has %d removals, want %d: %+v", remove, want, plan.Decisions)
 	}
 	if len(c.Status().Decisions) != 0 {

@@ -12,6 +12,9 @@ type Metrics struct {
 	errors  *prometheus.CounterVec   // op
 	latency *prometheus.HistogramVec // kind
 	passes  prometheus.Counter
+	// unverifiable: links kept by the last pass because their targets lie
+	// outside the pod log dir the agent sees.
+	unverifiable prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -39,9 +42,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "gcagent_logs_passes_total",
 			Help: "Full scan-plan-apply passes over both directories.",
 		}),
+		unverifiable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gcagent_logs_links_unverifiable",
+			Help: "Log links kept by the last pass because their targets lie outside the pod log dir the agent sees (set --host-pod-log-dir).",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.removed, m.skipped, m.errors, m.latency, m.passes} {
+		for _, c := range []prometheus.Collector{m.removed, m.skipped, m.errors, m.latency, m.passes, m.unverifiable} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -55,6 +62,8 @@ func (m *Metrics) pass(p Plan) {
 		return
 	}
 	m.passes.Inc()
+	n, _ := unverifiable(p)
+	m.unverifiable.Set(float64(n))
 	m.skipped.Reset()
 	for _, d := range p.Decisions {
 		if d.Action != ActionRemove {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -82,6 +83,10 @@ const (
 	ReasonMountPoint       Reason = "mount-point"       // a mount point is at or under the pod dir
 	ReasonGrace            Reason = "grace"             // removable at EligibleAt
 	ReasonNoPodLogDir      Reason = "no-pod-log-dir"    // PodLogDir missing or empty while CRI containers run: every link would look dangling
+	// ReasonTargetUnverifiable: the stat through the link failed, but its
+	// target lies outside the pod log dir the agent sees
+	// (Config.TargetInView): the file may exist on the host.
+	ReasonTargetUnverifiable Reason = "target-unverifiable"
 )
 
 // Entry is one scanned directory entry, the planner's whole view of it.
@@ -92,8 +97,15 @@ type Entry struct {
 	// Type holds the type bits of lstat: 0 for a regular file,
 	// fs.ModeSymlink, fs.ModeDir, ...
 	Type fs.FileMode
-	// TargetErr is, for a *.log symlink of LogDir, the error of stat through
-	// the link: nil when the target exists; ENOENT means dangling.
+	// Target is, for a *.log symlink of LogDir, the link's target as read.
+	Target string
+	// TargetInView is whether Target lies in the pod log dir the agent
+	// sees (Config.TargetInView): only then does a failed stat mean the
+	// target is gone. False also when the target could not be read.
+	TargetInView bool
+	// TargetErr is, for a *.log symlink of LogDir, the error of stat of
+	// the target where the agent sees it: nil when the target exists;
+	// ENOENT means dangling if TargetInView.
 	TargetErr error
 	// Mounted is, for a pod dir, whether a mount point is at or under it.
 	Mounted bool
@@ -123,6 +135,9 @@ type Plan struct {
 	Decisions []Decision `json:"decisions"`
 	// Next is the earliest deadline of a waiting entry; zero if none.
 	Next time.Time `json:"next,omitzero"`
+	// Problems says, one line each, why links are kept that the agent
+	// cannot judge (Cleaner.Problems); set by the Cleaner, not PlanLogs.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // maxNameLen is the kubelet's ext4MaxFileNameLen: longer link names are
@@ -136,14 +151,16 @@ func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Pla
 	p := Plan{At: now, Synced: st.Synced(), Decisions: make([]Decision, 0, len(entries))}
 	// A PodLogDir that is missing or empty while CRI containers run is not
 	// the one the kubelet writes to (a DaemonSet without that mount, a
-	// wrong flag): every link would look dangling. Remove no link then.
-	// Asked only when a link is not kept: it reads every container.
+	// wrong flag): every link would look dangling. Remove no link then,
+	// and say so also for a link kept as unverifiable: the missing dir is
+	// the cause to fix first. Asked only for such links: it reads every
+	// container.
 	blind := sync.OnceValue(func() bool {
 		return !slices.ContainsFunc(entries, func(e Entry) bool { return e.Kind == KindPodDir }) && st.CRIContainersRunning()
 	})
 	for _, e := range entries {
 		d := decide(e, st, grace, now)
-		if e.Kind == KindSymlink && d.Action != ActionKeep && blind() {
+		if e.Kind == KindSymlink && (d.Action != ActionKeep || d.Reason == ReasonTargetUnverifiable) && blind() {
 			d.Action, d.Reason, d.EligibleAt = ActionKeep, ReasonNoPodLogDir, time.Time{}
 		}
 		if d.Action == ActionWait && (p.Next.IsZero() || d.EligibleAt.Before(p.Next)) {
@@ -180,6 +197,11 @@ func decideLink(e Entry, st State, grace time.Duration, now time.Time) Decision 
 		// ELOOP, ENOTDIR, EACCES...: the kubelet's os.IsNotExist is false for
 		// them too, so the link is not dangling.
 		d.Reason, d.Detail = ReasonTargetError, e.TargetErr.Error()
+		return d
+	case !e.TargetInView:
+		// The kubelet's stat sees the host's paths; this one does not.
+		d.Reason, d.Detail = ReasonTargetUnverifiable, "target "+strconv.Quote(e.Target)+" lies outside the pod log dir the agent sees"
+		d.Container, _ = ContainerID(e.Name)
 		return d
 	}
 	id, ok := ContainerID(e.Name)

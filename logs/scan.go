@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -69,9 +70,10 @@ func fileType(mode uint32) fs.FileMode {
 }
 
 // scanEntry looks at one entry of root without following it, and for a
-// *.log symlink of LogDir also stats through it. gone is true when the
-// entry does not exist (any more).
-func scanEntry(root int, kind Kind, name string) (e Entry, gone bool, err error) {
+// *.log symlink of LogDir also reads its target and stats it where the
+// agent sees it (cfg.TargetInView). gone is true when the entry does not
+// exist (any more).
+func scanEntry(cfg Config, root int, kind Kind, name string) (e Entry, gone bool, err error) {
 	var st unix.Stat_t
 	err = unix.Fstatat(root, name, &st, unix.AT_SYMLINK_NOFOLLOW)
 	if errors.Is(err, unix.ENOENT) {
@@ -82,18 +84,59 @@ func scanEntry(root int, kind Kind, name string) (e Entry, gone bool, err error)
 	}
 	e = Entry{Kind: kind, Name: name, Type: fileType(st.Mode)}
 	if kind == KindSymlink && e.Type == fs.ModeSymlink && strings.HasSuffix(name, ".log") {
-		var target unix.Stat_t
-		// Following is a read: it tells dangling from not. No automount.
-		if err := unix.Fstatat(root, name, &target, unix.AT_NO_AUTOMOUNT); err != nil {
-			e.TargetErr = err
-		}
+		e.Target, e.TargetInView, e.TargetErr = statTarget(cfg, root, name)
 	}
 	return e, false, nil
 }
 
+// statTarget reads the target of the symlink name of root, says whether it
+// lies in the pod log dir the agent sees, and returns the error of stat
+// there (nil: it exists). Following is a read: it tells dangling from not.
+// No automount. A target mapped from the host's pod log dir is stat'ed
+// both where it maps to and through the link: ENOENT only when neither
+// finds it.
+func statTarget(cfg Config, root int, name string) (target string, inView bool, err error) {
+	var st unix.Stat_t
+	through := func() error { return unix.Fstatat(root, name, &st, unix.AT_NO_AUTOMOUNT) }
+	target, rerr := readlinkat(root, name)
+	if rerr != nil {
+		// Unreadable: no path to judge; the stat through the link still
+		// tells whether it exists.
+		return "", false, through()
+	}
+	path, inView := cfg.TargetInView(target)
+	if !inView || path == filepath.Join(cfg.LogDir, target) || path == filepath.Clean(target) {
+		return target, inView, through() // the kernel resolves it to path (or it is not in view)
+	}
+	err = unix.Fstatat(unix.AT_FDCWD, path, &st, unix.AT_NO_AUTOMOUNT)
+	if errors.Is(err, unix.ENOENT) && through() == nil {
+		err = nil
+	}
+	return target, inView, err
+}
+
+// readlinkat reads the target of the symlink name of the directory open as
+// dirfd. It starts small (a kubelet's target is about 150 bytes; a pass
+// reads every link) and grows up to PATH_MAX.
+func readlinkat(dirfd int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return "", err
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+		if size > unix.PathMax {
+			return "", unix.ENAMETOOLONG
+		}
+	}
+}
+
 // scanDir scans every entry of root. Per-entry errors are collected and the
 // scan goes on; path is for messages only.
-func scanDir(root int, path string, kind Kind) ([]Entry, error) {
+func scanDir(cfg Config, root int, path string, kind Kind) ([]Entry, error) {
 	names, err := readNames(root)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
@@ -101,7 +144,7 @@ func scanDir(root int, path string, kind Kind) ([]Entry, error) {
 	entries := make([]Entry, 0, len(names))
 	var errs []error
 	for _, name := range names {
-		e, gone, err := scanEntry(root, kind, name)
+		e, gone, err := scanEntry(cfg, root, kind, name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("lstat %s: %w", display(path, name), err))
 			continue

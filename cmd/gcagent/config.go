@@ -46,6 +46,7 @@ func runFlags(name string, cfg *agent.Config) *flag.FlagSet {
 	fs.StringVar(&cfg.NerdctlDataRoot, "nerdctl-data-root", cfg.NerdctlDataRoot, "nerdctl's --data-root: the state of a removed nerdctl container is cleaned there; one whose state lies elsewhere is kept")
 	fs.StringVar(&cfg.LogDir, "log-dir", cfg.LogDir, "container log symlink directory")
 	fs.StringVar(&cfg.PodLogDir, "pod-log-dir", cfg.PodLogDir, "pod log directory")
+	fs.StringVar(&cfg.HostPodLogDir, "host-pod-log-dir", cfg.HostPodLogDir, "the pod log directory's path on the host, which the kubelet's log links point into, when it is mounted at --pod-log-dir (default: the same)")
 	fs.Var(durationValue{&cfg.PodLogGrace}, "pod-log-grace", "how long a pod must be gone before its log dir is removed")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "where the journal, snapshots and NATS outbox live")
 	fs.Var(durationValue{&cfg.ResyncInterval}, "resync-interval", "period of full listings of containerd")

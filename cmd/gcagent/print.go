@@ -84,11 +84,18 @@ func printLogsPlan(w io.Writer, cfg logs.Config, p logs.Plan) {
 	}
 	fmt.Fprint(w, "\nLOGS  ")
 	if cfg.LogDir != "" {
-		fmt.Fprintf(w, "log dir %s, pod log dir %s, grace %s, ", cfg.LogDir, cfg.PodLogDir, cfg.PodLogGrace)
+		fmt.Fprintf(w, "log dir %s, pod log dir %s, ", cfg.LogDir, cfg.PodLogDir)
+		if cfg.HostPodLogDir != "" {
+			fmt.Fprintf(w, "on the host %s, ", cfg.HostPodLogDir)
+		}
+		fmt.Fprintf(w, "grace %s, ", cfg.PodLogGrace)
 	} else if !p.At.IsZero() {
 		fmt.Fprintf(w, "last pass %s, ", p.At.Format(time.RFC3339Nano))
 	}
 	fmt.Fprintf(w, "synced %v, dry run %v: %d to remove, %d kept or waiting\n", p.Synced, p.DryRun, remove, len(p.Decisions)-remove)
+	for _, pr := range p.Problems {
+		fmt.Fprintf(w, "kept: %s\n", pr)
+	}
 	if !p.Next.IsZero() {
 		fmt.Fprintf(w, "next grace deadline: %s\n", p.Next.Format(time.RFC3339Nano))
 	}

@@ -71,6 +71,11 @@ type Config struct {
 	LogDir string
 	// PodLogDir holds the pod log directories. Default /var/log/pods.
 	PodLogDir string
+	// HostPodLogDir is the pod log dir's path on the host, which the
+	// kubelet's link targets start with, when the agent sees that dir at
+	// PodLogDir (a DaemonSet mounting it elsewhere, k3s, RKE2, a custom
+	// podLogsDir). Default empty: the same as PodLogDir.
+	HostPodLogDir string
 	// PodLogGrace is how long a pod must be gone before its log dir goes. Default 1m.
 	PodLogGrace time.Duration
 	// StateDir holds the journal, snapshots and the NATS outbox. Default /var/lib/gcagent.
@@ -258,6 +263,9 @@ func (c Config) Validate() error {
 	}
 	if err := validAddress(c.MetricsAddress); err != nil {
 		checks = append(checks, fmt.Errorf("invalid --metrics-address %q: %v", c.MetricsAddress, err))
+	}
+	if c.HostPodLogDir != "" && !filepath.IsAbs(c.HostPodLogDir) {
+		checks = append(checks, fmt.Errorf("invalid --host-pod-log-dir %q: must be an absolute path", c.HostPodLogDir))
 	}
 	if c.ImageFS != "" && !filepath.IsAbs(c.ImageFS) {
 		checks = append(checks, fmt.Errorf("invalid --image-fs %q: must be an absolute path", c.ImageFS))

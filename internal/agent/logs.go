@@ -12,7 +12,7 @@ import (
 
 // LogsConfig is the log cleaner's part of c.
 func (c Config) LogsConfig() logs.Config {
-	return logs.Config{LogDir: c.LogDir, PodLogDir: c.PodLogDir, PodLogGrace: c.PodLogGrace, DryRun: c.DryRun}
+	return logs.Config{LogDir: c.LogDir, PodLogDir: c.PodLogDir, HostPodLogDir: c.HostPodLogDir, PodLogGrace: c.PodLogGrace, DryRun: c.DryRun}
 }
 
 // setupLogs builds the log cleaner and subscribes it to the projection;

@@ -36,6 +36,7 @@ func (c Config) Policy() []Setting {
 		{"maximum-dead-containers-per-container", strconv.Itoa(c.MaxDeadPerContainer)},
 		{"maximum-dead-containers", strconv.Itoa(c.MaxDeadContainers)},
 		{"pod-log-grace", dur(c.PodLogGrace)},
+		{"host-pod-log-dir", c.HostPodLogDir},
 		{"dry-run", strconv.FormatBool(c.DryRun)},
 	}
 	out := make([]Setting, 0, len(list))

@@ -352,6 +352,12 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 			// Not a readiness failure: GC goes on; events lose their dedupe.
 			defer fmt.Fprintln(w, "nats: core publish (the server has no JetStream)")
 		}
+		if a.logs != nil {
+			// Not a readiness failure: the links are kept, GC goes on.
+			for _, p := range a.logs.Problems() {
+				defer fmt.Fprintln(w, "logs: "+p)
+			}
+		}
 		if d := a.journalDetail(); d != "" {
 			defer fmt.Fprintln(w, d) // not a readiness failure: GC goes on
 		}
