@@ -41,6 +41,7 @@ var badRunValues = map[string]struct {
 	"image-gc-low-threshold":                {value: "-1"},
 	"image-maximum-gc-age":                  {value: "1m"},
 	"keep-image":                            {value: "[x"},
+	"kubelet-config":                        {value: "/nonexistent/kubelet/config.yaml"},
 	"log-dir":                               {value: "var/log/containers"},
 	"log-format":                            {value: "xml"},
 	"log-level":                             {value: "loud"},

@@ -167,6 +167,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	reg.MustRegister(newOpsCollector(a))
+	a.reportKubelet()
 	boot := time.Now().UTC()
 	_ = a.pub.Publish(a.startedAction(boot))
 
@@ -350,6 +351,9 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		}
 		if !a.live.Synced() {
 			problems = append(problems, "projection: not synced")
+		}
+		for _, n := range a.kubeletNotes() {
+			defer fmt.Fprintln(w, "kubelet:", n) // not a readiness failure: GC goes on
 		}
 		if note := a.imageFS.Note(); note != "" {
 			// Not a readiness failure: GC measures the filesystem it says.
