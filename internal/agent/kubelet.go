@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -99,4 +100,14 @@ func (a *agent) reportKubelet() {
 		Name: "gcagent_kubelet_image_gc_enabled",
 		Help: "1 when the kubelet's config (--kubelet-config) leaves the kubelet's own image GC on (imageGCHighThresholdPercent below 100 or imageMaximumGCAge set): two collectors over one disk; 0 when handed over.",
 	}, func() float64 { return on }))
+}
+
+// preflight logs `gcagent check`'s lines once at start; the kubelet's
+// lines only without --kubelet-config, which reportKubelet already said.
+func (a *agent) preflight(ctx context.Context) {
+	var skip []string
+	if a.cfg.Kubelet != nil {
+		skip = []string{"kubelet-config", "kubelet-eviction"}
+	}
+	LogChecks(ctx, a.cfg, a.log, skip...)
 }

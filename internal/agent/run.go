@@ -282,6 +282,7 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	g.Go(func() error { return a.runHeartbeat(gctx, a.bus, boot) })
 	g.Go(func() error { return saveClock(gctx, a.clock, clockFile, log) })
 	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger()) })
+	g.Go(func() error { a.preflight(gctx); return nil })
 	if skew != nil {
 		g.Go(func() error {
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
