@@ -174,6 +174,8 @@ func TestBadSettingsExitTwo(t *testing.T) {
 		{[]string{"status", "--json=maybe"}, "json"},
 		{[]string{"plan", "--json=maybe"}, "json"},
 		{[]string{"plan", "--image-gc-high-threshold=101"}, "image-gc-high-threshold"},
+		{[]string{"check", "--json=maybe"}, "json"},
+		{[]string{"check", "--kubelet-config=/nonexistent/config.yaml"}, "kubelet-config"},
 		{[]string{"frobnicate"}, "frobnicate"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) { run(t, tc.args, nil, tc.mustName) })

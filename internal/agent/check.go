@@ -359,12 +359,16 @@ func checkKubelet(cfg Config, capacity uint64) []CheckResult {
 		for _, t := range first {
 			names = append(names, t.String())
 		}
-		out = append(out, warnLine("kubelet-eviction", "%s fire no later than gcagent's --image-gc-high-threshold %d%%: the kubelet evicts pods before gcagent frees images",
-			strings.Join(names, ", "), cfg.ImageGCHighThreshold))
+		verb := "fire"
+		if len(names) == 1 {
+			verb = "fires"
+		}
+		out = append(out, warnLine("kubelet-eviction", "%s %s no later than gcagent's --image-gc-high-threshold %d%%: the kubelet evicts pods before gcagent frees images",
+			strings.Join(names, ", "), verb, cfg.ImageGCHighThreshold))
 	case len(all) == 0:
 		out = append(out, okLine("kubelet-eviction", "no disk eviction thresholds"))
 	default:
-		out = append(out, okLine("kubelet-eviction", "%s fire after gcagent's --image-gc-high-threshold %d%%", strings.Join(all, ", "), cfg.ImageGCHighThreshold))
+		out = append(out, okLine("kubelet-eviction", "%s: after gcagent's --image-gc-high-threshold %d%%", strings.Join(all, ", "), cfg.ImageGCHighThreshold))
 	}
 	return out
 }
