@@ -149,6 +149,13 @@ func testKubeletConfig(t *testing.T, v testenv.Version) {
 			if err != nil || !strings.Contains(metrics, "\n"+tc.want.gauge+"\n") {
 				t.Errorf("/metrics lacks %q (%v)", tc.want.gauge, err)
 			}
+			if promtool, err := exec.LookPath("promtool"); err == nil {
+				cmd := exec.Command(promtool, "check", "metrics")
+				cmd.Stdin = strings.NewReader(metrics)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Errorf("promtool check metrics: %v\n%s", err, out)
+				}
+			}
 			// The start: the policy with sources, one warning for the
 			// kubelet's image GC when on, and the preflight's lines.
 			testenv.Eventually(t, 10*time.Second, func() string {
