@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -9,10 +10,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/internal/testenv"
 	"golang.org/x/sys/unix"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestCheck: `gcagent check` on a healthy private node says OK on every
@@ -108,7 +111,8 @@ func testCheck(t *testing.T, v testenv.Version) {
 		detail string
 	}{
 		{"socket missing", map[string]string{"containerd-address": filepath.Join(dir, "none.sock")}, "containerd", agent.CheckFail, "does not exist"},
-		{"log dir not mounted", map[string]string{"pod-log-dir": filepath.Join(dir, "no-pods")}, "pod-log-dir", agent.CheckWarn, "does not exist"},
+		{"log dir not mounted", map[string]string{"log-dir": filepath.Join(dir, "no-links")}, "log-dir", agent.CheckWarn, "does not exist"},
+		{"pod log dir not mounted", map[string]string{"pod-log-dir": filepath.Join(dir, "no-pods")}, "pod-log-dir", agent.CheckWarn, "does not exist"},
 		{"state dir read-only", map[string]string{"state-dir": readOnly}, "state-dir", agent.CheckFail, "read-only"},
 		{"kubelet image GC on", map[string]string{"kubelet-config": filepath.Join(kdir, "defaults.yaml")}, "kubelet-config", agent.CheckWarn, "image GC is on"},
 		{"kubelet eviction first", map[string]string{"kubelet-config": filepath.Join(kdir, "gc-on-eviction.yaml"), "image-gc-high-threshold": "90"}, "kubelet-eviction", agent.CheckWarn, "imagefs.available<20%"},
@@ -143,9 +147,43 @@ func testCheck(t *testing.T, v testenv.Version) {
 		})
 	}
 
+	// A running CRI pod: the pod log dir the kubelet writes holds its dir;
+	// an empty dir mounted in its place (the kubelet writes elsewhere) WARNs.
+	t.Run("pod log dir elsewhere", func(t *testing.T) {
+		rt, _ := c.CRI(t)
+		p := c.RunPod(t, rt, "web", "default", "uid-check-1")
+		res, code := check(t, nil)
+		for _, r := range res {
+			if r.Name == "pod-log-dir" && (r.Status != agent.CheckOK || !strings.Contains(r.Detail, "1 of 1 running pods")) {
+				t.Errorf("%s pod-log-dir: %s; want OK with 1 of 1 running pods", r.Status, r.Detail)
+			}
+		}
+		if code != 0 {
+			t.Errorf("exit %d", code)
+		}
+		empty := filepath.Join(dir, "empty-pods")
+		if err := os.MkdirAll(empty, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		res, code = check(t, map[string]string{"pod-log-dir": empty})
+		for _, r := range res {
+			if r.Name == "pod-log-dir" && (r.Status != agent.CheckWarn || !strings.Contains(r.Detail, "default_web_uid-check-1")) {
+				t.Errorf("%s pod-log-dir: %s; want WARN naming the pod's dir", r.Status, r.Detail)
+			}
+		}
+		if code != 0 {
+			t.Errorf("exit %d", code)
+		}
+		ctx, cancel := context.WithTimeout(c.Ctx(), time.Minute)
+		defer cancel()
+		if _, err := rt.StopPodSandbox(ctx, &runtime.StopPodSandboxRequest{PodSandboxId: p.SandboxID}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("agent running", func(t *testing.T) {
 		a := testenv.StartAgent(t, c, state, "--kubelet-config", filepath.Join(kdir, "gc-off.yaml"))
-		testenv.Eventually(t, 20e9, func() string {
+		testenv.Eventually(t, 20*time.Second, func() string {
 			if code, _, err := a.GetText("/readyz"); code != 200 {
 				return "agent not ready: " + errString(err)
 			}
