@@ -42,6 +42,7 @@ var badRunValues = map[string]struct {
 	"image-gc-low-threshold":                {value: "-1"},
 	"image-maximum-gc-age":                  {value: "1m"},
 	"keep-image":                            {value: "[x"},
+	"kubelet-config":                        {value: "/nonexistent/kubelet/config.yaml"},
 	"log-dir":                               {value: "var/log/containers"},
 	"log-format":                            {value: "xml"},
 	"log-level":                             {value: "loud"},
@@ -174,6 +175,8 @@ func TestBadSettingsExitTwo(t *testing.T) {
 		{[]string{"status", "--json=maybe"}, "json"},
 		{[]string{"plan", "--json=maybe"}, "json"},
 		{[]string{"plan", "--image-gc-high-threshold=101"}, "image-gc-high-threshold"},
+		{[]string{"check", "--json=maybe"}, "json"},
+		{[]string{"check", "--kubelet-config=/nonexistent/config.yaml"}, "kubelet-config"},
 		{[]string{"frobnicate"}, "frobnicate"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) { run(t, tc.args, nil, tc.mustName) })

@@ -187,6 +187,21 @@ type AgentStarted struct {
 	PruneContainers      string `json:"pruneContainers"`
 	ImageGCHighThreshold int    `json:"imageGCHighThreshold"`
 	ImageGCLowThreshold  int    `json:"imageGCLowThreshold"`
+	// Policy is every setting that decides what goes, its value and where
+	// it came from (default, flag, env, file, kubelet-config).
+	Policy []Setting `json:"policy,omitempty"`
+	// KubeletNotes are the warnings about the kubelet's config
+	// (--kubelet-config): its own image GC still on, eviction first.
+	KubeletNotes []string `json:"kubeletNotes,omitempty"`
+}
+
+// Setting is one setting in force: its flag name, its value and where it
+// came from ("default", "flag", "env GCAGENT_X", "file PATH:LINE",
+// "kubelet-config PATH").
+type Setting struct {
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Source string `json:"source"`
 }
 
 // StateReset is the data of agent.state_reset: the state file was

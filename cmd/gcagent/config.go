@@ -65,6 +65,7 @@ func runFlags(name string, cfg *agent.Config) *flag.FlagSet {
 	fs.BoolVar(&cfg.DryRun, "dry-run", cfg.DryRun, "plan, log and publish, but delete nothing")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "json or console")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&cfg.KubeletConfig, "kubelet-config", cfg.KubeletConfig, "the node's KubeletConfiguration file (e.g. /var/lib/kubelet/config.yaml): its image GC thresholds and ages are the defaults here; its own image GC and eviction thresholds are checked")
 	return fs
 }
 
@@ -120,6 +121,10 @@ func parseRun(args []string, env func(string) string, h help, stdout io.Writer) 
 		}
 	})
 	if err != nil {
+		return cfg, usageError{err}
+	}
+	// The kubelet's values fill what no flag, variable or file line set.
+	if err := cfg.AdoptKubelet(); err != nil {
 		return cfg, usageError{err}
 	}
 	if err := cfg.Validate(); err != nil {

@@ -30,6 +30,7 @@ const usage = `usage: gcagent <command> [flags]
 commands:
   run       run the agent
   plan      what GC would delete now and why, and the policy in force (deletes nothing)
+  check     preflight of this node: containerd, CRI, disks, log and state dirs, kubelet, NATS, clock
   status    print a running agent's projection
   watch     live fleet view from NATS
   ctl       send a control request over NATS (status, plan, explain, gc)
@@ -60,11 +61,11 @@ func main() {
 // (KEY=value). A usage error is one line and starts nothing.
 func dispatch(ctx context.Context, args []string, environ []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{errors.New("no command given (run, plan, status, watch, ctl, version; gcagent -h for help)")}
+		return usageError{errors.New("no command given (run, plan, check, status, watch, ctl, version; gcagent -h for help)")}
 	}
 	env := lookupIn(environ)
 	switch args[0] {
-	case "run", "plan", "status", "watch", "ctl":
+	case "run", "plan", "check", "status", "watch", "ctl":
 		if err := checkEnviron(environ); err != nil {
 			return usageError{err}
 		}
@@ -78,6 +79,8 @@ func dispatch(ctx context.Context, args []string, environ []string, stdout, stde
 		return agent.Run(ctx, cfg, stderr)
 	case "plan":
 		return planCmd(ctx, args[1:], env, stdout, stderr)
+	case "check":
+		return checkCmd(ctx, args[1:], env, stdout)
 	case "status":
 		return status(ctx, args[1:], env, stdout, stderr)
 	case "watch":
@@ -95,7 +98,7 @@ func dispatch(ctx context.Context, args []string, environ []string, stdout, stde
 		fmt.Fprint(stdout, usage)
 		return nil
 	}
-	return usageError{fmt.Errorf("unknown command %q (run, plan, status, watch, ctl, version)", args[0])}
+	return usageError{fmt.Errorf("unknown command %q (run, plan, check, status, watch, ctl, version)", args[0])}
 }
 
 // lookupIn returns a lookup of environ (KEY=value); the last of a repeated

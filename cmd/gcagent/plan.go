@@ -151,6 +151,9 @@ func printPlan(w io.Writer, doc agent.Plan) {
 		fmt.Fprintf(w, " (%s)", doc.HistoryNote)
 	}
 	fmt.Fprintln(w)
+	for _, n := range doc.KubeletNotes {
+		fmt.Fprintf(w, "kubelet: %s\n", n)
+	}
 	printPolicy(w, doc.Policy)
 	printImagePlan(w, doc)
 	printContainerPlan(w, doc.ContainerPolicy, doc.Containers)

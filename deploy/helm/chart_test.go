@@ -183,7 +183,7 @@ func everyValue() map[string]any {
 		"keepImages":       []any{"registry.k8s.io/*", "*/critical:*"},
 		"hostPaths": map[string]any{
 			"containerdSocket": "/run/k3s/containerd/containerd.sock", "containerdRoot": "/var/lib/rancher/k3s/agent/containerd",
-			"logContainers": "/srv/container-logs", "logPods": "/srv/pod-logs", "state": "/srv/gcagent",
+			"logContainers": "/srv/container-logs", "logPods": "/srv/pod-logs", "state": "/srv/gcagent", "kubeletConfig": "/etc/kubernetes/kubelet.conf.yaml",
 		},
 		"nats": map[string]any{
 			"url": "nats://nats.gcagent.svc:4222", "user": "node", "existingSecret": "", "existingSecretKeys": []any{},
@@ -280,7 +280,7 @@ func TestChartEveryValue(t *testing.T) {
 		"goMemLimit":          envValue(c, "GOMEMLIMIT") == "400MiB",
 		"metrics.port":        c.Ports[0].ContainerPort == 9618 && envValue(c, "GCAGENT_METRICS_ADDRESS") == "$(NODE_IP):9618" && c.ReadinessProbe.HTTPGet.Port.IntValue() == 9618,
 		"keepImages":          slices.Contains(c.Args, "--keep-image=registry.k8s.io/*") && slices.Contains(c.Args, "--keep-image=*/critical:*"),
-		"hostPaths":           hostPathOf(pod, "containerd-socket") == "/run/k3s/containerd/containerd.sock" && hostPathOf(pod, "state") == "/srv/gcagent",
+		"hostPaths":           hostPathOf(pod, "containerd-socket") == "/run/k3s/containerd/containerd.sock" && hostPathOf(pod, "state") == "/srv/gcagent" && hostPathOf(pod, "kubelet-config") == "/etc/kubernetes/kubelet.conf.yaml",
 		"pod log dir mounted": slices.Contains(c.Args, "--pod-log-dir=/srv/pod-logs") && slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/srv/pod-logs" }),
 		"nats.url":            objs.ConfigMap.Data["GCAGENT_NATS_URL"] == "nats://nats.gcagent.svc:4222",
 		"nats secret":         objs.Secret != nil && len(objs.Secret.StringData) == 7,

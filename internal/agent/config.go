@@ -16,6 +16,7 @@ import (
 	"github.com/distribution/reference"
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/kubeletconfig"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
 	"github.com/rs/zerolog"
@@ -123,6 +124,14 @@ type Config struct {
 	LogFormat string
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string
+	// KubeletConfig is the node's KubeletConfiguration file: its image GC
+	// thresholds and ages become the defaults of the settings not given
+	// otherwise, and its image GC and eviction thresholds are checked
+	// against gcagent's (kubelet.go). Default empty: not read.
+	KubeletConfig string
+
+	// Kubelet is what AdoptKubelet read from KubeletConfig; nil without one.
+	Kubelet *kubeletconfig.Settings `json:"-"`
 
 	// Sources says where each setting given came from, by flag name: "flag",
 	// "env GCAGENT_X", "file PATH:LINE"; a setting not in it has its default.

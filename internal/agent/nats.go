@@ -152,7 +152,7 @@ func (a *agent) startedAction(boot time.Time) gc.Action {
 		Data: schema.AgentStarted{Version: version.Version, Hostname: host, Namespace: a.cfg.Namespace,
 			ExcludeNamespace: a.cfg.ExcludeNamespace, DryRun: a.cfg.DryRun,
 			PruneContainers: a.cfg.PruneContainers, ImageGCHighThreshold: a.cfg.ImageGCHighThreshold,
-			ImageGCLowThreshold: a.cfg.ImageGCLowThreshold}}
+			ImageGCLowThreshold: a.cfg.ImageGCLowThreshold, Policy: a.cfg.Policy(), KubeletNotes: a.kubeletNotes()}}
 }
 
 // Heartbeat is schema.Heartbeat: the data of agent.heartbeat.

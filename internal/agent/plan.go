@@ -41,6 +41,9 @@ type Plan struct {
 	HistoryNote string `json:"historyNote,omitempty"`
 	// Policy is the settings in force and where each came from.
 	Policy []Setting `json:"policy"`
+	// KubeletNotes warn about the kubelet's config (--kubelet-config): its
+	// own image GC still on, eviction thresholds that fire first.
+	KubeletNotes []string `json:"kubeletNotes,omitempty"`
 	// SandboxImages are the sandbox images in force: the flag, CRI's config,
 	// and the images of sandbox containers.
 	SandboxImages []string     `json:"sandboxImages"`
@@ -131,6 +134,9 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	if err != nil {
 		return doc, err
 	}
+	if cfg.Kubelet != nil {
+		doc.KubeletNotes = cfg.Kubelet.Notes(cfg.ImageGCHighThreshold, disk.CapacityBytes)
+	}
 	return doc, doc.decide(cfg, states, criState, disk, p)
 }
 
@@ -157,7 +163,7 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 // learned sandbox images.
 func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
 	doc := Plan{At: a.clock.Now(), Containerd: a.cfg.ContainerdAddress, Namespace: a.cfg.Namespace,
-		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.cfg.Policy(),
+		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.cfg.Policy(), KubeletNotes: a.kubeletNotes(),
 		HistoryNote: fmt.Sprintf("the running agent's own projection (pid %d)", os.Getpid())}
 	if !a.live.Synced() {
 		doc.HistoryNote += "; not yet synced with containerd"

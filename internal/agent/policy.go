@@ -6,16 +6,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gcagent/gcagent/schema"
 	"github.com/rs/zerolog"
 )
 
 // Setting is one setting in force: its flag name, its value and where it
-// came from ("default", "flag", "env GCAGENT_X", "file PATH:LINE").
-type Setting struct {
-	Name   string `json:"name"`
-	Value  string `json:"value"`
-	Source string `json:"source"`
-}
+// came from ("default", "flag", "env GCAGENT_X", "file PATH:LINE",
+// "kubelet-config PATH").
+type Setting = schema.Setting
 
 // Policy lists the settings that decide what the agent deletes, in a
 // fixed order, so that an operator can confirm which ones took effect: the
@@ -38,6 +36,7 @@ func (c Config) Policy() []Setting {
 		{"pod-log-grace", dur(c.PodLogGrace)},
 		{"host-pod-log-dir", c.HostPodLogDir},
 		{"dry-run", strconv.FormatBool(c.DryRun)},
+		{"kubelet-config", c.KubeletConfig},
 	}
 	out := make([]Setting, 0, len(list))
 	for _, s := range list {

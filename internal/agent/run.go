@@ -155,6 +155,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	reg.MustRegister(newOpsCollector(a))
+	a.reportKubelet()
 	boot := time.Now().UTC()
 	_ = a.pub.Publish(a.startedAction(boot))
 
@@ -269,6 +270,7 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	g.Go(func() error { return a.runHeartbeat(gctx, a.bus, boot) })
 	g.Go(func() error { return saveClock(gctx, a.clock, clockFile, log) })
 	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger()) })
+	g.Go(func() error { a.preflight(gctx); return nil })
 	if skew != nil {
 		g.Go(func() error {
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
@@ -338,6 +340,9 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		}
 		if !a.live.Synced() {
 			problems = append(problems, "projection: not synced")
+		}
+		for _, n := range a.kubeletNotes() {
+			defer fmt.Fprintln(w, "kubelet:", n) // not a readiness failure: GC goes on
 		}
 		if note := a.imageFS.Note(); note != "" {
 			// Not a readiness failure: GC measures the filesystem it says.
