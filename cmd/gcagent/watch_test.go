@@ -159,7 +159,7 @@ func TestWatchJSONReplaysThenFollows(t *testing.T) {
 		var evs []natsbus.CloudEvent
 		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 			var ev natsbus.CloudEvent
-			if l != "" && json.Unmarshal([]byte(l), &ev) == nil {
+			if l != "" && json.Unmarshal([]byte(l), &ev) == nil && ev.ID != "" { // not a status or loaded line
 				evs = append(evs, ev)
 			}
 		}
