@@ -87,13 +87,20 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 	msgs := make(chan watchMsg, 4096)
 	stopStatus := followStatus(ctx, js, o, msgs, stderr)
 	defer stopStatus()
-	stop, err := followEvents(ctx, nc, js, o, target, msgs, stderr)
-	if err != nil {
+	// The actions are tailed once every node's last value is in: the
+	// fleet shows first, then what happens (from --since ago, so nothing
+	// is missed in between).
+	stopEvents := func() {}
+	defer func() { stopEvents() }()
+	tail := func() error {
+		stop, err := followEvents(ctx, nc, js, o, target, msgs, stderr)
+		if err == nil {
+			stopEvents = stop
+		}
 		return err
 	}
-	defer stop()
 	if o.json {
-		return watchJSON(ctx, msgs, o, start, stdout)
+		return watchJSON(ctx, msgs, o, start, stdout, tail)
 	}
 	f := fleet.New(o.tail)
 	clear := isTerminal(stdout)
@@ -107,7 +114,11 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 		case m := <-msgs:
 			if m.loaded {
 				loaded = true
-				break // draw at once: the whole fleet is in
+				renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view) // at once: the whole fleet is in
+				if err := tail(); err != nil {
+					return err
+				}
+				continue
 			}
 			if !applyMsg(f, m, o) {
 				bad++
@@ -158,7 +169,7 @@ func nodeMatches(glob, node string) bool {
 // watchJSON prints every message as a JSON line: {"status": <NodeStatus>}
 // for a node's last value, {"loaded": {"nodes": N, "seconds": S}} once
 // every node's value is in, and each CloudEvent as it is.
-func watchJSON(ctx context.Context, msgs <-chan watchMsg, o watchOptions, start time.Time, stdout io.Writer) error {
+func watchJSON(ctx context.Context, msgs <-chan watchMsg, o watchOptions, start time.Time, stdout io.Writer, tail func() error) error {
 	nodes := 0
 	for {
 		var line []byte
@@ -169,6 +180,9 @@ func watchJSON(ctx context.Context, msgs <-chan watchMsg, o watchOptions, start 
 			switch {
 			case m.loaded:
 				line = fmt.Appendf(nil, `{"loaded":{"nodes":%d,"seconds":%.3f}}`, nodes, time.Since(start).Seconds())
+				if err := tail(); err != nil {
+					return err
+				}
 			case m.status:
 				var st schema.NodeStatus
 				if json.Unmarshal(m.data, &st) != nil || !nodeMatches(o.node, st.Node) {
@@ -259,7 +273,13 @@ func consumeStatus(ctx context.Context, js jetstream.JetStream, stream, filter s
 	if err != nil {
 		return nil, err
 	}
-	info, err := st.Info(cctx, jetstream.WithSubjectFilter(filter)) // how many nodes match: one subject each
+	// Whether any node matches: one subject per node. A filter narrower
+	// than the whole stream asks the server for the matching subjects.
+	var opts []jetstream.StreamInfoOpt
+	if filter != natsbus.StatusPrefix+".*.>" {
+		opts = append(opts, jetstream.WithSubjectFilter(filter))
+	}
+	info, err := st.Info(cctx, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +288,7 @@ func consumeStatus(ctx context.Context, js jetstream.JetStream, stream, filter s
 	if err != nil {
 		return nil, err
 	}
-	if len(info.State.Subjects) == 0 && !*loadedSent {
+	if (info.State.NumSubjects == 0 || opts != nil && len(info.State.Subjects) == 0) && !*loadedSent {
 		*loadedSent = true
 		send(watchMsg{loaded: true})
 	}
@@ -278,7 +298,7 @@ func consumeStatus(ctx context.Context, js jetstream.JetStream, stream, filter s
 			*loadedSent = true
 			send(watchMsg{loaded: true})
 		}
-	})
+	}, jetstream.PullMaxMessages(2000)) // a fleet's last values in a few pulls
 	if err != nil {
 		return nil, err
 	}
