@@ -62,7 +62,7 @@ func watchJSON(t *testing.T, cmd *exec.Cmd, within time.Duration, cond func([]na
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			var ev natsbus.CloudEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+			if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.ID != "" { // not a {"status"} or {"loaded"} line
 				mu.Lock()
 				evs = append(evs, ev)
 				mu.Unlock()

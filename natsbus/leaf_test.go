@@ -4,119 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/internal/wait"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
-
-// cutProxy forwards TCP from a loopback port to target until cut; restore
-// listens on the same port again. It stands for the WAN link between a
-// site's leaf node and the hub.
-type cutProxy struct {
-	t      *testing.T
-	addr   string
-	target string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  []net.Conn
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	p := &cutProxy{t: t, addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), target: target}
-	p.restore()
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *cutProxy) restore() {
-	p.t.Helper()
-	var ln net.Listener
-	wait.Until(p.t, 10*time.Second, "the proxy port free again", func() bool {
-		var err error
-		ln, err = net.Listen("tcp", p.addr)
-		return err == nil
-	})
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-		}
-	}()
-}
-
-// cut closes the listener and every forwarded connection.
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-// startHubAndLeaf starts a hub server running JetStream domain "hub" and a
-// leaf server with a JetStream domain of its own ("site1"), connected to
-// the hub through a cuttable proxy: the fleet topology of a site whose
-// nodes talk to a local leaf that extends the central domain.
-func startHubAndLeaf(t *testing.T) (hub, leaf *server.Server, link *cutProxy) {
-	t.Helper()
-	leafPort := freePort(t)
-	hub, err := server.NewServer(&server.Options{ServerName: "hub-0", Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		JetStream: true, JetStreamDomain: "hub", StoreDir: t.TempDir(),
-		LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPort, NoAdvertise: true}}) // only the proxied URL
-	if err != nil {
-		t.Fatal(err)
-	}
-	go hub.Start()
-	t.Cleanup(func() { hub.Shutdown(); hub.WaitForShutdown() })
-	if !hub.ReadyForConnections(10 * time.Second) {
-		t.Fatal("hub not ready")
-	}
-	link = newCutProxy(t, fmt.Sprintf("127.0.0.1:%d", leafPort))
-	u, _ := url.Parse("nats-leaf://" + link.addr)
-	leaf, err = server.NewServer(&server.Options{ServerName: "leaf-site1", Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		JetStream: true, JetStreamDomain: "site1", StoreDir: t.TempDir(),
-		LeafNode: server.LeafNodeOpts{ReconnectInterval: 100 * time.Millisecond,
-			Remotes: []*server.RemoteLeafOpts{{URLs: []*url.URL{u}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go leaf.Start()
-	t.Cleanup(func() { leaf.Shutdown(); leaf.WaitForShutdown() })
-	if !leaf.ReadyForConnections(10 * time.Second) {
-		t.Fatal("leaf not ready")
-	}
-	wait.Until(t, 10*time.Second, "the leaf connected to the hub", func() bool { return leaf.NumLeafNodes() == 1 })
-	return hub, leaf, link
-}
 
 // TestLeafNodeCutAndRestoredExactlyOnce: an agent's publisher on a leaf
 // server publishes into the stream of the hub's domain (--nats-js-domain
@@ -127,7 +22,7 @@ func TestLeafNodeCutAndRestoredExactlyOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("leaf node test")
 	}
-	hub, leaf, link := startHubAndLeaf(t)
+	hub, leaf, link := testenv.StartHubAndLeaf(t)
 	nc := connect(t, leaf.ClientURL())
 	logs := &logBuffer{}
 	p := newPublisher(t, nc, t.TempDir(), PublisherOptions{Domain: "hub", AckTimeout: time.Second, Logger: zerolog.New(logs)})
@@ -151,7 +46,7 @@ func TestLeafNodeCutAndRestoredExactlyOnce(t *testing.T) {
 	for i := range n {
 		if i == cutAt {
 			wait.Until(t, 20*time.Second, "the first events stored on the hub", func() bool { return streamCount(hubNC) > 0 })
-			link.cut()
+			link.Cut()
 			wait.Until(t, 10*time.Second, "the leaf to notice the cut", func() bool { return leaf.NumLeafNodes() == 0 })
 			if err := sw.Put(ctx, map[string]any{"seq": 1}); err == nil {
 				t.Errorf("status put succeeded with the hub cut off")
@@ -160,7 +55,7 @@ func TestLeafNodeCutAndRestoredExactlyOnce(t *testing.T) {
 		if i == restoreAt {
 			wait.Until(t, 10*time.Second, "events waiting in the outbox while cut", func() bool { return p.Depth() > 0 })
 			t.Logf("link cut: %d events wait in the outbox, %d stored", p.Depth(), streamCount(hubNC))
-			link.restore()
+			link.Restore()
 		}
 		if err := p.Publish(action(i)); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
