@@ -71,6 +71,8 @@ type bus struct {
 	nc     *nats.Conn
 	pub    *natsbus.Publisher
 	status *natsbus.StatusWriter // the node's last value, put with every heartbeat
+	// statusBusy is set while a status put is in flight.
+	statusBusy atomic.Bool
 }
 
 // embeddedURL only names the embedded server in logs: the agent reaches it
@@ -231,13 +233,23 @@ func (a *agent) runHeartbeat(ctx context.Context, b *bus, boot time.Time) error 
 	}
 }
 
-// putStatus stores the node's status as its last value. It waits at most
-// the writer's timeout (never on GC: the heartbeat has its own goroutine);
-// a failed put is logged once per cause and replaced by the next one.
+// putStatus stores the node's status as its last value in the
+// background, so that neither GC nor the heartbeat's cadence waits for
+// NATS; while a put is still in flight (NATS slow or away: it waits at most
+// the writer's timeout) the new value is skipped, and the next heartbeat
+// brings a newer one. A failed put is logged once per cause.
 func (a *agent) putStatus(ctx context.Context, b *bus, now time.Time, hb Heartbeat) {
-	if b == nil || b.status == nil {
+	if b == nil || b.status == nil || !b.statusBusy.CompareAndSwap(false, true) {
 		return
 	}
+	go func() {
+		defer b.statusBusy.Store(false)
+		a.putStatusNow(ctx, b, now, hb)
+	}()
+}
+
+// putStatusNow is putStatus's put; one runs at a time (statusBusy).
+func (a *agent) putStatusNow(ctx context.Context, b *bus, now time.Time, hb Heartbeat) {
 	st := schema.NodeStatus{Cluster: a.cfg.Cluster, Node: a.cfg.NodeName, Version: version.Version, At: now,
 		HeartbeatIntervalSeconds: a.cfg.HeartbeatInterval.Seconds(),
 		ImageGCHighThreshold:     a.cfg.ImageGCHighThreshold, ImageGCLowThreshold: a.cfg.ImageGCLowThreshold,
