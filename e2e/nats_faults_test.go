@@ -236,7 +236,8 @@ accounts {
     jetstream: enabled
     users: [
       { nkey: %s, permissions: {
-        publish: { allow: ["gcagent.v1.evt.default.test-node.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT"] }
+        publish: { allow: ["gcagent.v1.evt.default.test-node.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT",
+          "gcagent.v1.status.default.test-node", "$JS.API.STREAM.INFO.GCAGENT_STATUS", "$JS.API.STREAM.CREATE.GCAGENT_STATUS"] }
         subscribe: { allow: ["gcagent.v1.ctl.default.test-node.>", "gcagent.v1.ctl.default.all.>", "_INBOX.default.test-node.>"] }
         allow_responses: { max: 1, expires: "1m" }
       } }
