@@ -22,8 +22,7 @@ import (
 // that, BenchmarkFleetCluster in ./natsbus/).
 func BenchmarkWatchStart(b *testing.B) {
 	const nodes = 10_000
-	s := startTestNATS(&testing.T{})
-	defer s.Shutdown()
+	s := startTestNATS(b)
 	nc, err := nats.Connect(s.ClientURL())
 	if err != nil {
 		b.Fatal(err)
