@@ -72,9 +72,10 @@ unit: ## run the tests that need no daemon
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 60m -v ./e2e/
 
-bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers) and print figures
-	$(GO) test -run '^$$' -bench . -skip BenchmarkFootprint -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./e2e/ ./natsbus/
+bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
+	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./e2e/ ./natsbus/ ./cmd/gcagent/
 	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
+	$(GO) test -run '^$$' -bench BenchmarkFleetCluster -benchtime 1x -timeout 40m ./natsbus/
 
 demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/

@@ -62,7 +62,7 @@ func watchJSON(t *testing.T, cmd *exec.Cmd, within time.Duration, cond func([]na
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			var ev natsbus.CloudEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+			if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.ID != "" { // not a {"status"} or {"loaded"} line
 				mu.Lock()
 				evs = append(evs, ev)
 				mu.Unlock()
@@ -236,7 +236,8 @@ accounts {
     jetstream: enabled
     users: [
       { nkey: %s, permissions: {
-        publish: { allow: ["gcagent.v1.evt.default.test-node.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT"] }
+        publish: { allow: ["gcagent.v1.evt.default.test-node.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT",
+          "gcagent.v1.status.default.test-node", "$JS.API.STREAM.INFO.GCAGENT_STATUS", "$JS.API.STREAM.CREATE.GCAGENT_STATUS"] }
         subscribe: { allow: ["gcagent.v1.ctl.default.test-node.>", "gcagent.v1.ctl.default.all.>", "_INBOX.default.test-node.>"] }
         allow_responses: { max: 1, expires: "1m" }
       } }

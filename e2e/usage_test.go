@@ -57,6 +57,7 @@ var badRunValues = map[string]struct {
 	"nats-no-create-stream":                 {value: "maybe"},
 	"nats-password":                         {value: "secret", extra: []string{"--nats-url=nats://127.0.0.1:1"}},
 	"nats-stream":                           {value: "a.b"},
+	"nats-js-domain":                        {value: "a.b"},
 	"nats-tls-ca":                           {value: "/nonexistent/ca.pem", extra: []string{"--nats-url=nats://127.0.0.1:1"}},
 	"nats-tls-cert":                         {value: "/nonexistent/cert.pem", extra: []string{"--nats-url=nats://127.0.0.1:1"}},
 	"nats-tls-key":                          {value: "/nonexistent/key.pem", extra: []string{"--nats-url=nats://127.0.0.1:1"}},

@@ -41,6 +41,13 @@ type node struct {
 	outbox           int
 	natsMode         string
 	lastHeartbeat    time.Time
+	outboxGrowing    bool // the last two figures rose
+	// From the node's last value (status stream) only.
+	version     string
+	high        int           // image GC high threshold, 0 unknown
+	interval    time.Duration // heartbeat interval, 0 unknown
+	reclaimable int64         // -1 unknown
+	synced      bool
 	// From gc.completed and gc.failed.
 	lastGC       time.Time
 	lastGCResult string
@@ -82,8 +89,15 @@ type Row struct {
 	FailuresLastHour int           // failed passes and deletes in the Window
 	HeartbeatAge     time.Duration // -1 never
 	Outbox           int
+	OutboxGrowing    bool // the outbox grew between the last two heartbeats
 	NATSMode         string
 	Removed          map[string]int // kind -> removals seen
+	// From the node's last value; zero when only events were seen.
+	Version          string
+	HighThreshold    int           // 0 unknown
+	Interval         time.Duration // heartbeat interval, 0 unknown
+	ReclaimableBytes int64         // -1 unknown
+	Synced           bool
 }
 
 // New returns an empty fleet whose tail keeps the newest maxTail actions.
@@ -99,8 +113,7 @@ func (f *Fleet) Apply(ev natsbus.CloudEvent) {
 	n := f.nodes[ev.Source]
 	if n == nil {
 		cluster, name := SplitSource(ev.Source)
-		n = &node{cluster: cluster, name: name, removed: map[string]int{}}
-		f.nodes[ev.Source] = n
+		n = f.newNode(ev.Source, cluster, name)
 	}
 	kind, action := SplitType(ev.Type)
 	line := TailLine{At: ev.Time, Node: n.name, Type: kind + "." + action, Subject: ev.Subject}
@@ -156,7 +169,14 @@ func (n *node) heartbeat(t time.Time, d *Heartbeat) {
 	if d.Images != nil {
 		n.images = *d.Images
 	}
+	n.outboxGrowing = n.outbox > 0 && d.Outbox > n.outbox
 	n.outbox, n.natsMode = d.Outbox, d.NATSMode
+}
+
+func (f *Fleet) newNode(source, cluster, name string) *node {
+	n := &node{cluster: cluster, name: name, removed: map[string]int{}, reclaimable: -1}
+	f.nodes[source] = n
+	return n
 }
 
 // pass records a GC pass that ended at t with result (completed or
@@ -176,7 +196,9 @@ func (f *Fleet) Rows(now time.Time) []Row {
 	in := func(t time.Time) bool { return !t.Before(from) && !t.After(now) }
 	for _, n := range f.nodes {
 		r := Row{Cluster: n.cluster, Node: n.name, DiskUsagePercent: -1, Images: -1, LastGC: n.lastGC,
-			LastGCResult: n.lastGCResult, HeartbeatAge: -1, Outbox: n.outbox, NATSMode: n.natsMode, Removed: maps.Clone(n.removed)}
+			LastGCResult: n.lastGCResult, HeartbeatAge: -1, Outbox: n.outbox, OutboxGrowing: n.outboxGrowing, NATSMode: n.natsMode,
+			Removed: maps.Clone(n.removed), Version: n.version, HighThreshold: n.high, Interval: n.interval,
+			ReclaimableBytes: n.reclaimable, Synced: n.synced}
 		if n.hasDisk {
 			r.DiskUsagePercent = n.diskUsagePercent
 		}

@@ -49,7 +49,8 @@ accounts {
 // nodeUser is the permission block of node in cluster c1.
 func nodeUser(pub, node string) string {
 	return fmt.Sprintf(`{ nkey: %s, permissions: {
-        publish: { allow: ["gcagent.v1.evt.c1.%[2]s.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT"] }
+        publish: { allow: ["gcagent.v1.evt.c1.%[2]s.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT",
+          "gcagent.v1.status.c1.%[2]s", "$JS.API.STREAM.INFO.GCAGENT_STATUS", "$JS.API.STREAM.CREATE.GCAGENT_STATUS"] }
         subscribe: { allow: ["gcagent.v1.ctl.c1.%[2]s.>", "gcagent.v1.ctl.c1.all.>", "_INBOX.c1.%[2]s.>"] }
         allow_responses: { max: 1, expires: "1m" }
       } }`, pub, node)
@@ -329,5 +330,33 @@ func TestAuthPerNodeInbox(t *testing.T) {
 	})
 	if ps.Depth() != 1 || ps.Mode() == ModeJetStream || streamCount(reader) != 4 {
 		t.Errorf("shared prefix: outbox %d, mode %s, stream %d; want the event still waiting", ps.Depth(), ps.Mode(), streamCount(reader))
+	}
+}
+
+// TestAuthNodeStatusOwnOnly: with the per-node permissions a node puts its
+// own last value and the server refuses a put under another node's name.
+func TestAuthNodeStatusOwnOnly(t *testing.T) {
+	seed1, pub1 := newNodeKey(t)
+	_, pub2 := newNodeKey(t)
+	s := startAuthServer(t, nodeUser(pub1, "n1"), nodeUser(pub2, "n2"))
+	n1, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "c1", Node: "n1", NkeyFile: seed1,
+		InboxPrefix: InboxPrefix("c1", "n1"), FailFast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n1.Close)
+	own, err := NewStatusWriter(n1, StatusOptions{Cluster: "c1", Node: "n1", Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Put(context.Background(), map[string]int{"disk": 1}); err != nil {
+		t.Fatalf("own status: %v", err)
+	}
+	other, err := NewStatusWriter(n1, StatusOptions{Cluster: "c1", Node: "n2", Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Put(context.Background(), map[string]int{"disk": 99}); err == nil {
+		t.Fatal("n1 put n2's status")
 	}
 }

@@ -105,6 +105,13 @@ func TestClusterR3ServerKilledDuringBurst(t *testing.T) {
 	// The Publisher knows only the leader's URL; it learns the others from the cluster.
 	nc := connect(t, leader.ClientURL())
 	p := newPublisher(t, nc, t.TempDir(), PublisherOptions{Replicas: 3, AckTimeout: 2 * time.Second})
+	sw, err := NewStatusWriter(nc, StatusOptions{Cluster: "c1", Node: "node-1", Replicas: 3, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.Put(ctx, map[string]int{"seq": 1}); err != nil {
+		t.Fatalf("status put: %v", err)
+	}
 	const n, killAt = 2000, 600
 	want := make([]string, n)
 	published := make(chan int, n)
@@ -143,6 +150,24 @@ func TestClusterR3ServerKilledDuringBurst(t *testing.T) {
 		t.Fatalf("publisher still on the killed server")
 	}
 	assertExactlyOnce(t, check, want)
+	// The node's last value survives the kill and takes a new put.
+	wait.For(t, 20*time.Second, func() string {
+		if err := sw.Put(ctx, map[string]int{"seq": 2}); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+	cjs, _ := jetstream.New(check)
+	sst, err := cjs.Stream(ctx, DefaultStatusStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sst.CachedInfo().Config.Replicas; r != 3 || sst.CachedInfo().Config.MaxMsgsPerSubject != 1 {
+		t.Errorf("status stream: replicas %d, max msgs per subject %d", r, sst.CachedInfo().Config.MaxMsgsPerSubject)
+	}
+	if m, err := sst.GetLastMsgForSubject(ctx, StatusSubject("c1", "node-1")); err != nil || string(m.Data) != `{"seq":2}` {
+		t.Errorf("last status after the kill: %v", err)
+	}
 	t.Logf("republished %v, duplicates acked %v, reconnects %d",
 		testutil.ToFloat64(p.m.republishes), testutil.ToFloat64(p.m.duplicates), nc.Stats().Reconnects)
 	if !nc.IsConnected() || nc.Stats().Reconnects == 0 {

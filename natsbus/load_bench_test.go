@@ -31,14 +31,25 @@ func TestMain(m *testing.M) {
 	if store := os.Getenv(loadServerEnv); store != "" {
 		os.Exit(runLoadServer(store))
 	}
+	if cfg := os.Getenv(fleetChildEnv); cfg != "" {
+		os.Exit(runFleetChild(cfg))
+	}
 	os.Exit(m.Run())
 }
 
 // runLoadServer runs a JetStream server on a free loopback port, prints its
-// URL, and stops when stdin closes.
+// URL, and stops when stdin closes. With loadClusterEnv set
+// ("<name>;<cluster port>;<routes>") it is one server of a routed cluster.
 func runLoadServer(store string) int {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: store,
-		NoLog: true, NoSigs: true, MaxPayload: 1 << 20})
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: store,
+		NoLog: true, NoSigs: true, MaxPayload: 1 << 20}
+	if c := strings.Split(os.Getenv(loadClusterEnv), ";"); len(c) == 3 {
+		port, _ := strconv.Atoi(c[1])
+		opts.ServerName = c[0]
+		opts.Cluster = server.ClusterOpts{Name: "gcagent-bench", Host: "127.0.0.1", Port: port}
+		opts.Routes = server.RoutesFromStr(c[2])
+	}
+	s, err := server.NewServer(opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -56,10 +67,16 @@ func runLoadServer(store string) int {
 }
 
 // startLoadServer starts the server child process; stop ends it and returns its CPU time.
-func startLoadServer(b *testing.B) (url string, stop func() time.Duration) {
+func startLoadServer(b *testing.B, env ...string) (url string, stop func() time.Duration) {
+	url, stop, _ = startLoadServerCmd(b, env...)
+	return url, stop
+}
+
+// startLoadServerCmd is startLoadServer that also returns the process.
+func startLoadServerCmd(b *testing.B, env ...string) (url string, stop func() time.Duration, proc *os.Process) {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), loadServerEnv+"="+b.TempDir())
+	cmd.Env = append(append(os.Environ(), loadServerEnv+"="+b.TempDir()), env...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
@@ -84,7 +101,7 @@ func startLoadServer(b *testing.B) (url string, stop func() time.Duration) {
 		return cpu
 	}
 	b.Cleanup(func() { stop() })
-	return strings.TrimSpace(line), stop
+	return strings.TrimSpace(line), stop, cmd.Process
 }
 
 func selfCPU() time.Duration {

@@ -51,6 +51,10 @@ type PublisherOptions struct {
 	Stream string
 	// NoCreateStream means the stream is managed elsewhere and must already exist. Default false.
 	NoCreateStream bool
+	// Domain is the JetStream domain that holds the stream: an agent on a
+	// leaf node publishing into a hub's domain gives the hub's. Default: the
+	// domain of the server it is connected to.
+	Domain string
 	// DuplicateWindow is the created stream's dedupe window; it must be at least MaxAge. Default 24h.
 	DuplicateWindow time.Duration
 	// StreamMaxAge bounds the age of events in a created stream. Default 7 days.
@@ -131,6 +135,8 @@ func (o PublisherOptions) Validate() error {
 		return errors.New("natsbus: state dir is required")
 	case SafeToken(o.Stream) != o.Stream || strings.ContainsAny(o.Stream, "/\\"):
 		return fmt.Errorf("natsbus: invalid stream name %q", o.Stream)
+	case !ValidDomain(o.Domain):
+		return fmt.Errorf("natsbus: invalid JetStream domain %q: one subject token, no slashes", o.Domain)
 	case o.MaxEntries < 0 || o.MaxBytes < 0 || o.MaxAge < 0 || o.AckTimeout < 0 || o.CloseTimeout < 0 ||
 		o.DuplicateWindow < 0 || o.StreamMaxAge < 0 || o.StreamMaxBytes < 0:
 		return errors.New("natsbus: outbox and stream bounds and timeouts must not be negative")
@@ -184,7 +190,10 @@ type Publisher struct {
 	maxSent    uint64 // highest outbox sequence this process has sent
 	lastErr    string // last error logged by the sender, to log each one once
 	warnedDup  bool
-	warnedCfg  bool
+	// sawJetStream: the stream answered once; from then on JetStream not
+	// answering never means core publish (see jetStreamRequired).
+	sawJetStream bool
+	warnedCfg    bool
 }
 
 // NewPublisher opens the outbox under opts.StateDir and starts the sender on
@@ -205,7 +214,7 @@ func NewPublisher(nc *nats.Conn, opts PublisherOptions) (*Publisher, error) {
 	if m == nil {
 		m, _ = NewMetrics(nil) // never fails without a registerer
 	}
-	js, err := jetstream.New(nc,
+	js, err := NewJetStream(nc, opts.Domain,
 		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
 		jetstream.WithPublishAsyncMaxPending(2*batchSize))
 	if err != nil {

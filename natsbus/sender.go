@@ -109,6 +109,20 @@ func (p *Publisher) flush(ctx context.Context) (int, error) {
 	return len(done), err
 }
 
+// jetStreamRequired says why this Publisher must not fall back to core
+// publish: a JetStream domain is configured (the stream is in a hub's
+// domain), or it has already published to the stream (JetStream that stops
+// answering is an outage, not a server without JetStream). "" allows it.
+func (p *Publisher) jetStreamRequired() string {
+	switch {
+	case p.opts.Domain != "":
+		return "JetStream domain " + p.opts.Domain + " configured"
+	case p.sawJetStream:
+		return "the stream was there before"
+	}
+	return ""
+}
+
 func (p *Publisher) needProbe() bool {
 	return p.sendMode == "" ||
 		p.nc.Stats().Reconnects != p.reconnects ||
@@ -125,6 +139,13 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 	defer cancel()
 	_, err := p.js.AccountInfo(ctx)
 	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+		// nats.go says "not enabled" also when nobody answers the JetStream
+		// API: a leaf node cut off from the hub, a cluster without quorum.
+		// Core publishes would then go nowhere, so they are sent only to a
+		// server that never had JetStream for this Publisher.
+		if why := p.jetStreamRequired(); why != "" {
+			return "", fmt.Errorf("natsbus: JetStream does not answer (%s): %w; events wait in the outbox", why, err)
+		}
 		return ModeCore, nil
 	}
 	if err != nil {
@@ -137,11 +158,15 @@ func (p *Publisher) probe(ctx context.Context) (string, error) {
 		s, err = p.ensureStream(ctx)
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if why := p.jetStreamRequired(); why != "" {
+			return "", fmt.Errorf("natsbus: stream %s not found (%s); events wait in the outbox", p.opts.Stream, why)
+		}
 		return ModeCore, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("natsbus: ensure stream %s: %w", p.opts.Stream, err)
 	}
+	p.sawJetStream = true
 	if w := s.CachedInfo().Config.Duplicates; w < p.opts.MaxAge && !p.warnedDup {
 		p.warnedDup = true
 		p.log.Warn().Str("stream", p.opts.Stream).Float64("duplicate_window_s", w.Seconds()).Float64("max_age_s", p.opts.MaxAge.Seconds()).

@@ -163,6 +163,20 @@ type Heartbeat struct {
 	DiskError        string  `json:"diskError,omitempty"` // why the disk figures are zero
 }
 
+// NodeStatus is a node's last value in the status stream
+// (gcagent.v1.status.<cluster>.<node>): its latest heartbeat and what a
+// fleet view needs to judge it.
+type NodeStatus struct {
+	Cluster                  string    `json:"cluster"`
+	Node                     string    `json:"node"`
+	Version                  string    `json:"version"`
+	At                       time.Time `json:"at"`
+	HeartbeatIntervalSeconds float64   `json:"heartbeatIntervalSeconds"`
+	ImageGCHighThreshold     int       `json:"imageGCHighThreshold"`
+	ImageGCLowThreshold      int       `json:"imageGCLowThreshold"`
+	Heartbeat
+}
+
 // LastGC is the last image GC pass in heartbeats: counts, not lists.
 type LastGC struct {
 	Kind       string    `json:"kind"`

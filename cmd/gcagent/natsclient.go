@@ -33,6 +33,7 @@ func natsClientFlags(fs *flag.FlagSet, cfg *agent.Config) {
 	fs.StringVar(&cfg.NATSTLSCert, "nats-tls-cert", cfg.NATSTLSCert, "client certificate for NATS mTLS")
 	fs.StringVar(&cfg.NATSTLSKey, "nats-tls-key", cfg.NATSTLSKey, "client key for NATS mTLS")
 	fs.StringVar(&cfg.NATSStream, "nats-stream", cfg.NATSStream, "JetStream stream of events")
+	fs.StringVar(&cfg.NATSJSDomain, "nats-js-domain", cfg.NATSJSDomain, "JetStream domain of the streams (on a leaf node: the hub's domain); empty: the server's own")
 }
 
 // localStateDirFlag binds --state-dir for a local NATS client: where it

@@ -6,134 +6,331 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
+	"path"
 	"strings"
-	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gcagent/gcagent/fleet"
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/sys/unix"
 )
 
 // watchOptions are the flags of `gcagent watch`.
 type watchOptions struct {
-	cfg     agent.Config // NATS URL, credentials, cluster, stream
-	since   time.Duration
-	json    bool
-	refresh time.Duration
-	tail    int
+	cfg          agent.Config // NATS URL, credentials, cluster, stream, domain
+	since        time.Duration
+	json         bool
+	refresh      time.Duration
+	tail         int
+	node         string // glob on node names
+	statusStream string
+	view         view
 }
 
-// watch shows the fleet from NATS: it replays the last --since of events
-// from the stream, then follows it live, as a table refreshed every
-// --refresh with a tail of actions, or as raw CloudEvents (--json).
+// watchMsg is one message for the main loop: a node's last value or an event.
+type watchMsg struct {
+	status bool
+	data   []byte
+	loaded bool // the fleet's last values are all in (data is nil)
+}
+
+// watch shows the fleet from NATS: it loads every node's last value from
+// the status stream, then follows the status stream and the events (from
+// --since ago) live, as a table refreshed every --refresh with the nodes
+// that need a look first and a tail of actions, or as JSON lines (--json).
 func watch(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	o := watchOptions{cfg: agent.DefaultConfig(), since: time.Hour, refresh: 2 * time.Second, tail: 15}
+	start := time.Now()
+	o := watchOptions{cfg: agent.DefaultConfig(), since: time.Minute, refresh: 2 * time.Second, tail: 15,
+		statusStream: natsbus.DefaultStatusStream, view: defaultView}
 	o.cfg.NATSURL = ""
 	fs := newFlagSet("watch")
 	natsClientFlags(fs, &o.cfg)
 	localStateDirFlag(fs, &o.cfg)
-	fs.Var(durationValue{&o.since}, "since", "replay events from this long ago")
-	fs.BoolVar(&o.json, "json", o.json, "print the raw CloudEvents, one per line, instead of the table")
+	fs.Var(durationValue{&o.since}, "since", "also show the actions of this long ago (0: only new ones); node status comes from the last values, not from history")
+	fs.BoolVar(&o.json, "json", o.json, "print JSON lines instead of the table: {\"status\":...} per node value, {\"loaded\":...} once all are in, then the CloudEvents")
 	fs.Var(durationValue{&o.refresh}, "refresh", "how often the table is redrawn")
 	fs.IntVar(&o.tail, "tail", o.tail, "how many recent actions the table shows")
+	fs.StringVar(&o.node, "node", "", "show only nodes whose name matches this glob (path.Match: node-1*, *-gpu-?)")
+	fs.IntVar(&o.view.top, "top", o.view.top, "how many of the nodes that need a look are listed")
+	fs.IntVar(&o.view.rows, "rows", o.view.rows, "how many node rows the table shows (0: all)")
+	fs.StringVar(&o.statusStream, "nats-status-stream", o.statusStream, "JetStream stream of the nodes' last values")
 	h := help{Usage: "gcagent watch [flags]", Env: "shared",
-		About: "Shows the fleet live from NATS: a table of nodes and recent actions, replayed\n" +
-			"from --since and then followed, or the raw CloudEvents (--json). Without\n" +
-			"--nats-url it reads the local agent's embedded server (credentials from --state-dir)."}
+		About: "Shows the fleet live from NATS: every node's last status (from the status stream,\n" +
+			"no history replayed), the nodes that need a look first, and the actions as they\n" +
+			"come (and those of the last --since). Without --nats-url it reads the local\n" +
+			"agent's embedded server (credentials from --state-dir)."}
 	target, err := parseNATSClient(fs, &o.cfg, args, env, h, stdout)
 	if err != nil {
 		return err
 	}
-	if o.since < 0 || o.refresh <= 0 || o.tail < 0 {
-		return usageError{errors.New("--since and --tail must not be negative, --refresh must be positive")}
+	if _, err := path.Match(o.node, ""); err != nil {
+		return usageError{fmt.Errorf("invalid --node %q: %v", o.node, err)}
+	}
+	if o.since < 0 || o.refresh <= 0 || o.tail < 0 || o.view.top < 0 || o.view.rows < 0 {
+		return usageError{errors.New("--since, --tail, --top and --rows must not be negative, --refresh must be positive")}
+	}
+	if !natsbus.ValidDomain(o.statusStream) || o.statusStream == "" {
+		return usageError{fmt.Errorf("invalid --nats-status-stream %q", o.statusStream)}
 	}
 	nc, err := connectTool(o.cfg, target)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-
-	msgs := make(chan []byte, 4096)
-	stop, err := followEvents(ctx, nc, o, target, msgs, stderr)
+	js, err := natsbus.NewJetStream(nc, o.cfg.NATSJSDomain)
 	if err != nil {
 		return err
 	}
-	defer stop()
-
-	if o.json {
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case b := <-msgs:
-				if _, err := fmt.Fprintf(stdout, "%s\n", b); err != nil {
-					return err
-				}
-			}
+	msgs := make(chan watchMsg, 4096)
+	stopStatus := followStatus(ctx, js, o, msgs, stderr)
+	defer stopStatus()
+	// The actions are tailed once every node's last value is in: the
+	// fleet shows first, then what happens (from --since ago, so nothing
+	// is missed in between).
+	stopEvents := func() {}
+	defer func() { stopEvents() }()
+	tail := func() error {
+		stop, err := followEvents(ctx, nc, js, o, target, msgs, stderr)
+		if err == nil {
+			stopEvents = stop
 		}
+		return err
+	}
+	if o.json {
+		return watchJSON(ctx, msgs, o, start, stdout, tail)
 	}
 	f := fleet.New(o.tail)
 	clear := isTerminal(stdout)
 	tick := time.NewTicker(o.refresh)
 	defer tick.Stop()
-	bad := 0
+	bad, loaded := 0, false
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case b := <-msgs:
-			var ev natsbus.CloudEvent
-			if err := json.Unmarshal(b, &ev); err != nil {
-				bad++
+		case m := <-msgs:
+			if m.loaded {
+				loaded = true
+				renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view) // at once: the whole fleet is in
+				if err := tail(); err != nil {
+					return err
+				}
 				continue
 			}
-			f.Apply(ev)
+			if !applyMsg(f, m, o) {
+				bad++
+			}
 			continue
 		case <-tick.C:
 		}
 		if clear {
 			fmt.Fprint(stdout, "\x1b[H\x1b[2J")
 		}
-		renderFleet(stdout, f, time.Now(), o.cfg.NATSURL, bad)
+		renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view)
+		if !loaded {
+			fmt.Fprintln(stdout, "(still loading the nodes' last values)")
+		}
 	}
 }
 
-// followEvents starts delivering the events of the cluster from now-since
-// on msgs: an ordered consumer on the stream (recreated by nats.go after
-// reconnects), or a core subscription without replay when the server has
-// no stream. It retries until NATS answers or ctx ends, waiting longer
-// each time (2 s doubling to 30 s), and says why once per cause.
-func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, target natsTarget, msgs chan<- []byte, stderr io.Writer) (func(), error) {
+// applyMsg folds m into f unless --node filters it out; false when m cannot be decoded.
+func applyMsg(f *fleet.Fleet, m watchMsg, o watchOptions) bool {
+	if m.status {
+		var st schema.NodeStatus
+		if err := json.Unmarshal(m.data, &st); err != nil {
+			return false
+		}
+		if nodeMatches(o.node, st.Node) {
+			f.ApplyStatus(st)
+		}
+		return true
+	}
+	var ev natsbus.CloudEvent
+	if err := json.Unmarshal(m.data, &ev); err != nil {
+		return false
+	}
+	if _, node := fleet.SplitSource(ev.Source); nodeMatches(o.node, node) {
+		f.Apply(ev)
+	}
+	return true
+}
+
+func nodeMatches(glob, node string) bool {
+	if glob == "" {
+		return true
+	}
+	ok, _ := path.Match(glob, node)
+	return ok
+}
+
+// watchJSON prints every message as a JSON line: {"status": <NodeStatus>}
+// for a node's last value, {"loaded": {"nodes": N, "seconds": S}} once
+// every node's value is in, and each CloudEvent as it is.
+func watchJSON(ctx context.Context, msgs <-chan watchMsg, o watchOptions, start time.Time, stdout io.Writer, tail func() error) error {
+	nodes := 0
+	for {
+		var line []byte
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-msgs:
+			switch {
+			case m.loaded:
+				line = fmt.Appendf(nil, `{"loaded":{"nodes":%d,"seconds":%.3f}}`, nodes, time.Since(start).Seconds())
+				if err := tail(); err != nil {
+					return err
+				}
+			case m.status:
+				var st schema.NodeStatus
+				if json.Unmarshal(m.data, &st) != nil || !nodeMatches(o.node, st.Node) {
+					continue
+				}
+				nodes++
+				line = append(append([]byte(`{"status":`), m.data...), '}')
+			default:
+				var ev natsbus.CloudEvent
+				if json.Unmarshal(m.data, &ev) == nil {
+					if _, node := fleet.SplitSource(ev.Source); !nodeMatches(o.node, node) {
+						continue
+					}
+				}
+				line = m.data
+			}
+		}
+		if _, err := fmt.Fprintf(stdout, "%s\n", line); err != nil {
+			return err
+		}
+	}
+}
+
+// clusterFilter is the subject filter under prefix for --cluster and,
+// when --node names one node without wildcards, that node.
+func clusterFilter(prefix string, o watchOptions) string {
 	cluster := o.cfg.Cluster
 	if cluster != "*" {
 		cluster = natsbus.SafeToken(cluster)
 	}
-	filter := natsbus.EventPrefix + "." + cluster + ".>"
-	deliver := func(b []byte) {
+	if o.node != "" && !strings.ContainsAny(o.node, `*?[\`) {
+		return prefix + "." + cluster + "." + natsbus.SafeToken(o.node)
+	}
+	return prefix + "." + cluster + ".>"
+}
+
+// followStatus delivers every node's last value (one message per node:
+// deliver last per subject), then a loaded mark, then each new value as
+// it is put. The ordered consumer is recreated by nats.go after
+// reconnects. Without a status stream it says so once, sends the loaded
+// mark (the nodes then come from their heartbeats) and retries every 30 s.
+func followStatus(ctx context.Context, js jetstream.JetStream, o watchOptions, msgs chan<- watchMsg, stderr io.Writer) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	filter := clusterFilter(natsbus.StatusPrefix, o)
+	send := func(m watchMsg) {
 		select {
-		case msgs <- b:
+		case msgs <- m:
 		case <-ctx.Done():
 		}
 	}
-	js, err := jetstream.New(nc)
+	stops := make(chan func(), 1)
+	go func() {
+		loadedSent, warned := false, ""
+		for ctx.Err() == nil {
+			stop, err := consumeStatus(ctx, js, o.statusStream, filter, send, &loadedSent)
+			if err == nil {
+				stops <- stop
+				return
+			}
+			if !loadedSent {
+				loadedSent = true
+				send(watchMsg{loaded: true})
+			}
+			if err.Error() != warned {
+				warned = err.Error()
+				fmt.Fprintf(stderr, "gcagent watch: no node status from stream %s (%v); nodes show up with their heartbeats; retrying\n", o.statusStream, err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(30 * time.Second):
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		select {
+		case stop := <-stops:
+			stop()
+		default:
+		}
+	}
+}
+
+func consumeStatus(ctx context.Context, js jetstream.JetStream, stream, filter string, send func(watchMsg), loadedSent *bool) (func(), error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(cctx, stream)
 	if err != nil {
 		return nil, err
+	}
+	// Whether any node matches: one subject per node. A filter narrower
+	// than the whole stream asks the server for the matching subjects.
+	var opts []jetstream.StreamInfoOpt
+	if filter != natsbus.StatusPrefix+".*.>" {
+		opts = append(opts, jetstream.WithSubjectFilter(filter))
+	}
+	info, err := st.Info(cctx, opts...)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := st.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter},
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
+	if err != nil {
+		return nil, err
+	}
+	if (info.State.NumSubjects == 0 || opts != nil && len(info.State.Subjects) == 0) && !*loadedSent {
+		*loadedSent = true
+		send(watchMsg{loaded: true})
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		send(watchMsg{status: true, data: m.Data()})
+		if md, err := m.Metadata(); err == nil && md.NumPending == 0 && !*loadedSent {
+			*loadedSent = true
+			send(watchMsg{loaded: true})
+		}
+	}, jetstream.PullMaxMessages(2000)) // a fleet's last values in a few pulls
+	if err != nil {
+		return nil, err
+	}
+	return cc.Stop, nil
+}
+
+// followEvents delivers the events of the cluster from now-since on (only
+// new ones with --since 0): an ordered consumer on the stream (recreated
+// by nats.go after reconnects), or a core subscription without replay when
+// the server has no stream. It retries until NATS answers or ctx ends,
+// waiting longer each time (2 s doubling to 30 s), and says why once per cause.
+func followEvents(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o watchOptions, target natsTarget, msgs chan<- watchMsg, stderr io.Writer) (func(), error) {
+	filter := clusterFilter(natsbus.EventPrefix, o)
+	if strings.HasSuffix(filter, "."+natsbus.SafeToken(o.node)) {
+		filter += ".>"
+	}
+	deliver := func(b []byte) {
+		select {
+		case msgs <- watchMsg{data: b}:
+		case <-ctx.Done():
+		}
 	}
 	warned := ""
 	retry := 2 * time.Second
 	for {
-		start := time.Now().Add(-o.since)
+		cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy}
+		if o.since > 0 {
+			start := time.Now().Add(-o.since)
+			cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
+		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		cons, err := js.OrderedConsumer(cctx, o.cfg.NATSStream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
-		})
+		cons, err := js.OrderedConsumer(cctx, o.cfg.NATSStream, cfg)
 		cancel()
 		if err == nil {
 			cc, cerr := cons.Consume(func(m jetstream.Msg) { deliver(m.Data()) })
@@ -164,95 +361,4 @@ func followEvents(ctx context.Context, nc *nats.Conn, o watchOptions, target nat
 		}
 		retry = min(retry*2, 30*time.Second)
 	}
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
-
-// renderFleet prints the table and the tail of f as of now.
-func renderFleet(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int) {
-	rows := f.Rows(now)
-	fmt.Fprintf(w, "gcagent fleet  %s  %s  nodes: %d", now.Format(time.TimeOnly), natsbus.RedactURL(url), len(rows))
-	if bad > 0 {
-		fmt.Fprintf(w, "  undecodable events: %d", bad)
-	}
-	fmt.Fprint(w, "\n\n")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tNODE\tDISK\tIMAGES\tLAST GC\tFREED 1H (MEASURED)\tFAILURES 1H\tREMOVED (img/ctr/log)\tOUTBOX\tHEARTBEAT")
-	for _, r := range rows {
-		disk, images, hb, last := "?", "?", "never", "never"
-		if r.DiskUsagePercent >= 0 {
-			disk = fmt.Sprintf("%d%%", r.DiskUsagePercent)
-		}
-		if r.Images >= 0 {
-			images = fmt.Sprint(r.Images)
-		}
-		if r.HeartbeatAge >= 0 {
-			hb = r.HeartbeatAge.Round(time.Second).String() + " ago"
-		}
-		if !r.LastGC.IsZero() {
-			last = now.Sub(r.LastGC).Round(time.Second).String() + " ago"
-			if r.LastGCResult == "failed" {
-				last += " (failed)"
-			}
-		}
-		outbox := fmt.Sprint(r.Outbox)
-		if r.NATSMode != "" && r.NATSMode != natsbus.ModeJetStream {
-			outbox += " (" + forTerminal(r.NATSMode) + ")"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d\t%s\t%s\n", forTerminal(r.Cluster), forTerminal(r.Node), disk, images, last,
-			humanBytes(r.FreedLastHour), r.FailuresLastHour, r.Removed["image"], r.Removed["container"], r.Removed["log"], outbox, hb)
-	}
-	tw.Flush()
-	tail := f.Tail()
-	if len(tail) == 0 {
-		return
-	}
-	fmt.Fprintln(w, "\nRECENT ACTIONS")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, l := range tail {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.At.Local().Format(time.TimeOnly),
-			forTerminal(l.Node), forTerminal(l.Type), forTerminal(l.Subject), forTerminal(tailDetail(l)))
-	}
-	tw.Flush()
-}
-
-// tailDetail is the last column of a tail line: the reason (a pass's
-// trigger instead), the bytes, the error.
-func tailDetail(l fleet.TailLine) string {
-	detail := l.Reason
-	if l.Trigger != "" {
-		detail = "trigger=" + l.Trigger
-	}
-	switch {
-	case l.Bytes > 0 && l.Measured:
-		detail += " freed " + humanBytes(l.Bytes)
-	case l.Bytes > 0:
-		detail += " est. " + humanBytes(l.Bytes)
-	}
-	if l.Error != "" {
-		detail += " error=" + l.Error
-	}
-	return strings.TrimSpace(detail)
-}
-
-// forTerminal returns a string an event carries as it may reach an
-// operator's terminal: as is when every rune is printable (non-ASCII letters
-// included) and it holds no quote or backslash, else Go-quoted
-// (strconv.Quote), so that escape sequences, carriage returns, newlines,
-// tabs and invisible format characters show as escapes, and a quoted string
-// cannot pass for a plain one.
-func forTerminal(s string) string {
-	for _, r := range s {
-		if r == utf8.RuneError || r == '"' || r == '\\' || !strconv.IsPrint(r) {
-			return strconv.Quote(s)
-		}
-	}
-	return s
 }

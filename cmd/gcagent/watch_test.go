@@ -100,7 +100,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func startTestNATS(t *testing.T) *server.Server {
+func startTestNATS(t testing.TB) *server.Server {
 	t.Helper()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {
@@ -159,7 +159,7 @@ func TestWatchJSONReplaysThenFollows(t *testing.T) {
 		var evs []natsbus.CloudEvent
 		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 			var ev natsbus.CloudEvent
-			if l != "" && json.Unmarshal([]byte(l), &ev) == nil {
+			if l != "" && json.Unmarshal([]byte(l), &ev) == nil && ev.ID != "" { // not a status or loaded line
 				evs = append(evs, ev)
 			}
 		}

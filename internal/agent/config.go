@@ -103,8 +103,13 @@ type Config struct {
 	EmbeddedNATSMaxAge time.Duration
 	// NATSStream is the JetStream stream of events. Default GCAGENT_EVT.
 	NATSStream string
-	// NATSNoCreateStream uses the stream as it is instead of ensuring it. Default false.
+	// NATSNoCreateStream uses the streams (events and node status) as they
+	// are instead of ensuring them. Default false.
 	NATSNoCreateStream bool
+	// NATSJSDomain is the JetStream domain that holds the streams: on a leaf
+	// node that extends a hub's domain, the hub's. Default: none (the domain
+	// of the server connected to).
+	NATSJSDomain string
 	// OutboxMaxBytes bounds the local outbox of unacked events. Default 64MiB.
 	OutboxMaxBytes int64
 	// OutboxMaxAge drops unacked events older than this, loudly. Default 24h.
@@ -367,6 +372,9 @@ func (c Config) natsFlagErrors() []error {
 	}
 	if natsbus.SafeToken(c.NATSStream) != c.NATSStream || strings.ContainsAny(c.NATSStream, "/\\") || c.NATSStream == "" {
 		errs = append(errs, fmt.Errorf("invalid --nats-stream %q: no spaces, dots, *, > or slashes", c.NATSStream))
+	}
+	if !natsbus.ValidDomain(c.NATSJSDomain) {
+		errs = append(errs, fmt.Errorf("invalid --nats-js-domain %q: one subject token, no spaces, dots, *, > or slashes", c.NATSJSDomain))
 	}
 	for _, f := range []struct{ flag, value string }{{"node-name", c.NodeName}, {"cluster", c.Cluster}} {
 		if strings.IndexFunc(f.value, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 )
 
 func (c Config) ConnOptions() natsbus.ConnOptions {
@@ -27,7 +28,7 @@ func (c Config) ConnOptions() natsbus.ConnOptions {
 func (c Config) PublisherOptions() natsbus.PublisherOptions {
 	o := natsbus.PublisherOptions{
 		Cluster: c.Cluster, Node: c.NodeName, StateDir: c.StateDir, Stream: c.NATSStream,
-		NoCreateStream: c.NATSNoCreateStream, MaxBytes: c.OutboxMaxBytes, MaxAge: c.OutboxMaxAge,
+		NoCreateStream: c.NATSNoCreateStream, Domain: c.NATSJSDomain, MaxBytes: c.OutboxMaxBytes, MaxAge: c.OutboxMaxAge,
 		DuplicateWindow: max(c.OutboxMaxAge, natsbus.DefaultDuplicateWindow),
 		StreamMaxAge:    max(c.OutboxMaxAge, natsbus.DefaultStreamMaxAge),
 	}
@@ -36,6 +37,17 @@ func (c Config) PublisherOptions() natsbus.PublisherOptions {
 		// store's bound (JetStream refuses a stream larger than its store) and its own age.
 		o.StreamMaxBytes = c.EmbeddedNATSMaxStore
 		o.StreamMaxAge = max(c.EmbeddedNATSMaxAge, o.DuplicateWindow)
+	}
+	return o
+}
+
+// StatusOptions are the options of the node's status writer: next to the
+// event stream, in the same domain, with the same create rule.
+func (c Config) StatusOptions(log zerolog.Logger) natsbus.StatusOptions {
+	o := natsbus.StatusOptions{Cluster: c.Cluster, Node: c.NodeName, Domain: c.NATSJSDomain,
+		NoCreateStream: c.NATSNoCreateStream, Logger: log}
+	if c.NATSURL == "" {
+		o.MaxBytes = min(natsbus.DefaultStatusMaxBytes, max(c.EmbeddedNATSMaxStore/16, 1<<16))
 	}
 	return o
 }
@@ -55,9 +67,12 @@ func (c Config) EmbeddedOptions() natsbus.EmbeddedOptions {
 
 // bus is the agent's NATS side: connection, publisher, maybe a server.
 type bus struct {
-	emb *natsbus.Embedded // nil with --nats-url
-	nc  *nats.Conn
-	pub *natsbus.Publisher
+	emb    *natsbus.Embedded // nil with --nats-url
+	nc     *nats.Conn
+	pub    *natsbus.Publisher
+	status *natsbus.StatusWriter // the node's last value, put with every heartbeat
+	// statusBusy is set while a status put is in flight.
+	statusBusy atomic.Bool
 }
 
 // embeddedURL only names the embedded server in logs: the agent reaches it
@@ -118,6 +133,10 @@ func (a *agent) startNATS() (*bus, error) {
 	if b.pub, err = natsbus.NewPublisher(nc, po); err != nil {
 		b.close()
 		return nil, fmt.Errorf("nats publisher: %w", err)
+	}
+	if b.status, err = natsbus.NewStatusWriter(nc, cfg.StatusOptions(a.log)); err != nil {
+		b.close()
+		return nil, fmt.Errorf("nats status: %w", err)
 	}
 	a.log.Info().Str("component", "natsbus").Str("url", natsbus.RedactURL(opts.URL)).Bool("embedded", b.emb != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
 	return b, nil
@@ -206,9 +225,47 @@ func (a *agent) runHeartbeat(ctx context.Context, b *bus, boot time.Time) error 
 		case <-t.C:
 		}
 		now := time.Now().UTC()
+		hb := a.heartbeat(now, b)
 		_ = a.pub.Publish(gc.Action{Kind: "agent", Action: "heartbeat", Subject: a.cfg.NodeName,
-			Key: fmt.Sprintf("%d/%d", boot.UnixNano(), seq), Data: a.heartbeat(now, b)})
+			Key: fmt.Sprintf("%d/%d", boot.UnixNano(), seq), Data: hb})
+		a.putStatus(ctx, b, now, hb)
 		t.Reset(every)
+	}
+}
+
+// putStatus stores the node's status as its last value in the
+// background, so that neither GC nor the heartbeat's cadence waits for
+// NATS; while a put is still in flight (NATS slow or away: it waits at most
+// the writer's timeout) the new value is skipped, and the next heartbeat
+// brings a newer one. A failed put is logged once per cause.
+func (a *agent) putStatus(ctx context.Context, b *bus, now time.Time, hb Heartbeat) {
+	if b == nil || b.status == nil || !b.statusBusy.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer b.statusBusy.Store(false)
+		a.putStatusNow(ctx, b, now, hb)
+	}()
+}
+
+// putStatusNow is putStatus's put; one runs at a time (statusBusy).
+func (a *agent) putStatusNow(ctx context.Context, b *bus, now time.Time, hb Heartbeat) {
+	st := schema.NodeStatus{Cluster: a.cfg.Cluster, Node: a.cfg.NodeName, Version: version.Version, At: now,
+		HeartbeatIntervalSeconds: a.cfg.HeartbeatInterval.Seconds(),
+		ImageGCHighThreshold:     a.cfg.ImageGCHighThreshold, ImageGCLowThreshold: a.cfg.ImageGCLowThreshold,
+		Heartbeat: hb}
+	err := b.status.Put(ctx, st)
+	why := ""
+	if err != nil {
+		why = err.Error()
+	}
+	if why != a.statusErr {
+		if err != nil {
+			a.log.Warn().Str("component", "natsbus").Err(err).Msg("cannot put the node status; trying again at the next heartbeat")
+		} else {
+			a.log.Info().Str("component", "natsbus").Msg("node status put again")
+		}
+		a.statusErr = why
 	}
 }
 

@@ -57,6 +57,8 @@ type agent struct {
 	// lastGC, set by the image GC component, reports its last pass for
 	// heartbeats and /status.
 	lastGC func() *schema.LastGC
+	// statusErr is the last error of a status put, logged once (one put at a time: bus.statusBusy).
+	statusErr string
 	// runGCNow, set by the image GC component, runs a pass now (control verb gc).
 	runGCNow func(ctx context.Context) (any, error)
 	// imageGC deletes images by disk usage and age (imagegc.go).

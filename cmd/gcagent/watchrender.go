@@ -1,0 +1,163 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gcagent/gcagent/fleet"
+	"github.com/gcagent/gcagent/natsbus"
+	"golang.org/x/sys/unix"
+)
+
+// view is what the table shows of a fleet.
+type view struct {
+	top  int // nodes that need a look, at most
+	rows int // rows of the node table, at most (0: every node)
+}
+
+var defaultView = view{top: 20, rows: 50}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// renderFleet prints the fleet as of now with the default view.
+func renderFleet(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int) {
+	renderView(w, f, now, url, bad, defaultView)
+}
+
+// renderView prints the totals, the nodes that need a look first (worst
+// first, at most v.top), the node table (those nodes first, at most
+// v.rows) and the tail of f as of now.
+func renderView(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int, v view) {
+	rows := f.Rows(now)
+	looks := fleet.Looks(rows)
+	fmt.Fprintf(w, "gcagent fleet  %s  %s  nodes: %d", now.Format(time.TimeOnly), natsbus.RedactURL(url), len(rows))
+	if bad > 0 {
+		fmt.Fprintf(w, "  undecodable messages: %d", bad)
+	}
+	fmt.Fprintf(w, "\n%s\n\n", fleet.Sum(rows, looks))
+	if len(looks) > 0 {
+		fmt.Fprintf(w, "NEEDS A LOOK (%d nodes, worst first)\n", len(looks))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for i, l := range looks {
+			if i == v.top {
+				fmt.Fprintf(tw, "... %d more\n", len(looks)-v.top)
+				break
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", forTerminal(l.Cluster), forTerminal(l.Node), strings.Join(l.Reasons, ","))
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+	// The table: the nodes that need a look first, then the others.
+	first := make(map[string]bool, len(looks))
+	ordered := make([]fleet.Row, 0, len(rows))
+	for _, l := range looks {
+		first[l.Cluster+"/"+l.Node] = true
+		ordered = append(ordered, l.Row)
+	}
+	for _, r := range rows {
+		if !first[r.Cluster+"/"+r.Node] {
+			ordered = append(ordered, r)
+		}
+	}
+	if v.rows > 0 && len(ordered) > v.rows {
+		defer fmt.Fprintf(w, "... %d more nodes (--rows 0 shows all, --node and --cluster filter, --json for scripts)\n", len(ordered)-v.rows)
+		ordered = ordered[:v.rows]
+	}
+	renderRows(w, ordered, now)
+	renderTail(w, f)
+}
+
+func renderRows(w io.Writer, rows []fleet.Row, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLUSTER\tNODE\tDISK\tIMAGES\tLAST GC\tFREED 1H (MEASURED)\tFAILURES 1H\tREMOVED (img/ctr/log)\tOUTBOX\tHEARTBEAT")
+	for _, r := range rows {
+		disk, images, hb, last := "?", "?", "never", "never"
+		if r.DiskUsagePercent >= 0 {
+			disk = fmt.Sprintf("%d%%", r.DiskUsagePercent)
+		}
+		if r.Images >= 0 {
+			images = fmt.Sprint(r.Images)
+		}
+		if r.HeartbeatAge >= 0 {
+			hb = r.HeartbeatAge.Round(time.Second).String() + " ago"
+		}
+		if !r.LastGC.IsZero() {
+			last = now.Sub(r.LastGC).Round(time.Second).String() + " ago"
+			if r.LastGCResult == "failed" {
+				last += " (failed)"
+			}
+		}
+		outbox := fmt.Sprint(r.Outbox)
+		if r.OutboxGrowing {
+			outbox += "+"
+		}
+		if r.NATSMode != "" && r.NATSMode != natsbus.ModeJetStream {
+			outbox += " (" + forTerminal(r.NATSMode) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d\t%s\t%s\n", forTerminal(r.Cluster), forTerminal(r.Node), disk, images, last,
+			humanBytes(r.FreedLastHour), r.FailuresLastHour, r.Removed["image"], r.Removed["container"], r.Removed["log"], outbox, hb)
+	}
+	tw.Flush()
+}
+
+func renderTail(w io.Writer, f *fleet.Fleet) {
+	tail := f.Tail()
+	if len(tail) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nRECENT ACTIONS")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, l := range tail {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.At.Local().Format(time.TimeOnly),
+			forTerminal(l.Node), forTerminal(l.Type), forTerminal(l.Subject), forTerminal(tailDetail(l)))
+	}
+	tw.Flush()
+}
+
+// tailDetail is the last column of a tail line: the reason (a pass's
+// trigger instead), the bytes, the error.
+func tailDetail(l fleet.TailLine) string {
+	detail := l.Reason
+	if l.Trigger != "" {
+		detail = "trigger=" + l.Trigger
+	}
+	switch {
+	case l.Bytes > 0 && l.Measured:
+		detail += " freed " + humanBytes(l.Bytes)
+	case l.Bytes > 0:
+		detail += " est. " + humanBytes(l.Bytes)
+	}
+	if l.Error != "" {
+		detail += " error=" + l.Error
+	}
+	return strings.TrimSpace(detail)
+}
+
+// forTerminal returns a string an event carries as it may reach an
+// operator's terminal: as is when every rune is printable (non-ASCII letters
+// included) and it holds no quote or backslash, else Go-quoted
+// (strconv.Quote), so that escape sequences, carriage returns, newlines,
+// tabs and invisible format characters show as escapes, and a quoted string
+// cannot pass for a plain one.
+func forTerminal(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || r == '"' || r == '\\' || !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
