@@ -23,9 +23,13 @@ const (
 	KeepAllKey = "all"
 	// keepClusterPrefix starts the key of one cluster's patterns.
 	keepClusterPrefix = "clusters."
-	// keepMaxBytes bounds the bucket: a list is a few KiB at most.
+	// keepMaxBytes bounds the bucket on a fleet's NATS: a list is a few
+	// KiB at most.
 	keepMaxBytes = 8 << 20
-	keepMaxValue = 256 << 10
+	keepMaxValue = 64 << 10
+	// EmbeddedKeepMaxBytes bounds it on the agent's embedded server, whose
+	// store it shares with the events stream (which leaves it this much).
+	EmbeddedKeepMaxBytes = 256 << 10
 )
 
 // KeepClusterKey is the key of cluster's patterns in KeepBucket.
@@ -50,18 +54,22 @@ type KeepList struct {
 }
 
 // KeepBucketConfig is the bucket's configuration with replicas (1 on a
-// single server, 3 on a cluster).
-func KeepBucketConfig(replicas int) jetstream.KeyValueConfig {
+// single server, 3 on a cluster) and maxBytes (0: 8 MiB).
+func KeepBucketConfig(replicas int, maxBytes int64) jetstream.KeyValueConfig {
+	if maxBytes <= 0 {
+		maxBytes = keepMaxBytes
+	}
 	return jetstream.KeyValueConfig{Bucket: KeepBucket, Description: "gcagent fleet keep list: image patterns GC never deletes",
-		History: 5, Replicas: max(replicas, 1), MaxBytes: keepMaxBytes, MaxValueSize: keepMaxValue, Storage: jetstream.FileStorage}
+		History: 5, Replicas: max(replicas, 1), MaxBytes: maxBytes, MaxValueSize: keepMaxValue, Storage: jetstream.FileStorage}
 }
 
-// EnsureKeepBucket returns the bucket, creating it with replicas when it
-// is missing (credentials allowed to create streams only).
-func EnsureKeepBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+// EnsureKeepBucket returns the bucket, creating it with replicas and
+// maxBytes (0: 8 MiB) when it is missing (needs credentials allowed to
+// create streams).
+func EnsureKeepBucket(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, KeepBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, KeepBucketConfig(replicas))
+		kv, err = js.CreateKeyValue(ctx, KeepBucketConfig(replicas, maxBytes))
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, KeepBucket) // created meanwhile
 		}
@@ -172,7 +180,8 @@ func WatchKeep(ctx context.Context, js jetstream.JetStream, keys []string, fn fu
 	if err != nil {
 		return fmt.Errorf("keep list bucket %s: %w", KeepBucket, err)
 	}
-	w, err := kv.WatchFiltered(ctx, keys)
+	// WatchFiltered rewrites the slice it is given into subjects: a copy.
+	w, err := kv.WatchFiltered(ctx, slices.Clone(keys))
 	if err != nil {
 		return fmt.Errorf("watch keep list: %w", err)
 	}

@@ -160,6 +160,8 @@ func (k *fleetKeep) detail(now time.Time) string {
 
 // apply takes one update of the watch.
 func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
+	k.log.Debug().Str("key", u.Key).Strs("patterns", u.List.Patterns).Bool("synced", u.Synced).Uint64("revision", u.List.Revision).
+		Msg("fleet keep list update")
 	k.mu.Lock()
 	before := k.patterns()
 	now := k.now()
@@ -257,7 +259,7 @@ func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, create bool) error {
 	for {
 		if create {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err = natsbus.EnsureKeepBucket(wctx, js, 1)
+			_, err = natsbus.EnsureKeepBucket(wctx, js, 1, natsbus.EmbeddedKeepMaxBytes)
 			cancel()
 		}
 		k.mu.Lock()
