@@ -77,7 +77,7 @@ func ctlKeep(ctx context.Context, args []string, env func(string) string, stdout
 	defer cancel()
 	var kv jetstream.KeyValue
 	if verb == "add" {
-		kv, err = natsbus.EnsureKeepBucket(ctx, js, *replicas)
+		kv, err = natsbus.EnsureKeepBucket(ctx, js, *replicas, 0)
 	} else if kv, err = js.KeyValue(ctx, natsbus.KeepBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
 		if verb == "ls" {
 			fmt.Fprintf(stdout, "no fleet keep list on %s (no bucket %s)\n", target.url, natsbus.KeepBucket)
