@@ -257,6 +257,7 @@ func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, create bool) error {
 	}()
 	backoff, failing := time.Second, ""
 	for {
+		err = nil
 		if create {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			_, err = natsbus.EnsureKeepBucket(wctx, js, 1, natsbus.EmbeddedKeepMaxBytes)
