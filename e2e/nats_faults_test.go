@@ -226,7 +226,9 @@ func TestCorruptOutboxAgentRuns(t *testing.T) {
 // perNodeAuthConfig is natsbus/auth_test.go's per-node model for the agent
 // of these tests (cluster default, node test-node): it may publish only its
 // events and the JetStream calls of its publisher, subscribe only to its
-// control subjects and to its own reply inbox _INBOX.default.test-node.>.
+// control subjects and to its own reply inbox _INBOX.default.test-node.>;
+// it may watch the fleet keep list (docs/nats.md's node permissions) but
+// not write it, which the keeper user may.
 const perNodeAuthConfig = `
 listen: "127.0.0.1:-1"
 server_name: auth-e2e
@@ -237,11 +239,14 @@ accounts {
     users: [
       { nkey: %s, permissions: {
         publish: { allow: ["gcagent.v1.evt.default.test-node.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.GCAGENT_EVT", "$JS.API.STREAM.CREATE.GCAGENT_EVT",
-          "gcagent.v1.status.default.test-node", "$JS.API.STREAM.INFO.GCAGENT_STATUS", "$JS.API.STREAM.CREATE.GCAGENT_STATUS"] }
+          "gcagent.v1.status.default.test-node", "$JS.API.STREAM.INFO.GCAGENT_STATUS", "$JS.API.STREAM.CREATE.GCAGENT_STATUS",
+          "$JS.API.STREAM.INFO.KV_gcagent_keep", "$JS.API.CONSUMER.CREATE.KV_gcagent_keep", "$JS.API.CONSUMER.CREATE.KV_gcagent_keep.>",
+          "$JS.API.CONSUMER.DELETE.KV_gcagent_keep.>", "$JS.FC.KV_gcagent_keep.>"] }
         subscribe: { allow: ["gcagent.v1.ctl.default.test-node.>", "gcagent.v1.ctl.default.all.>", "_INBOX.default.test-node.>"] }
         allow_responses: { max: 1, expires: "1m" }
       } }
       { user: reader, password: r3ader, permissions: { publish: ["$JS.API.>"], subscribe: ["_INBOX.>"] } }
+      { user: keeper, password: k33per, permissions: { publish: ["$JS.API.>", "$KV.gcagent_keep.>"], subscribe: ["_INBOX.>"] } }
     ]
     exports: [ { service: "gcagent.v1.ctl.>", response_type: stream } ]
   }
@@ -307,6 +312,32 @@ func TestPerNodeCredentialsEndToEnd(t *testing.T) {
 		"--node", natsNode, "--timeout", "5s", "status").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), `"ok":true`) {
 		t.Errorf("operator's ctl status: %v\n%s", err, out)
+	}
+
+	// The fleet keep list: the keeper writes it, the node's agent reads it
+	// (it looked for the missing bucket at a backoff), the node cannot
+	// write it.
+	if out, err := exec.Command(testenv.AgentBinary(t), "ctl", "keep", "add", "example.test/kept:*", "--nats-url", s.ClientURL(),
+		"--nats-user", "keeper", "--nats-password", "k33per").CombinedOutput(); err != nil {
+		t.Fatalf("keeper's keep add: %v\n%s", err, out)
+	}
+	testenv.Eventually(t, 30*time.Second, func() string {
+		var p struct {
+			Policy []struct{ Name, Value, Source string } `json:"policy"`
+		}
+		if code, err := a.Get("/plan", &p); err != nil || code != 200 {
+			return fmt.Sprintf("plan %d %v", code, err)
+		}
+		for _, s := range p.Policy {
+			if s.Name == "fleet-keep" && s.Value == "example.test/kept:*" {
+				return ""
+			}
+		}
+		return fmt.Sprintf("fleet-keep not applied: %+v", p.Policy)
+	})
+	if out, err := exec.Command(testenv.AgentBinary(t), "ctl", "keep", "add", "example.test/mine:*", "--nats-url", s.ClientURL(),
+		"--nats-nkey", seedFile, "--timeout", "3s").CombinedOutput(); err == nil {
+		t.Errorf("a node's credentials changed the fleet keep list:\n%s", out)
 	}
 	if logHas(t, a, "Permissions Violation") {
 		t.Errorf("the agent hit a permission violation:\n%s", a.LogTail(30))

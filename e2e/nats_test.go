@@ -33,7 +33,7 @@ const (
 var documentedTypes = []string{
 	"agent.started", "agent.heartbeat", "agent.state_reset",
 	"image.removed", "image.skipped", "container.removed", "log.removed",
-	"gc.started", "gc.completed", "gc.failed",
+	"gc.started", "gc.completed", "gc.failed", "image.regretted",
 }
 
 // storedEvent is one message of the events stream.

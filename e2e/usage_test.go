@@ -72,6 +72,7 @@ var badRunValues = map[string]struct {
 	"pod-log-grace":                         {value: "soon"},
 	"profiling":                             {value: "maybe"},
 	"prune-containers":                      {value: "some"},
+	"regret-window":                         {value: "0s"},
 	"resync-interval":                       {value: "10ms"},
 	"sandbox-image":                         {value: "Not A Reference"},
 	"state-dir":                             {value: " "},

@@ -30,6 +30,8 @@ const (
 	KindTaskStarted       Kind = "task.started"
 	KindTaskExited        Kind = "task.exited"
 	KindSynced            Kind = "synced"
+	KindImageCollected    Kind = "image.collected"
+	KindRegretReported    Kind = "image.regret_reported"
 )
 
 // ImageUpserted says that an image name exists and points at Digest.
@@ -114,7 +116,34 @@ type Synced struct {
 	At time.Time `json:"at"`
 }
 
+// ImageCollected says that this agent's image GC deleted an image: what
+// it was and why, kept by the projection until RegretUntil so that its
+// return is noticed (a regret), across restarts.
+type ImageCollected struct {
+	At     time.Time `json:"at"` // when the delete happened
+	Digest string    `json:"digest"`
+	Names  []string  `json:"names"`
+	Size   int64     `json:"size"`            // the image's size (estimated bytes)
+	Freed  int64     `json:"freed,omitempty"` // measured on the filesystem; 0 unknown
+	// Rule is the planner's rule (space, max-age), Trigger what started
+	// the pass (disk, max-age, episode, manual...).
+	Rule    string `json:"rule"`
+	Trigger string `json:"trigger"`
+	// RegretUntil ends the regret window: a return after it is no regret.
+	RegretUntil time.Time `json:"regretUntil"`
+}
+
+// RegretReported says that the return of the image deleted at Deleted
+// (ImageCollected.At) was published: it is reported once.
+type RegretReported struct {
+	At      time.Time `json:"at"`
+	Digest  string    `json:"digest"`
+	Deleted time.Time `json:"deleted"`
+}
+
 func (e ImageUpserted) Time() time.Time     { return e.At }
+func (e ImageCollected) Time() time.Time    { return e.At }
+func (e RegretReported) Time() time.Time    { return e.At }
 func (e ImageDeleted) Time() time.Time      { return e.At }
 func (e ContainerUpserted) Time() time.Time { return e.At }
 func (e ContainerDeleted) Time() time.Time  { return e.At }
@@ -129,6 +158,8 @@ func (ContainerDeleted) Kind() Kind  { return KindContainerDeleted }
 func (TaskStarted) Kind() Kind       { return KindTaskStarted }
 func (TaskExited) Kind() Kind        { return KindTaskExited }
 func (Synced) Kind() Kind            { return KindSynced }
+func (ImageCollected) Kind() Kind    { return KindImageCollected }
+func (RegretReported) Kind() Kind    { return KindRegretReported }
 
 type wire struct {
 	Kind Kind            `json:"k"`
@@ -168,6 +199,10 @@ func Unmarshal(b []byte) (Event, error) {
 		ev, err = decode[TaskExited](w.Body)
 	case KindSynced:
 		ev, err = decode[Synced](w.Body)
+	case KindImageCollected:
+		ev, err = decode[ImageCollected](w.Body)
+	case KindRegretReported:
+		ev, err = decode[RegretReported](w.Body)
 	default:
 		return nil, fmt.Errorf("decode event: unknown kind %q", w.Kind)
 	}

@@ -16,6 +16,9 @@ func TestMarshalRoundTrip(t *testing.T) {
 		TaskStarted{At: at, ContainerID: "c", Pid: 1},
 		TaskExited{At: at, ContainerID: "c", Pid: 1, ExitStatus: 2, ExitedAt: at},
 		Synced{At: at},
+		ImageCollected{At: at, Digest: "sha256:x", Names: []string{"a", "sha256:c"}, Size: 9, Freed: 8, Rule: "space",
+			Trigger: "disk", RegretUntil: at.Add(24 * time.Hour)},
+		RegretReported{At: at, Digest: "sha256:x", Deleted: at},
 	} {
 		b, err := Marshal(ev)
 		if err != nil {
@@ -31,5 +34,25 @@ func TestMarshalRoundTrip(t *testing.T) {
 	}
 	if _, err := Unmarshal([]byte(`{not json`)); err == nil {
 		t.Fatal("garbage accepted")
+	}
+}
+
+// TestDecodeRegretEvents decodes the journal entries of the regret events
+// as an agent wrote them: the field names are the journal's format.
+func TestDecodeRegretEvents(t *testing.T) {
+	at := time.Date(2026, 11, 26, 18, 0, 0, 0, time.UTC)
+	ev, err := Unmarshal([]byte(`{"k":"image.collected","e":{"at":"2026-11-26T18:00:00Z","digest":"sha256:d",` +
+		`"names":["x.test/a:1"],"size":1048576,"freed":2097152,"rule":"space","trigger":"disk","regretUntil":"2026-11-27T18:00:00Z"}}`))
+	want := ImageCollected{At: at, Digest: "sha256:d", Names: []string{"x.test/a:1"}, Size: 1 << 20, Freed: 2 << 20,
+		Rule: "space", Trigger: "disk", RegretUntil: at.Add(24 * time.Hour)}
+	if err != nil || !reflect.DeepEqual(ev, want) {
+		t.Fatalf("image.collected: %#v, %v", ev, err)
+	}
+	ev, err = Unmarshal([]byte(`{"k":"image.regret_reported","e":{"at":"2026-11-26T18:00:00Z","digest":"sha256:d","deleted":"2026-11-26T18:00:00Z"}}`))
+	if err != nil || !reflect.DeepEqual(ev, RegretReported{At: at, Digest: "sha256:d", Deleted: at}) {
+		t.Fatalf("image.regret_reported: %#v, %v", ev, err)
+	}
+	if _, err := Unmarshal([]byte(`{"k":"image.collected","e":{"size":"big"}}`)); err == nil {
+		t.Fatal("a malformed image.collected was accepted")
 	}
 }

@@ -29,6 +29,7 @@ type Fleet struct {
 	nodes   map[string]*node // by event source
 	tail    []TailLine       // newest last, at most maxTail
 	maxTail int
+	regrets regretTally // image.regretted, by cluster and image (regret.go)
 }
 
 // node is what the events say about one node.
@@ -102,7 +103,7 @@ type Row struct {
 
 // New returns an empty fleet whose tail keeps the newest maxTail actions.
 func New(maxTail int) *Fleet {
-	return &Fleet{nodes: map[string]*node{}, maxTail: maxTail}
+	return &Fleet{nodes: map[string]*node{}, maxTail: maxTail, regrets: newRegretTally()}
 }
 
 // Apply folds one event into the fleet. Events arrive in any order
@@ -128,6 +129,10 @@ func (f *Fleet) Apply(ev natsbus.CloudEvent) {
 		}
 		line.Trigger, line.Bytes, line.Error = d.Trigger, cmp.Or(d.FreedBytes, d.EstimatedBytes), d.Error
 		line.Measured = d.FreedBytes != 0
+	case *RegretEvent:
+		line.Subject = inNamespace(d.Namespace, imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject)))
+		line.Reason, line.Trigger, line.Bytes = "back after "+(time.Duration(d.ReturnAfterSeconds)*time.Second).String(), d.Trigger, d.Bytes
+		f.regrets.add(ev.ID, n.cluster, n.name, d)
 	case *ImageEvent:
 		line.Subject = inNamespace(d.Namespace, imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject)))
 		line.Reason, line.Bytes, line.Measured = string(d.Reason), cmp.Or(d.Freed, d.Size), d.Freed != 0

@@ -224,3 +224,46 @@ func TestDecodeOtherShape(t *testing.T) {
 		t.Errorf("Decode of a string = %#v, %v", got, err)
 	}
 }
+
+// TestRegrets: image.regretted counts once per event id, per cluster
+// against its image removals, and per image across nodes.
+func TestRegrets(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	f := New(10)
+	ev := func(cluster, node, action, digest string, at time.Time, data any) natsbus.CloudEvent {
+		e, err := natsbus.NewEvent(cluster, node, natsbus.Action{Kind: "image", Action: action, Subject: digest, Key: at.String() + digest, Data: data}, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	regret := func(name, digest string, bytes int64, after float64) schema.ImageRegret {
+		return schema.ImageRegret{Namespace: "k8s.io", Digest: digest, Names: []string{name}, Bytes: bytes, ReturnAfterSeconds: after, Rule: "space", Trigger: "disk"}
+	}
+	evs := []natsbus.CloudEvent{
+		ev("prod", "n1", "removed", "sha256:app", t0, map[string]any{"bytes": 100}),
+		ev("prod", "n1", "removed", "sha256:db", t0, map[string]any{"bytes": 50}),
+		ev("prod", "n2", "removed", "sha256:app", t0, map[string]any{"bytes": 100}),
+		ev("prod", "n2", "removed", "sha256:x", t0, map[string]any{"bytes": 10}),
+		ev("prod", "n1", "regretted", "sha256:app", t0.Add(time.Minute), regret("app:1", "sha256:app", 100, 60)),
+		ev("prod", "n2", "regretted", "sha256:app", t0.Add(2*time.Minute), regret("app:1", "sha256:app", 100, 30)),
+		ev("dev", "d1", "removed", "sha256:db", t0, map[string]any{"bytes": 50}),
+		ev("dev", "d1", "regretted", "sha256:db", t0.Add(time.Minute), regret("db:2", "sha256:db", 50, 5)),
+	}
+	for _, e := range evs {
+		f.Apply(e)
+	}
+	f.Apply(evs[4]) // replayed and live: the same event twice
+	got := f.ClusterRegrets()
+	want := []ClusterRegrets{{Cluster: "dev", Regrets: 1, Bytes: 50, Removed: 1, Rate: 1}, {Cluster: "prod", Regrets: 2, Bytes: 200, Removed: 4, Rate: 0.5}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("clusters %+v, want %+v", got, want)
+	}
+	top := f.TopRegretted(1)
+	if len(top) != 1 || top[0] != (ImageRegrets{Image: imageLabel([]string{"app:1"}, "sha256:app"), Regrets: 2, Bytes: 200, Nodes: 2, ReturnAfterSeconds: 30}) {
+		t.Fatalf("top %+v", top)
+	}
+	if tail := f.Tail(); tail[len(tail)-1].Type != "image.regretted" || tail[len(tail)-1].Bytes != 100 {
+		t.Fatalf("tail %+v", tail[len(tail)-1])
+	}
+}

@@ -16,6 +16,9 @@ import (
 // ImageEvent is the data of image.removed and image.skipped.
 type ImageEvent = schema.ImageEvent
 
+// schemaImageRegret is the data of image.regretted (RegretEvent).
+type schemaImageRegret = schema.ImageRegret
+
 // ContainerEvent is the data of container.removed (and, with a skip
 // reason fleet does not read, container.skipped).
 type ContainerEvent = schema.ContainerRemoval
@@ -65,6 +68,8 @@ func Decode(ev natsbus.CloudEvent) (any, error) {
 	kind, action := SplitType(ev.Type)
 	var v any
 	switch {
+	case kind == schema.KindImage && action == schema.ActionRegretted:
+		v = &RegretEvent{}
 	case kind == schema.KindImage:
 		v = &ImageEvent{}
 	case kind == schema.KindContainer:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/internal/streak"
 	"github.com/gcagent/gcagent/projection"
@@ -51,6 +51,14 @@ type ImageGCDeps struct {
 	// again every RelearnInterval; until it succeeds it is retried before
 	// each pass.
 	LearnSandboxImages func(ctx context.Context) ([]string, error)
+	// Record, if set, journals an events.ImageCollected for each image
+	// removed (not in a dry run), so that its return is noticed as a
+	// regret (RegretReporter).
+	Record Recorder
+	// FleetKeep, if set, returns the fleet keep list in force now: glob
+	// patterns added to Policy.KeepPatterns for each pass (the rule of an
+	// image they keep says so: FleetRule).
+	FleetKeep func() []string
 }
 
 // ImageGCOptions configure an ImageGC; all but Policy have defaults.
@@ -76,6 +84,9 @@ type ImageGCOptions struct {
 	// RelearnInterval is how often the sandbox images are asked again.
 	// Default 5m.
 	RelearnInterval time.Duration
+	// RegretWindow is how long after a removal the image's return counts
+	// as a regret. Default DefaultRegretWindow.
+	RegretWindow time.Duration
 	// Clock gives the time and the loop's timers. Default Go's.
 	Clock      clock.Timers
 	Log        zerolog.Logger
@@ -148,6 +159,7 @@ type ImageGC struct {
 	now      func() time.Time // o.Clock.Now
 	changes  <-chan struct{}
 	requests chan chan ImagePass // RunNow's requests, answered by Run
+	nudges   chan string         // Nudge's triggers
 	exec     *imageExecutor
 	m        imageMetrics
 
@@ -199,13 +211,16 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 	if o.RelearnInterval <= 0 {
 		o.RelearnInterval = 5 * time.Minute
 	}
+	if o.RegretWindow <= 0 {
+		o.RegretWindow = DefaultRegretWindow
+	}
 	if o.Clock == nil {
 		o.Clock = clock.System(nil)
 	}
 	if d.Publisher == nil {
 		d.Publisher = Discard{}
 	}
-	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), sandboxSeen: map[string]struct{}{}}
+	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), nudges: make(chan string, 1), sandboxSeen: map[string]struct{}{}}
 	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
 		rt: d.Runtime, disk: d.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Clock.Now,
@@ -296,7 +311,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 			Str("reason", string(it.Reason)).Str("rule", it.Rule).Msg("image kept")
 	}
 
-	g.exec.emit = func(o ImageOutcome) { g.handle(o, &pass, rep, log) }
+	g.exec.emit = func(o ImageOutcome) { g.handle(ctx, o, &pass, rep, log) }
 	// A delete makes the pass news: its start goes out before the
 	// removal's event, which the delete's transaction stores.
 	g.exec.beforeDelete = func() { rep.flush(false) }
@@ -349,11 +364,12 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 // handle counts one outcome as it happens, and logs and publishes it
 // through rep: a removal at once (with what rep held), a skip when the pass
 // ends.
-func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log zerolog.Logger) {
+func (g *ImageGC) handle(ctx context.Context, o ImageOutcome, pass *ImagePass, rep *passReport, log zerolog.Logger) {
 	key := imageRemovalKey(o.Namespace, o.Digest, o.FirstSeen)
 	lvl := zerolog.InfoLevel
 	if o.Action == ActionRemoved {
 		pass.Removed = append(pass.Removed, o)
+		g.recordRemoval(ctx, o, pass.Trigger, log)
 		g.m.removed.WithLabelValues(o.Namespace, string(o.Rule)).Inc()
 		g.m.bytes.WithLabelValues(o.Namespace, string(o.Rule), "estimated").Add(float64(o.Size))
 		g.m.bytes.WithLabelValues(o.Namespace, string(o.Rule), "measured").Add(float64(max(o.Freed, 0)))
@@ -383,6 +399,18 @@ func (g *ImageGC) handle(o ImageOutcome, pass *ImagePass, rep *passReport, log z
 			g.publish(Action{Kind: "image", Action: o.Action, Subject: o.Digest, Key: key, Data: imageData{ImageOutcome: o, DryRun: g.o.DryRun}}, log)
 		}
 	})
+}
+
+// recordRemoval journals the removal in the projection, for regrets.
+func (g *ImageGC) recordRemoval(ctx context.Context, o ImageOutcome, trigger string, log zerolog.Logger) {
+	if g.d.Record == nil || g.o.DryRun {
+		return
+	}
+	ev := events.ImageCollected{At: o.At, Digest: o.Digest, Names: o.Names, Size: o.Size, Freed: max(o.Freed, 0),
+		Rule: string(o.Rule), Trigger: trigger, RegretUntil: o.At.Add(g.o.RegretWindow)}
+	if err := g.d.Record(ctx, o.Namespace, ev); err != nil {
+		log.Warn().Err(err).Str("digest", o.Digest).Msg("removal not recorded for regret telemetry")
+	}
 }
 
 // passReport holds a pass's log lines and events until it is known whether
@@ -473,83 +501,10 @@ func (g *ImageGC) policy() ImagePolicy {
 	if len(g.sandboxCache) > 0 {
 		p.SandboxImages = g.sandboxCache
 	}
+	if g.d.FleetKeep != nil {
+		p.FleetKeepPatterns = g.d.FleetKeep()
+	}
 	return g.trig.passPolicy(p)
-}
-
-// learn asks the runtime for its sandbox images when due.
-func (g *ImageGC) learn(ctx context.Context, now time.Time) {
-	if g.d.LearnSandboxImages == nil || (g.learnOK && now.Sub(g.learnedAt) < g.o.RelearnInterval) {
-		return
-	}
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	imgs, err := g.d.LearnSandboxImages(lctx)
-	cancel()
-	g.learnedAt = now
-	if err != nil {
-		g.learnOK = false
-		g.o.Log.Warn().Err(err).Msg("sandbox image not learned from CRI; will retry")
-		return
-	}
-	if !g.learnOK || !slices.Equal(imgs, g.learned) {
-		g.o.Log.Info().Strs("sandbox_images", imgs).Msg("sandbox images learned from CRI")
-	}
-	g.learnOK, g.learned = true, imgs
-	g.refreshSandboxes()
-}
-
-// observeSandboxes remembers the image (name and digest) of every sandbox
-// container in the state: whatever CRI's config says, an image pods were
-// started from is a sandbox image, and stays protected after the pods go.
-func (g *ImageGC) observeSandboxes(states []*projection.State) {
-	added := false
-	for _, ref := range SandboxImagesOf(states...) {
-		if _, ok := g.sandboxSeen[ref]; !ok {
-			g.sandboxSeen[ref], added = struct{}{}, true
-		}
-	}
-	if added {
-		g.refreshSandboxes()
-	}
-}
-
-// SandboxImagesOf returns the image names and digests the sandbox
-// containers in states were created from, sorted: images to keep as
-// sandbox images whatever the runtime's configuration says.
-func SandboxImagesOf(states ...*projection.State) []string {
-	var out []string
-	for _, s := range states {
-		for _, c := range s.Containers {
-			if c.CRIKind != projection.KindSandbox {
-				continue
-			}
-			for _, ref := range []string{c.Image, c.ImageDigest} {
-				if ref != "" {
-					out = append(out, ref)
-				}
-			}
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// SandboxImageSet joins the sandbox image lists (configured, learned from
-// CRI, seen on sandbox containers) into one sorted set, never nil: the one
-// rule for what counts as a sandbox image, for GC and for tools.
-func SandboxImageSet(lists ...[]string) []string {
-	all := []string{}
-	for _, l := range lists {
-		all = append(all, l...)
-	}
-	slices.Sort(all)
-	return slices.Compact(all)
-}
-
-func (g *ImageGC) refreshSandboxes() {
-	g.sandboxCache = SandboxImageSet(g.o.Policy.SandboxImages, g.learned, slices.Collect(maps.Keys(g.sandboxSeen)))
-	g.mu.Lock()
-	g.status.SandboxImages = slices.Clone(g.sandboxCache)
-	g.mu.Unlock()
 }
 
 // Policy returns the policy passes use now: the configured one with the
@@ -562,6 +517,9 @@ func (g *ImageGC) Policy() ImagePolicy {
 	p := g.o.Policy
 	p.SandboxImages = slices.Clone(g.status.SandboxImages)
 	p.KeepPatterns = slices.Clone(p.KeepPatterns)
+	if g.d.FleetKeep != nil {
+		p.FleetKeepPatterns = slices.Clone(g.d.FleetKeep())
+	}
 	return p
 }
 

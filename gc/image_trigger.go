@@ -70,6 +70,10 @@ func (g *ImageGC) Run(ctx context.Context) error {
 				d, ok := g.sample()
 				g.trig.observe(g.now(), d, ok)
 				reply <- g.Pass(ctx, "manual")
+			case trigger := <-g.nudges:
+				d, ok := g.sample()
+				g.trig.observe(g.now(), d, ok)
+				g.Pass(ctx, trigger)
 			case <-tick.C():
 			case <-wake.C():
 			case <-changes:
@@ -94,6 +98,15 @@ func (g *ImageGC) Run(ctx context.Context) error {
 		}
 		g.noteTrigger(at)
 		tick.Reset(g.trig.nextSample()) // last: the loop is idle once the next sample is armed
+	}
+}
+
+// Nudge asks Run for a pass soon with trigger (a policy input changed,
+// such as the fleet keep list); it never blocks, and nudges coalesce.
+func (g *ImageGC) Nudge(trigger string) {
+	select {
+	case g.nudges <- trigger:
+	default:
 	}
 }
 

@@ -42,7 +42,15 @@ type ImagePolicy struct {
 	// KeepPatterns protect every image with a name matching one of these
 	// path.Match globs (where * does not cross a /).
 	KeepPatterns []string
+	// FleetKeepPatterns are the fleet keep list's globs (stored in NATS,
+	// read by the agent at the edge), matched like KeepPatterns; the rule
+	// of an image they keep is FleetRule(pattern).
+	FleetKeepPatterns []string
 }
+
+// FleetRule is the rule of an image the fleet keep list keeps: the
+// pattern, marked as the fleet's.
+func FleetRule(pattern string) string { return "fleet keep list: " + pattern }
 
 // Validate reports the first invalid field: thresholds outside 0..100, a low
 // threshold above the high one, a negative age, a positive MaxAge not above
@@ -65,10 +73,19 @@ func (p ImagePolicy) Validate() error {
 	case p.MaxAge > 0 && p.MaxAge <= p.MinAge:
 		return fmt.Errorf("maximum image age %s: must be greater than the minimum image age %s", p.MaxAge, p.MinAge)
 	}
-	for _, pattern := range p.KeepPatterns {
-		if _, err := path.Match(pattern, ""); err != nil {
-			return fmt.Errorf("keep pattern %q: %w", pattern, err)
+	for _, pattern := range append(slices.Clone(p.KeepPatterns), p.FleetKeepPatterns...) {
+		if err := ValidKeepPattern(pattern); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// ValidKeepPattern checks a keep pattern (--keep-image, the fleet keep
+// list): a well-formed path.Match glob.
+func ValidKeepPattern(pattern string) error {
+	if _, err := path.Match(pattern, ""); err != nil {
+		return fmt.Errorf("keep pattern %q: %w", pattern, err)
 	}
 	return nil
 }
@@ -321,6 +338,13 @@ func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name,
 		for _, n := range img.Names { // sorted, as ImageItem.Names
 			if keepMatch(pattern, n.Name) {
 				return ReasonKeepPattern, n.Name, pattern, time.Time{}
+			}
+		}
+	}
+	for _, pattern := range p.FleetKeepPatterns {
+		for _, n := range img.Names {
+			if keepMatch(pattern, n.Name) {
+				return ReasonKeepPattern, n.Name, FleetRule(pattern), time.Time{}
 			}
 		}
 	}

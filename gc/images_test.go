@@ -523,3 +523,27 @@ func TestReclaimableBytesAllocatesNothing(t *testing.T) {
 		t.Errorf("ReclaimableBytes allocates %v times per call, want 0", n)
 	}
 }
+
+// TestFleetKeepPatterns: the fleet keep list keeps like --keep-image, and
+// the rule says the fleet's list kept it.
+func TestFleetKeepPatterns(t *testing.T) {
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	s := projection.New()
+	s.Apply(events.ImageUpserted{At: now.Add(-time.Hour), Name: "registry.example/app:7", Digest: "sha256:app", Size: 10})
+	s.Apply(events.ImageUpserted{At: now.Add(-time.Hour), Name: "registry.example/other:1", Digest: "sha256:other", Size: 10})
+	p := ImagePolicy{HighThresholdPercent: 1, LowThresholdPercent: 0, FleetKeepPatterns: []string{"registry.example/app:*"}}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	plan := PlanImages([]*projection.State{s}, DiskStats{CapacityBytes: 100, AvailableBytes: 10}, p, now)
+	if len(plan.Delete) != 1 || plan.Delete[0].Digest != "sha256:other" {
+		t.Fatalf("delete %+v", plan.Delete)
+	}
+	if len(plan.Keep) != 1 || plan.Keep[0].Reason != ReasonKeepPattern || plan.Keep[0].Rule != FleetRule("registry.example/app:*") {
+		t.Fatalf("keep %+v", plan.Keep)
+	}
+	p.FleetKeepPatterns = []string{"[x"}
+	if err := p.Validate(); err == nil {
+		t.Fatal("a malformed fleet pattern passed Validate")
+	}
+}

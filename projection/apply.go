@@ -16,6 +16,7 @@ func (s *State) Apply(ev events.Event) {
 	s.Seq++
 	switch e := ev.(type) {
 	case events.ImageUpserted:
+		s.noteReturn(e)
 		s.upsertImage(e)
 	case events.ImageDeleted:
 		s.dropName(e.Name)
@@ -38,6 +39,10 @@ func (s *State) Apply(ev events.Event) {
 		s.taskExited(e)
 	case events.Synced:
 		s.Synced = true
+	case events.ImageCollected:
+		s.collected(e)
+	case events.RegretReported:
+		s.regretReported(e)
 	}
 }
 

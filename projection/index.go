@@ -129,4 +129,5 @@ func (s *State) reindex() {
 			s.dead[id] = c
 		}
 	}
+	s.indexDeletions()
 }

@@ -214,6 +214,7 @@ func (l *Live) snapshot() {
 	l.tried = l.opts.Now()
 	l.mu.Lock()
 	l.state.ForgetPodsGoneBefore(l.opts.Now().Add(-l.opts.PodHistory))
+	l.state.ForgetDeletionsBefore(l.opts.Now())
 	l.mu.Unlock()
 	// Encoded in place, without a copy of the whole state: this goroutine
 	// is the only writer, and readers share the read lock meanwhile.

@@ -163,6 +163,12 @@ func (s *State) Clone() *State {
 		cp.Sandboxes = maps.Clone(p.Sandboxes)
 		c.Pods[k] = &cp
 	}
+	c.Deletions = make(map[string]*Deletion, len(s.Deletions))
+	for k, d := range s.Deletions {
+		cp := *d
+		cp.Names = slices.Clone(d.Names)
+		c.Deletions[k] = &cp
+	}
 	if c.Names == nil {
 		c.Names = map[string]string{}
 	}

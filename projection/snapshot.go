@@ -15,8 +15,12 @@ import (
 // tens of thousands of records: the table makes the file a fraction of its
 // JSON, decoding several times faster, and the restored strings shared as
 // they were before the restart. Snapshots written as JSON by older agents
-// are still read.
-var snapshotMagic = []byte("gcagent-snapshot-2\n")
+// are still read, and so are snapshots of format 2 (before regrets: no
+// deletions after the pods).
+var (
+	snapshotMagic   = []byte("gcagent-snapshot-3\n")
+	snapshotMagicV2 = []byte("gcagent-snapshot-2\n")
+)
 
 // encodeSnapshot returns s in the snapshot format.
 func encodeSnapshot(s *State) []byte {
@@ -70,6 +74,21 @@ func encodeSnapshot(s *State) []byte {
 		w.time(p.FirstSeen)
 		w.time(p.GoneAt)
 	}
+	// Deletions come last: a snapshot of an agent before regrets ends
+	// after the pods.
+	w.uint(uint64(len(s.Deletions)))
+	for _, d := range s.Deletions {
+		w.str(d.Digest)
+		w.strs(d.Names)
+		w.int(d.Size)
+		w.int(d.Freed)
+		w.str(d.Rule)
+		w.str(d.Trigger)
+		w.str(d.ReturnedAs)
+		for _, t := range []time.Time{d.At, d.Until, d.ReturnedAt} {
+			w.time(t)
+		}
+	}
 
 	out := make([]byte, 0, len(snapshotMagic)+len(w.table)+len(w.body)+2*binary.MaxVarintLen64)
 	out = append(out, snapshotMagic...)
@@ -83,13 +102,14 @@ func encodeSnapshot(s *State) []byte {
 // filled (see fill).
 func decodeSnapshot(b []byte) (*State, error) {
 	s := New()
-	if !bytes.HasPrefix(b, snapshotMagic) {
+	v2 := bytes.HasPrefix(b, snapshotMagicV2)
+	if !v2 && !bytes.HasPrefix(b, snapshotMagic) {
 		if err := json.Unmarshal(b, s); err != nil {
 			return nil, err
 		}
 		return s, nil
 	}
-	r := snapReader{b: b[len(snapshotMagic):]}
+	r := snapReader{b: b[len(snapshotMagic):]} // both magics have one length
 	r.table()
 	s.Synced = r.bool()
 	s.Seq = r.uint()
@@ -141,6 +161,13 @@ func decodeSnapshot(b []byte) (*State, error) {
 		}
 		p.FirstSeen, p.GoneAt = r.time(), r.time()
 		s.Pods[p.UID] = p
+	}
+	if !v2 {
+		for n := r.count(); n > 0 && r.err == nil; n-- {
+			d := &Deletion{Digest: r.str(), Names: r.strs(), Size: r.int(), Freed: r.int(), Rule: r.str(), Trigger: r.str(), ReturnedAs: r.str()}
+			d.At, d.Until, d.ReturnedAt = r.time(), r.time(), r.time()
+			s.Deletions[d.Digest] = d
+		}
 	}
 	if r.err == nil && len(r.b) > 0 {
 		r.err = fmt.Errorf("%d bytes after the last record", len(r.b))

@@ -29,7 +29,9 @@ func fullState(t *testing.T) *State {
 	s.Containers["c2"] = &Container{ID: "c2", State: StateCreated, FirstSeen: StampOf(time.Unix(-5, 0).UTC())} // nil lists, zero times
 	s.Pods["uid"] = &Pod{UID: "uid", Name: "pod", Namespace: "ns", Sandboxes: map[string]struct{}{"sb": {}, "sb2": {}},
 		FirstSeen: at(10), GoneAt: at(11)}
-	for _, v := range []any{*s.Images["sha256:i1"], *s.Containers["c1"], *s.Pods["uid"]} {
+	s.Deletions["sha256:gone"] = &Deletion{Digest: "sha256:gone", Names: []string{"b:1", "sha256:bcfg"}, Size: 5 << 20, Freed: 6 << 20,
+		Rule: "space", Trigger: "disk", At: at(12), Until: at(12).Add(24 * time.Hour), ReturnedAt: at(13), ReturnedAs: "b:1"}
+	for _, v := range []any{*s.Images["sha256:i1"], *s.Containers["c1"], *s.Pods["uid"], *s.Deletions["sha256:gone"]} {
 		rv := reflect.ValueOf(v)
 		for i := range rv.NumField() {
 			if f := rv.Type().Field(i); f.IsExported() && f.Tag.Get("json") != "-" && rv.Field(i).IsZero() {
@@ -94,6 +96,24 @@ func TestSnapshotReadsJSON(t *testing.T) {
 	again, err := st.Load()
 	if err != nil || !reflect.DeepEqual(want, again.State) {
 		t.Fatalf("binary snapshot restored differently: %v", err)
+	}
+}
+
+// TestSnapshotReadsFormat2: a snapshot of an agent before regrets (no
+// deletions after the pods) is restored whole.
+func TestSnapshotReadsFormat2(t *testing.T) {
+	want := fullState(t)
+	want.Deletions = map[string]*Deletion{}
+	b := encodeSnapshot(want)
+	old := append(append([]byte(nil), snapshotMagicV2...), b[len(snapshotMagic):len(b)-1]...) // without the count of deletions
+	got, err := decodeSnapshot(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.fill()
+	want.fill()
+	if !reflect.DeepEqual(want, got) {
+		t.Fatalf("format 2 differs\nwant %+v\ngot  %+v", want, got)
 	}
 }
 

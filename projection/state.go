@@ -30,6 +30,12 @@ type State struct {
 	Names      map[string]string     `json:"-"`          // image name -> target digest; derived from Images (fill)
 	Containers map[string]*Container `json:"containers"` // by id
 	Pods       map[string]*Pod       `json:"pods"`       // by pod uid
+	// Deletions are the images this agent's GC deleted within their
+	// regret window, by digest (see Deletion).
+	Deletions map[string]*Deletion `json:"deletions,omitempty"`
+	// deletedNames maps each name of a deletion to its digest; derived
+	// (indexDeletions), never persisted.
+	deletedNames map[string]string
 	// users indexes containers by the use keys they hold (see
 	// Container.UseKeys), also for keys no image has (any more, or yet).
 	// Derived from Containers (fill rebuilds it), so never persisted: a
@@ -91,9 +97,12 @@ func New() *State {
 		Names:      map[string]string{},
 		Containers: map[string]*Container{},
 		Pods:       map[string]*Pod{},
+		Deletions:  map[string]*Deletion{},
 		users:      newKeySets(),
 		byKey:      newKeySets(),
 		dead:       map[string]*Container{},
+
+		deletedNames: map[string]string{},
 	}
 }
 

@@ -38,6 +38,29 @@ type ImageEvent struct {
 	DryRun bool `json:"dryRun,omitempty"`
 }
 
+// ImageRegret is the payload of image.regretted: an image this agent's GC
+// deleted came back on the node (its digest, or a name it had) within the
+// regret window. It is published once per deletion.
+type ImageRegret struct {
+	Namespace string   `json:"namespace"`
+	Digest    string   `json:"digest"`
+	Names     []string `json:"names"` // the names it had when deleted
+	// ReturnedAs is the name (or the digest) it came back under.
+	ReturnedAs string    `json:"returnedAs"`
+	DeletedAt  time.Time `json:"deletedAt"`
+	ReturnedAt time.Time `json:"returnedAt"`
+	// ReturnAfterSeconds is the time from the delete to the return.
+	ReturnAfterSeconds float64 `json:"returnAfterSeconds"`
+	// Bytes is the deleted image's size (estimated), FreedBytes what
+	// statfs saw freed by its delete (0 unknown).
+	Bytes      int64 `json:"bytes"`
+	FreedBytes int64 `json:"freedBytes"`
+	// Rule is the planner's rule that deleted it (space, max-age) and
+	// Trigger what started the pass (disk, max-age, episode, manual...).
+	Rule    Reason `json:"rule"`
+	Trigger string `json:"trigger"`
+}
+
 // GCPass is the payload of a pass action: the pass without the
 // per-image lists, which are published one event each.
 type GCPass struct {

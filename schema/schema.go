@@ -36,6 +36,9 @@ const (
 const (
 	ActionRemoved = "removed"
 	ActionSkipped = "skipped"
+	// ActionRegretted says an image the agent deleted came back on the
+	// node within the regret window (image.regretted).
+	ActionRegretted = "regretted"
 )
 
 // ReasonDryRun is the reason of every *.skipped action of a dry run: it

@@ -37,6 +37,7 @@ func runFlags(name string, cfg *agent.Config) *flag.FlagSet {
 	fs.Var(durationValue{&cfg.ImageMaximumGCAge}, "image-maximum-gc-age", "delete images unused for longer than this, whatever the disk (0 = off)")
 	fs.StringVar(&cfg.SandboxImage, "sandbox-image", cfg.SandboxImage, "pause image never to delete (also learned from CRI)")
 	fs.Var(stringList{&cfg.KeepImages}, "keep-image", "glob on image names never to delete (repeatable)")
+	fs.Var(durationValue{&cfg.RegretWindow}, "regret-window", "an image image GC deleted that comes back within this is reported as image.regretted")
 	fs.Var(durationValue{&cfg.DiskInterval}, "disk-interval", "how often the image filesystem is sampled")
 	fs.Var(durationValue{&cfg.MinimumContainerTTL}, "minimum-container-ttl-duration", "how long a dead container is kept after it exits")
 	fs.Var(durationValue{&cfg.UncollectedExitGrace}, "uncollected-exit-grace", "how long a plain container's exit waits for its client to collect it")

@@ -34,6 +34,7 @@ commands:
   status    print a running agent's projection
   watch     live fleet view from NATS
   ctl       send a control request over NATS (status, plan, explain, gc)
+  ctl keep  change the fleet keep list in NATS (add, rm, ls)
   version   print the version, commit and Go version
 
 gcagent <command> -h shows a command's flags. Every flag of run is also read
@@ -86,6 +87,9 @@ func dispatch(ctx context.Context, args []string, environ []string, stdout, stde
 	case "watch":
 		return watch(ctx, args[1:], env, stdout, stderr)
 	case "ctl":
+		if len(args) > 1 && args[1] == "keep" {
+			return ctlKeep(ctx, args[2:], env, stdout)
+		}
 		return ctl(ctx, args[1:], env, stdout, stderr)
 	case "version":
 		embedded := "with"

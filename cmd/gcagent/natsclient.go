@@ -18,6 +18,7 @@ var clusterUsage = map[string]string{
 	"plan":  "cluster name in NATS subjects and events",
 	"ctl":   "cluster of the node(s) to ask",
 	"watch": "cluster to show, or * for every cluster",
+	"keep":  "cluster whose keep list to change (ls: whose lists to show)",
 }
 
 // natsClientFlags binds the flags a NATS client command shares with run.
@@ -91,10 +92,7 @@ func connectTool(cfg agent.Config, t natsTarget) (*nats.Conn, error) {
 func parseNATSClient(fs *flag.FlagSet, cfg *agent.Config, args []string, env func(string) string, h help, stdout io.Writer) (natsTarget, error) {
 	var target natsTarget
 	tool := fs.Name()
-	maxArgs := 0
-	if tool == "ctl" {
-		maxArgs = 1
-	}
+	maxArgs := map[string]int{"ctl": 1, "keep": 2}[tool]
 	if err := parseFlags(fs, args, h, stdout, maxArgs); err != nil {
 		return target, err
 	}

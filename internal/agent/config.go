@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -50,6 +49,9 @@ type Config struct {
 	SandboxImage string
 	// KeepImages are globs; an image with a matching name is never deleted. Default none.
 	KeepImages []string
+	// RegretWindow is how long after image GC deleted an image its return
+	// to the node is reported as image.regretted. Default 24h.
+	RegretWindow time.Duration
 	// DiskInterval is how often the image filesystem is sampled near the high threshold (up to 1s apart far from it). Default 100ms.
 	DiskInterval time.Duration
 	// MinimumContainerTTL is how long a dead container is kept after it exits. Default 0s.
@@ -155,6 +157,7 @@ func DefaultConfig() Config {
 		MinimumImageTTL:      2 * time.Minute,
 		UncollectedExitGrace: gc.DefaultUncollectedGrace,
 		DiskInterval:         gc.DefaultDiskInterval,
+		RegretWindow:         gc.DefaultRegretWindow,
 		MaxDeadPerContainer:  1,
 		MaxDeadContainers:    -1,
 		PruneContainers:      "native",
@@ -218,6 +221,9 @@ func (c Config) Validate() error {
 	}
 	if c.ImageMaximumGCAge > 0 && c.ImageMaximumGCAge <= c.MinimumImageTTL {
 		checks = append(checks, fmt.Errorf("invalid --image-maximum-gc-age %s: must be greater than --minimum-image-ttl-duration %s", c.ImageMaximumGCAge, c.MinimumImageTTL))
+	}
+	if c.RegretWindow <= 0 {
+		checks = append(checks, fmt.Errorf("invalid --regret-window %s: must be positive", c.RegretWindow))
 	}
 	if c.DiskInterval <= 0 {
 		checks = append(checks, fmt.Errorf("invalid --disk-interval %s: must be positive", c.DiskInterval))
@@ -293,7 +299,7 @@ func (c Config) Validate() error {
 		checks = append(checks, fmt.Errorf("invalid --log-level %q: must be debug, info, warn or error", c.LogLevel))
 	}
 	for _, p := range c.KeepImages {
-		if _, err := path.Match(p, ""); err != nil {
+		if err := gc.ValidKeepPattern(p); err != nil {
 			checks = append(checks, fmt.Errorf("invalid --keep-image %q: %v", p, err))
 		}
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 
+	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/schema"
@@ -13,9 +14,10 @@ import (
 func (a *agent) setupImageGC() error {
 	g, err := gc.NewImageGC(gc.ImageGCDeps{
 		Projection: a.live, Runtime: a.runtime, Disk: a.imageFS, Deletes: a.deletes, Publisher: a.pub,
-		LearnSandboxImages: a.runtime.SandboxImages,
+		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.Patterns,
 	}, gc.ImageGCOptions{
 		Policy:       a.cfg.ImagePolicy(),
+		RegretWindow: a.cfg.RegretWindow,
 		DryRun:       a.cfg.DryRun,
 		DiskInterval: a.cfg.DiskInterval,
 		Clock:        clock.System(a.clock.Now),
@@ -26,6 +28,14 @@ func (a *agent) setupImageGC() error {
 		return err
 	}
 	a.imageGC = g
+	// A new fleet keep list is planned with at once: an image it no longer
+	// keeps goes in the next pass, not at the next retry.
+	a.keep.changed = func() { g.Nudge("keep-list") }
+	a.regrets, err = gc.NewRegretReporter(a.live, a.pub, a.record, a.clock.Now,
+		a.log.With().Str("component", "imagegc").Logger(), a.reg)
+	if err != nil {
+		return err
+	}
 	a.lastGC = func() *schema.LastGC {
 		if st := a.imageGC.Status(); st.LastPass != nil {
 			p := lastImagePass(*st.LastPass)
@@ -35,6 +45,17 @@ func (a *agent) setupImageGC() error {
 	}
 	a.runGCNow = func(ctx context.Context) (any, error) { return a.imageGC.RunNow(ctx) }
 	return nil
+}
+
+// record journals ev in namespace ns's projection, after the events the
+// node sent before it; it fails only when ctx ends first.
+func (a *agent) record(ctx context.Context, ns string, ev events.Event) error {
+	select {
+	case a.evs <- events.Scoped{Namespace: ns, Event: ev}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // runImageGC runs the image GC until ctx ends.

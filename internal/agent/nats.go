@@ -34,8 +34,9 @@ func (c Config) PublisherOptions() natsbus.PublisherOptions {
 	}
 	if c.NATSURL == "" {
 		// The embedded server's stream lives on this node's disk: it gets the
-		// store's bound (JetStream refuses a stream larger than its store) and its own age.
-		o.StreamMaxBytes = c.EmbeddedNATSMaxStore
+		// store's bound (JetStream refuses a stream larger than its store),
+		// less the fleet keep list bucket's, and its own age.
+		o.StreamMaxBytes = c.EmbeddedNATSMaxStore - natsbus.EmbeddedKeepMaxBytes
 		o.StreamMaxAge = max(c.EmbeddedNATSMaxAge, o.DuplicateWindow)
 	}
 	return o

@@ -16,6 +16,7 @@ import (
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
+	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/rs/zerolog"
@@ -119,6 +120,15 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	}
 
 	p := cfg.ImagePolicy()
+	// The fleet keep list the agent saved last: what it keeps now, as far
+	// as a tool without its NATS can tell.
+	if kd, err := ReadKeepFile(cfg.StateDir); err == nil {
+		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: kd, now: time.Now, started: time.Now()}
+		p.FleetKeepPatterns = k.Patterns()
+		s := k.Setting(time.Now())
+		s.Source = "file " + filepath.Join(cfg.StateDir, KeepListFile) + " (" + strings.TrimPrefix(s.Source, "nats bucket "+natsbus.KeepBucket+", ") + ")"
+		doc.Policy = append(doc.Policy, s)
+	}
 	learned, err := (&node.Runtime{CRI: cri}).SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
@@ -163,7 +173,7 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 // learned sandbox images.
 func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
 	doc := Plan{At: a.clock.Now(), Containerd: a.cfg.ContainerdAddress, Namespace: a.cfg.Namespace,
-		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.cfg.Policy(), KubeletNotes: a.kubeletNotes(),
+		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.policySettings(), KubeletNotes: a.kubeletNotes(),
 		HistoryNote: fmt.Sprintf("the running agent's own projection (pid %d)", os.Getpid())}
 	if !a.live.Synced() {
 		doc.HistoryNote += "; not yet synced with containerd"

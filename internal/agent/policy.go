@@ -49,6 +49,16 @@ func (c Config) Policy() []Setting {
 	return out
 }
 
+// policySettings are the settings in force (Config.Policy) plus the fleet
+// keep list the agent applies and how old it is.
+func (a *agent) policySettings() []Setting {
+	out := a.cfg.Policy()
+	if a.keep != nil {
+		out = append(out, a.keep.Setting(a.clock.Now()))
+	}
+	return out
+}
+
 // policyLog adds the policy to a log line: one field per setting, its value
 // and, when not the default, where it came from.
 func policyLog(e *zerolog.Event, policy []Setting) *zerolog.Event {

@@ -67,6 +67,13 @@ type agent struct {
 	containerGC *gc.ContainerGC
 	// logs cleans the log dirs (logs.go).
 	logs *logs.Cleaner
+	// evs is the projection's input: the node's events, and the events
+	// the agent journals itself (record).
+	evs chan events.Scoped
+	// keep is the fleet keep list (keeplist.go); regrets reports images
+	// that came back after image GC deleted them.
+	keep    *fleetKeep
+	regrets *gc.RegretReporter
 	// clock is the one time every planner reads (internal/clock: a
 	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
@@ -140,6 +147,9 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
+	a.evs = evs
+	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, clk.Now, log.With().Str("component", "keeplist").Logger())
+	reg.MustRegister(keepMetrics{a.keep})
 	a.version = cl.Version
 	a.imageFS = node.NewImageFS(cfg.ImageFS, DefaultContainerdRoot, a.runtime.CRIImages)
 
@@ -294,6 +304,8 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	// Components that act on the projection start here, one g.Go each.
 	g.Go(afterIntents(a.runImageGC))
 	g.Go(func() error { return a.runControl(gctx) })
+	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.bus.emb != nil) })
+	g.Go(func() error { return a.regrets.Run(gctx) })
 	g.Go(afterIntents(a.containerGC.Run))
 	g.Go(afterIntents(a.runLogs))
 	g.Go(func() error {
@@ -368,6 +380,9 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		if d := a.journalDetail(); d != "" {
 			defer fmt.Fprintln(w, d) // not a readiness failure: GC goes on
 		}
+		if d := a.keep.detail(a.clock.Now()); d != "" {
+			defer fmt.Fprintln(w, d) // not a readiness failure: GC keeps the last list seen
+		}
 		if n := a.deletes.Unsettled(); n > 0 {
 			// Not a readiness failure: the delete is settled as soon as
 			// containerd answers; nothing else is deleted meanwhile.
@@ -384,7 +399,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /plan", a.servePlan)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		doc := StatusDoc{Policy: a.cfg.Policy()}
+		doc := StatusDoc{Policy: a.policySettings()}
 		a.live.ViewAll(func(states []*projection.State) { doc.Report = projection.NewReport(a.clock.Now(), states...) })
 		if a.imageGC != nil {
 			st := a.imageGC.Status()

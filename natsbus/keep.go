@@ -1,0 +1,209 @@
+package natsbus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The fleet keep list lives in one JetStream key-value bucket: one key per
+// cluster (clusters.<cluster>) and one for every cluster (all). Operators'
+// credentials write it (gcagent ctl keep); each agent watches the two keys
+// it needs with an ephemeral ordered consumer (a KV watch), never a
+// durable one, and persists what it saw. See docs/nats.md.
+const (
+	KeepBucket = "gcagent_keep"
+	// KeepAllKey holds the patterns of every cluster.
+	KeepAllKey = "all"
+	// keepClusterPrefix starts the key of one cluster's patterns.
+	keepClusterPrefix = "clusters."
+	// keepMaxBytes bounds the bucket on a fleet's NATS: a list is a few
+	// KiB at most.
+	keepMaxBytes = 8 << 20
+	keepMaxValue = 64 << 10
+	// EmbeddedKeepMaxBytes bounds it on the agent's embedded server, whose
+	// store it shares with the events stream (which leaves it this much).
+	EmbeddedKeepMaxBytes = 256 << 10
+)
+
+// KeepClusterKey is the key of cluster's patterns in KeepBucket.
+func KeepClusterKey(cluster string) string { return keepClusterPrefix + SafeToken(cluster) }
+
+// KeepKeyCluster names the clusters a key's patterns apply to: the cluster,
+// or "*" for KeepAllKey.
+func KeepKeyCluster(key string) string {
+	if key == KeepAllKey {
+		return "*"
+	}
+	return strings.TrimPrefix(key, keepClusterPrefix)
+}
+
+// KeepList is the value of one key of KeepBucket.
+type KeepList struct {
+	Patterns  []string  `json:"patterns"`
+	UpdatedAt time.Time `json:"updatedAt"`
+	UpdatedBy string    `json:"updatedBy,omitempty"`
+	// Revision is the key's revision in the bucket (not stored in the value).
+	Revision uint64 `json:"revision,omitempty"`
+}
+
+// KeepBucketConfig is the bucket's configuration with replicas (1 on a
+// single server, 3 on a cluster) and maxBytes (0: 8 MiB).
+func KeepBucketConfig(replicas int, maxBytes int64) jetstream.KeyValueConfig {
+	if maxBytes <= 0 {
+		maxBytes = keepMaxBytes
+	}
+	return jetstream.KeyValueConfig{Bucket: KeepBucket, Description: "gcagent fleet keep list: image patterns GC never deletes",
+		History: 5, Replicas: max(replicas, 1), MaxBytes: maxBytes, MaxValueSize: keepMaxValue, Storage: jetstream.FileStorage}
+}
+
+// EnsureKeepBucket returns the bucket, creating it with replicas and
+// maxBytes (0: 8 MiB) when it is missing (needs credentials allowed to
+// create streams).
+func EnsureKeepBucket(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, KeepBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, KeepBucketConfig(replicas, maxBytes))
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = js.KeyValue(ctx, KeepBucket) // created meanwhile
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("keep list bucket %s: %w", KeepBucket, err)
+	}
+	return kv, nil
+}
+
+// DecodeKeep reads a value of KeepBucket; an empty value is an empty list.
+func DecodeKeep(b []byte) (KeepList, error) {
+	var l KeepList
+	if len(b) == 0 {
+		return l, nil
+	}
+	if err := json.Unmarshal(b, &l); err != nil {
+		return l, fmt.Errorf("keep list value: %w", err)
+	}
+	return l, nil
+}
+
+// EditKeep changes the patterns of key with edit (which gets the stored
+// patterns and returns the new ones), by compare-and-set on the key's
+// revision, retrying when another writer won. It returns the list stored.
+func EditKeep(ctx context.Context, kv jetstream.KeyValue, key, by string, now func() time.Time, edit func([]string) ([]string, error)) (KeepList, error) {
+	for attempt := 0; ; attempt++ {
+		var cur KeepList
+		var rev uint64
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		case err != nil:
+			return cur, fmt.Errorf("read %s: %w", key, err)
+		default:
+			rev = e.Revision()
+			if cur, err = DecodeKeep(e.Value()); err != nil {
+				return cur, err
+			}
+		}
+		patterns, err := edit(slices.Clone(cur.Patterns))
+		if err != nil {
+			return cur, err
+		}
+		next := KeepList{Patterns: patterns, UpdatedAt: now().UTC(), UpdatedBy: by}
+		b, _ := json.Marshal(next)
+		if rev == 0 {
+			rev, err = kv.Create(ctx, key, b)
+		} else {
+			rev, err = kv.Update(ctx, key, b, rev)
+		}
+		if err == nil {
+			next.Revision = rev
+			return next, nil
+		}
+		if attempt < 10 && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
+			continue // another writer won: read again
+		}
+		return cur, fmt.Errorf("write %s: %w", key, err)
+	}
+}
+
+// ReadKeep returns every key's list in the bucket, by key; none when the
+// bucket has no key.
+func ReadKeep(ctx context.Context, kv jetstream.KeyValue) (map[string]KeepList, error) {
+	keys, err := kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return map[string]KeepList{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]KeepList{}
+	for _, k := range keys {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		l, err := DecodeKeep(e.Value())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", k, err)
+		}
+		l.Revision = e.Revision()
+		out[k] = l
+	}
+	return out, nil
+}
+
+// KeepUpdate is one change a keep list watch delivers: the key's list
+// (empty when the key was deleted), or Synced once the current values of
+// every watched key are delivered.
+type KeepUpdate struct {
+	Key    string
+	List   KeepList
+	Synced bool
+	Err    error // a value that does not decode (the key's list is then unchanged)
+}
+
+// WatchKeep watches the keys of the bucket (an ephemeral ordered consumer
+// of the keys' subjects only) and calls fn with each update in order until
+// ctx ends or the watch fails. It returns jetstream.ErrBucketNotFound
+// (wrapped) when the bucket does not exist.
+func WatchKeep(ctx context.Context, js jetstream.JetStream, keys []string, fn func(KeepUpdate)) error {
+	kv, err := js.KeyValue(ctx, KeepBucket)
+	if err != nil {
+		return fmt.Errorf("keep list bucket %s: %w", KeepBucket, err)
+	}
+	// WatchFiltered rewrites the slice it is given into subjects: a copy.
+	w, err := kv.WatchFiltered(ctx, slices.Clone(keys))
+	if err != nil {
+		return fmt.Errorf("watch keep list: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watch keep list: updates ended")
+			}
+			if e == nil {
+				fn(KeepUpdate{Synced: true})
+				continue
+			}
+			u := KeepUpdate{Key: e.Key()}
+			if e.Operation() == jetstream.KeyValuePut {
+				u.List, u.Err = DecodeKeep(e.Value())
+				u.List.Revision = e.Revision()
+			}
+			fn(u)
+		}
+	}
+}
