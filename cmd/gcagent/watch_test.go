@@ -18,6 +18,7 @@ import (
 	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -443,5 +444,32 @@ func TestForTerminal(t *testing.T) {
 				t.Errorf("forTerminal(%q) = %s, want %s", tc.in, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRenderRegrets: the fleet view shows the regret rate per cluster and
+// the images regretted most, and nothing while no image came back.
+func TestRenderRegrets(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	f := fleet.New(10)
+	var out strings.Builder
+	renderFleet(&out, f, t0, "nats://127.0.0.1:4222", 0)
+	if strings.Contains(out.String(), "REGRET") {
+		t.Fatalf("regret section without a regret:\n%s", out.String())
+	}
+	for _, ev := range []natsbus.CloudEvent{
+		ce(t, "n1", "image", "removed", "sha256:aa", t0, map[string]any{"bytes": 3 << 20, "reason": "space"}),
+		ce(t, "n1", "image", "removed", "sha256:bb", t0, map[string]any{"bytes": 1 << 20, "reason": "space"}),
+		ce(t, "n1", "image", "regretted", "sha256:aa", t0.Add(time.Minute), schema.ImageRegret{Namespace: "k8s.io", Digest: "sha256:aa",
+			Names: []string{"app:1"}, Bytes: 3 << 20, ReturnAfterSeconds: 60, Rule: "space", Trigger: "disk"}),
+	} {
+		f.Apply(ev)
+	}
+	out.Reset()
+	renderFleet(&out, f, t0.Add(2*time.Minute), "nats://127.0.0.1:4222", 0)
+	for _, want := range []string{"REGRET", "c1", "1 of 2 removals", "50.0%", "app:1", "1 times", "3.0MiB"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("fleet view lacks %q:\n%s", want, out.String())
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -78,7 +79,27 @@ func renderView(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int,
 		ordered = ordered[:v.rows]
 	}
 	renderRows(w, ordered, now)
+	renderRegrets(w, f)
 	renderTail(w, f)
+}
+
+// renderRegrets prints the regret rate per cluster (images deleted that
+// came back within the regret window, per image removal seen) and the
+// images regretted most: whether the thresholds fit.
+func renderRegrets(w io.Writer, f *fleet.Fleet) {
+	clusters := f.ClusterRegrets()
+	if !slices.ContainsFunc(clusters, func(c fleet.ClusterRegrets) bool { return c.Regrets > 0 }) {
+		return
+	}
+	fmt.Fprintln(w, "\nREGRET (deleted images that came back)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, c := range clusters {
+		fmt.Fprintf(tw, "%s\t%d of %d removals\t%.1f%%\t%s\n", forTerminal(c.Cluster), c.Regrets, c.Removed, 100*c.Rate, humanBytes(c.Bytes))
+	}
+	for _, it := range f.TopRegretted(5) {
+		fmt.Fprintf(tw, "  %s\t%d times\t\t%s\n", forTerminal(it.Image), it.Regrets, humanBytes(it.Bytes))
+	}
+	tw.Flush()
 }
 
 func renderRows(w io.Writer, rows []fleet.Row, now time.Time) {
