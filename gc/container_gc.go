@@ -82,6 +82,9 @@ type ContainerGC struct {
 	retry map[string]containerRetry
 
 	gmu sync.Mutex // guards gone, so a Plan never waits for a pass
+	// blind: the last pass found a running pod without its log dir (the
+	// deleted-pod sign cannot be read).
+	blind bool
 	// gone is when a pass first saw each pod (by uid) gone by PodKept.
 	gone map[string]time.Time
 
@@ -232,6 +235,14 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 		}
 	}
 	g.gmu.Unlock()
+	if plan.PodSignalBlind != g.blind {
+		g.blind = plan.PodSignalBlind
+		if g.blind {
+			g.log.Warn().Str("pod_log_dir_sign", "unreadable").Msg("a running pod has no log dir where the agent looks (--pod-log-dir is not the kubelet's podLogsDir?): no pod counts as deleted until it has")
+		} else {
+			g.log.Info().Str("pod_log_dir_sign", "readable").Msg("running pods have their log dirs again: deleted pods are told by theirs")
+		}
+	}
 	if plan.Remove == nil {
 		return time.Time{}, nil
 	}

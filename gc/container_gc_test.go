@@ -3,6 +3,7 @@ package gc
 import (
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,6 +89,14 @@ func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gc
 
 // podLogDirGone is a PodKept for which every pod's log dir is gone.
 func podLogDirGone(_, _, _ string) bool { return false }
+
+// podLogDirs is a PodKept whose pods keep their log dirs until remove:
+// the kubelet makes a pod's dir before its sandbox runs (a running pod
+// without one makes the deleted-pod sign unreadable).
+type podLogDirs struct{ removed atomic.Bool }
+
+func (d *podLogDirs) kept(_, _, _ string) bool { return !d.removed.Load() }
+func (d *podLogDirs) remove()                  { d.removed.Store(true) }
 
 // startGCPods is startGCWith whose pods are there while podKept says so.
 func startGCPods(t *testing.T, opts ContainerGCOptions, podKept func(uid, namespace, name string) bool, evs ...events.Event) *gcHarness {
@@ -253,7 +262,8 @@ func TestContainerGCCRIOnlyUnderAll(t *testing.T) {
 	for _, mode := range []PruneMode{PruneNative, PruneAll} {
 		t.Run(string(mode), func(t *testing.T) {
 			p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: mode}
-			h := startGCPods(t, ContainerGCOptions{Policy: p}, podLogDirGone, evs...)
+			dirs := &podLogDirs{}
+			h := startGCPods(t, ContainerGCOptions{Policy: p}, dirs.kept, evs...)
 			waitArmed(t, h.clock, time.Time{})
 			if mode == PruneNative {
 				if c := h.rt.Calls(); len(c) != 0 {
@@ -262,6 +272,7 @@ func TestContainerGCCRIOnlyUnderAll(t *testing.T) {
 				return
 			}
 			waitDeleted(t, h.rt, "c1")
+			dirs.remove()
 			h.apply(exit(0, "sb"), remove(0, "c1"))
 			waitDeleted(t, h.rt, "sb")
 			want := []string{"cri-remove c1", "sandbox-remove sb"}
@@ -277,9 +288,11 @@ func TestContainerGCCRIOnlyUnderAll(t *testing.T) {
 // other event need follow, so the timer looks again shortly.
 func TestContainerGCRechecksWhenTheRuntimeLags(t *testing.T) {
 	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
-	h := startGCPods(t, ContainerGCOptions{Policy: p}, podLogDirGone, flat(sandbox(0, "sb", "u"), start(0, "sb"), events.Synced{At: t0})...)
+	dirs := &podLogDirs{}
+	h := startGCPods(t, ContainerGCOptions{Policy: p}, dirs.kept, flat(sandbox(0, "sb", "u"), start(0, "sb"), events.Synced{At: t0})...)
 	waitArmed(t, h.clock, time.Time{})
 	h.rt.Set("sb", LiveRunning)
+	dirs.remove()
 	h.apply(exit(0, "sb"))
 	waitArmed(t, h.clock, at(keptRetry))
 	h.rt.Set("sb", LiveDead)

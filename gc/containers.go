@@ -110,6 +110,9 @@ type ContainerPlan struct {
 	// NextEligible is the earliest future instant at which a dead container
 	// kept as too young passes MinAge; zero if none.
 	NextEligible time.Time `json:"nextEligible,omitzero"`
+	// PodSignalBlind says a pod that runs has no pod log dir: the dir read
+	// is not the kubelet's, so no pod counted as deleted.
+	PodSignalBlind bool `json:"podSignalBlind,omitempty"`
 	// Remove is oldest first: containers, then sandboxes.
 	Remove []ContainerItem `json:"remove"`
 	// Keep is sorted by id.
@@ -363,6 +366,7 @@ func (plan *ContainerPlan) merge(q ContainerPlan) {
 	plan.Remove = append(plan.Remove, q.Remove...)
 	plan.Keep = append(plan.Keep, q.Keep...)
 	earliest(&plan.NextEligible, q.NextEligible)
+	plan.PodSignalBlind = plan.PodSignalBlind || q.PodSignalBlind
 }
 
 // key identifies the item's container on the node: ids are unique only

@@ -62,6 +62,14 @@ func (p ContainerPolicy) podsOf(s *projection.State, plan *ContainerPlan, list [
 			}
 		}
 	}
+	if podGone != nil && podSignalBlind(pods, podGone) {
+		// A pod that runs has no log dir: the dir the agent reads is not
+		// the kubelet's (another podLogsDir, an empty dir a hostPath
+		// created), and every stopped pod would look deleted. None is.
+		plan.PodSignalBlind = true
+		earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
+		return pods
+	}
 	decided := map[string]bool{}
 	for _, i := range slices.Concat(candidates, sandboxes) {
 		uid := ctrs[i].PodUID
@@ -141,4 +149,19 @@ func planSandboxes(list []ContainerItem, ctrs, settled []*projection.Container, 
 			it.Reason = ReasonSandboxOrphaned
 		}
 	}
+}
+
+// podSignalBlind reports whether a pod that is not stopped (a sandbox ready
+// or a container running) is gone by podGone: the kubelet makes a pod's
+// log dir before its sandbox runs, so the sign cannot be read.
+func podSignalBlind(pods map[string]*podFacts, podGone PodGoneFunc) bool {
+	for uid, pd := range pods {
+		if pd.stopped {
+			continue
+		}
+		if _, gone := podGone(uid, pd.namespace, pd.name); gone {
+			return true
+		}
+	}
+	return false
 }

@@ -388,6 +388,23 @@ func TestPlanContainers(t *testing.T) {
 			},
 		},
 		{
+			// A running pod without its log dir: the dir read is not the
+			// kubelet's, so the stopped pod is not taken for deleted.
+			name: "prune all: a running pod without a log dir makes the deleted-pod sign unreadable",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"), exit(h, "s1"),
+				sandbox(0, "s2", "u2"), start(0, "s2"),
+			),
+			gone: map[string]time.Duration{"u1": h, "u2": h},
+			mod:  func(p *ContainerPolicy) { p.PodGrace, p.Prune = m, PruneAll },
+			keep: []string{"c1 within-cap", "s1 pod-has-containers", "s2 running"},
+			check: func(t *testing.T, p ContainerPlan) {
+				if !p.PodSignalBlind {
+					t.Error("plan does not say the sign is unreadable")
+				}
+			},
+		},
+		{
 			name: "prune all: the deleted pod of the case above, its grace over",
 			evs: flat(
 				sandbox(0, "s1", "u1"), start(0, "s1"), criDead(0, m, "c1", "app:1", "u1", "app", "s1"), exit(h, "s1"),

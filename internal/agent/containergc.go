@@ -1,12 +1,15 @@
 package agent
 
 import (
+	"errors"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
-	"github.com/gcagent/gcagent/logs"
 )
 
 // containerPolicy is the container GC policy the flags describe.
@@ -23,17 +26,22 @@ func (c Config) ContainerPolicy() gc.ContainerPolicy {
 }
 
 // podKept says a pod is still there while its log dir exists under dir
-// (the kubelet removes it only for a deleted pod), and says so of every
-// pod while dir itself cannot be read as a directory: a pod log dir the
-// agent does not see (not mounted, another --pod-log-dir) must not make
-// every stopped pod look deleted.
+// (the kubelet removes it only for a deleted pod). Only "does not exist"
+// counts as gone: any other error, a pod without a name, or a dir that
+// cannot be read as a directory keep the pod, so that a pod log dir the
+// agent does not see (not mounted, another --pod-log-dir) never makes a
+// stopped pod look deleted. (The planner also refuses the sign while a
+// running pod has no dir: gc.ContainerPlan.PodSignalBlind.)
 func podKept(dir string) func(uid, namespace, name string) bool {
-	exists := logs.PodLogDirExists(dir)
 	return func(uid, namespace, name string) bool {
+		if uid == "" || namespace == "" || name == "" || strings.ContainsRune(namespace+name+uid, '/') {
+			return true
+		}
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return true
 		}
-		return exists(uid, namespace, name)
+		_, err := os.Lstat(filepath.Join(dir, namespace+"_"+name+"_"+uid))
+		return !errors.Is(err, fs.ErrNotExist)
 	}
 }
 
