@@ -1,6 +1,7 @@
 package natsbus
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -80,13 +81,26 @@ func EnsureKeepBucket(ctx context.Context, js jetstream.JetStream, replicas int,
 	return kv, nil
 }
 
-// DecodeKeep reads a value of KeepBucket; an empty value is an empty list.
+// DecodeKeep reads a value of KeepBucket; an empty value (a delete) is an
+// empty list. Anything else must be an object with a patterns key and no
+// unknown field: a value another tool wrote wrongly ({"images": [...]},
+// {}, null) is an error, so that the agent keeps its last list rather
+// than taking it for an empty one.
 func DecodeKeep(b []byte) (KeepList, error) {
 	var l KeepList
 	if len(b) == 0 {
 		return l, nil
 	}
-	if err := json.Unmarshal(b, &l); err != nil {
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(b, &probe); err != nil || probe == nil {
+		return l, fmt.Errorf("keep list value: want an object with patterns, got %.40q", b)
+	}
+	if raw, ok := probe["patterns"]; !ok || string(bytes.TrimSpace(raw)) == "null" {
+		return l, errors.New(`keep list value: no "patterns" key (an empty list is "patterns": [])`)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&l); err != nil {
 		return l, fmt.Errorf("keep list value: %w", err)
 	}
 	return l, nil

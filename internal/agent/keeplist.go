@@ -182,6 +182,11 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 		delete(k.doc.Lists, u.Key)
 	default:
 		k.seen[u.Key] = true
+		for _, p := range u.List.Patterns {
+			if err := gc.ValidKeepPattern(p); err != nil {
+				k.log.Warn().Err(err).Str("key", u.Key).Str("pattern", p).Msg("fleet keep list pattern invalid: it protects nothing")
+			}
+		}
 		k.doc.Lists[u.Key] = u.List
 		if k.watching {
 			k.doc.ConfirmedAt = now
