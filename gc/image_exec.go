@@ -63,9 +63,12 @@ type imageExecutor struct {
 	disk   diskMeter
 	users  func(ns, digest string) []string // the projection's users of digest in namespace ns now
 	synced func() bool
-	policy ImagePolicy
-	dryRun bool
-	now    func() time.Time
+	// fleetKeep, if set, is the fleet keep list now: it changes while a
+	// pass runs, and an image it names since the plan is kept.
+	fleetKeep func() []string
+	policy    ImagePolicy
+	dryRun    bool
+	now       func() time.Time
 	// emit, if set, is called with each outcome as it happens (for logs,
 	// metrics and the events of skips), before execute returns.
 	emit func(ImageOutcome)
@@ -337,6 +340,15 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName,
 	}
 	if !slices.Equal(now, it.Names) {
 		return nil, ReasonChanged, namesDiff(it.Names, now), nil
+	}
+	if x.fleetKeep != nil {
+		for _, pattern := range x.fleetKeep() {
+			for _, n := range now {
+				if ValidKeepPattern(pattern) == nil && keepMatch(pattern, n) {
+					return nil, ReasonKeepPattern, "fleet keep list since the plan: " + pattern, nil
+				}
+			}
+		}
 	}
 	if users := x.users(it.Namespace, it.Digest); len(users) > 0 {
 		return nil, ReasonInUse, "projection users: " + strings.Join(users, ","), nil

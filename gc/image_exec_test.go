@@ -322,6 +322,23 @@ func TestImageExecutorStopsAtLowThresholdMeasured(t *testing.T) {
 	}
 }
 
+// TestImageExecutorKeepsWhatTheFleetListNamesSinceThePlan: a pattern added
+// to the fleet keep list while a pass runs keeps the image it names.
+func TestImageExecutorKeepsWhatTheFleetListNamesSinceThePlan(t *testing.T) {
+	a, b := digestOf("a"), digestOf("b")
+	n := newNode()
+	plan := n.plan(policy8070, at(time.Hour))
+	x := n.executor(policy8070)
+	x.fleetKeep = func() []string { return []string{"example.test/a:*"} }
+	res := x.execute(context.Background(), plan)
+	if slices.Contains(n.rt.Removed(), a) || !slices.Contains(n.rt.Removed(), b) {
+		t.Fatalf("removed %v: want b, not a", n.rt.Removed())
+	}
+	if got := reasons(res.Outcomes)[a]; got != ReasonKeepPattern {
+		t.Errorf("skip reason %q, want %q", got, ReasonKeepPattern)
+	}
+}
+
 func TestImageExecutorNeverDeletesWhatIsNoLongerACandidate(t *testing.T) {
 	a, b := digestOf("a"), digestOf("b")
 	tests := []struct {

@@ -224,7 +224,7 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
 		rt: d.Runtime, disk: d.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Clock.Now,
-		synced: d.Projection.Synced, deletes: d.Deletes, log: o.Log,
+		synced: d.Projection.Synced, deletes: d.Deletes, log: o.Log, fleetKeep: d.FleetKeep,
 		users: func(ns, digest string) (ids []string) {
 			d.Projection.ViewAll(func(states []*projection.State) {
 				for _, s := range states {
