@@ -415,8 +415,11 @@ func (p ContainerPolicy) screen(it *ContainerItem, c *projection.Container, now 
 		it.Reason = ReasonRunning
 	case p.Prune == PruneAll && neverStartedCRI(c):
 		// Dead for the kubelet once older than MinAge, from creation; here
-		// never sooner than NeverStartedGrace, as it may be about to start.
-		if eligible := c.Created.Time().Add(max(p.MinAge, p.startGrace())); now.Before(eligible) {
+		// never sooner than NeverStartedGrace, as it may be about to start,
+		// counted also from when the agent first saw it (containerd's
+		// creation time is its wall clock, which may have stepped).
+		eligible := later(c.Created.Time().Add(p.MinAge), later(c.Created.Time(), c.FirstSeen.Time()).Add(p.startGrace()))
+		if now.Before(eligible) {
 			it.Reason, it.EligibleAt = ReasonStarting, eligible
 		}
 	case !c.Dead():

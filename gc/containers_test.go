@@ -342,6 +342,22 @@ func TestPlanContainers(t *testing.T) {
 			keep:   []string{"a2 within-cap", "a3 within-cap", "s2 running"},
 		},
 		{
+			// containerd's creation time is its wall clock: after a step
+			// forward it looks old at once. The start grace counts also
+			// from when the agent first saw the container.
+			name: "prune all: a never-started container seen just now is starting, whatever its creation time",
+			evs: flat(
+				sandbox(0, "s1", "u1"), start(0, "s1"),
+				func() events.ContainerUpserted {
+					c := criContainer(10*h-20*time.Second, "c1", "app:1", "u1", "c", "s1")
+					c.Created = at(h)
+					return c
+				}(),
+			),
+			mod:  func(p *ContainerPolicy) { p.MaxPerEvictUnit, p.Prune = 0, PruneAll },
+			keep: []string{"c1 starting", "s1 running"},
+		},
+		{
 			// Class 4: a CRI container created and never started (its
 			// start failed) is dead once NeverStartedGrace (and MinAge)
 			// have passed since its creation, and counts under the caps.
