@@ -229,12 +229,30 @@ func (k *fleetKeep) save(now time.Time) error {
 	if err != nil {
 		return err
 	}
+	// Synced before and after the rename: after a power loss the file is
+	// the old list or the new one, never empty (an agent cut off from NATS
+	// at boot protects by it).
 	tmp := k.file + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, k.file); err != nil {
 		return err
+	}
+	if d, err := os.Open(filepath.Dir(k.file)); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
 	}
 	k.saved = now
 	return nil
