@@ -23,10 +23,10 @@ TAGS ?=
 # with grpc.EnableTracing, which gcagent never sets.
 comma := ,
 BUILD_TAGS := grpcnotrace$(if $(TAGS),$(comma)$(TAGS))
-export GCAGENT_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
+export GCAGENT_TEST_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 CRICTL_VERSION := v1.37.0
 CRICTL_DIR ?= $(HOME)/.cache/gcagent/crictl-$(CRICTL_VERSION)
-export GCAGENT_CRICTL_DIR := $(CRICTL_DIR)
+export GCAGENT_TEST_CRICTL_DIR := $(CRICTL_DIR)
 # The Helm chart's tests are a module of their own: Helm's Go SDK would move
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm

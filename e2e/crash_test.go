@@ -70,13 +70,13 @@ func (d *deleteLog) snapshot() (images, containers map[string]int, broken error)
 	return images, containers, d.broken
 }
 
-// crashSeed is GCAGENT_CRASH_SEED or the clock; the test prints it so a
+// crashSeed is GCAGENT_TEST_CRASH_SEED or the clock; the test prints it so a
 // failing order of kills can be replayed.
 func crashSeed(t *testing.T) uint64 {
-	if s := os.Getenv("GCAGENT_CRASH_SEED"); s != "" {
+	if s := os.Getenv("GCAGENT_TEST_CRASH_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			t.Fatalf("GCAGENT_CRASH_SEED %q: %v", s, err)
+			t.Fatalf("GCAGENT_TEST_CRASH_SEED %q: %v", s, err)
 		}
 		return n
 	}
@@ -84,10 +84,10 @@ func crashSeed(t *testing.T) uint64 {
 }
 
 func crashIterations(t *testing.T) int {
-	if s := os.Getenv("GCAGENT_CRASH_ITERATIONS"); s != "" {
+	if s := os.Getenv("GCAGENT_TEST_CRASH_ITERATIONS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
-			t.Fatalf("GCAGENT_CRASH_ITERATIONS %q", s)
+			t.Fatalf("GCAGENT_TEST_CRASH_ITERATIONS %q", s)
 		}
 		return n
 	}
@@ -96,7 +96,7 @@ func crashIterations(t *testing.T) int {
 
 // TestCrashConsistency: on each daemon, the agent is started and SIGKILLed
 // 50 times on one state dir, at a random moment (seeded; the seed is
-// logged, GCAGENT_CRASH_SEED replays it) while it works: each iteration
+// logged, GCAGENT_TEST_CRASH_SEED replays it) while it works: each iteration
 // adds two unused images under lasting disk pressure, two plain containers
 // that exit, a dangling log symlink and, every fifth time, an orphaned pod
 // log dir, in a random order, either while the agent is down or while it
@@ -118,7 +118,7 @@ func crashIterations(t *testing.T) int {
 func TestCrashConsistency(t *testing.T) {
 	seed := crashSeed(t)
 	n := crashIterations(t)
-	t.Logf("seed %d (GCAGENT_CRASH_SEED=%d replays it), %d iterations per daemon", seed, seed, n)
+	t.Logf("seed %d (GCAGENT_TEST_CRASH_SEED=%d replays it), %d iterations per daemon", seed, seed, n)
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		testCrashConsistency(t, v, rand.New(rand.NewPCG(seed, uint64(v[0])<<8|uint64(v[len(v)-1]))), n)
 	})

@@ -161,7 +161,7 @@ func loadMix(node string, round int) []Action {
 	return acts
 }
 
-// BenchmarkFleetLoad: GCAGENT_LOAD_AGENTS (default 500) simulated agents,
+// BenchmarkFleetLoad: GCAGENT_TEST_LOAD_AGENTS (default 500) simulated agents,
 // each with its own NATS connection, Publisher and bbolt outbox on its own
 // state dir, publish into one JetStream server (a child process) read by a
 // watch-style ordered consumer. Phase burst: every agent publishes its mix
@@ -174,7 +174,7 @@ func loadMix(node string, round int) []Action {
 // this machine's one disk, which real nodes do not: a pessimistic setup.
 func BenchmarkFleetLoad(b *testing.B) {
 	agents := 500
-	if v, err := strconv.Atoi(os.Getenv("GCAGENT_LOAD_AGENTS")); err == nil && v > 0 {
+	if v, err := strconv.Atoi(os.Getenv("GCAGENT_TEST_LOAD_AGENTS")); err == nil && v > 0 {
 		agents = v
 	}
 	const steadySeconds = 10

@@ -76,7 +76,7 @@ func BinDir(v Version) string {
 			return "/usr/bin"
 		}
 	case V23:
-		dir := os.Getenv("GCAGENT_CONTAINERD2_DIR")
+		dir := os.Getenv("GCAGENT_TEST_CONTAINERD2_DIR")
 		if dir == "" {
 			home, _ := os.UserHomeDir()
 			dir = filepath.Join(home, ".cache", "gcagent", "containerd-"+Containerd2Version)

@@ -14,12 +14,12 @@ import (
 // CrictlVersion is the cri-tools release `make deps` builds crictl from.
 const CrictlVersion = "v1.37.0"
 
-// CrictlPath returns the crictl `make deps` built (GCAGENT_CRICTL_DIR, else
+// CrictlPath returns the crictl `make deps` built (GCAGENT_TEST_CRICTL_DIR, else
 // its cache dir); a missing one fails the test under CI=true and skips it
 // elsewhere.
 func CrictlPath(t testing.TB) string {
 	t.Helper()
-	dir := os.Getenv("GCAGENT_CRICTL_DIR")
+	dir := os.Getenv("GCAGENT_TEST_CRICTL_DIR")
 	if dir == "" {
 		home, _ := os.UserHomeDir()
 		dir = filepath.Join(home, ".cache", "gcagent", "crictl-"+CrictlVersion)
