@@ -103,7 +103,7 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 		return watchJSON(ctx, msgs, o, start, stdout, tail)
 	}
 	f := fleet.New(o.tail)
-	clear := isTerminal(stdout)
+	clear := agent.IsTerminal(stdout)
 	tick := time.NewTicker(o.refresh)
 	defer tick.Stop()
 	bad, loaded := 0, false

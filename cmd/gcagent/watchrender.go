@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/gcagent/gcagent/fleet"
 	"github.com/gcagent/gcagent/natsbus"
-	"golang.org/x/sys/unix"
 )
 
 // view is what the table shows of a fleet.
@@ -23,15 +21,6 @@ type view struct {
 }
 
 var defaultView = view{top: 20, rows: 50}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
 
 // renderFleet prints the fleet as of now with the default view.
 func renderFleet(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int) {

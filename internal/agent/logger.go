@@ -16,7 +16,7 @@ import (
 // *_bytes, as in JSON) reads as a person would write it.
 func NewLogger(cfg Config, w io.Writer) zerolog.Logger {
 	if cfg.LogFormat == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !isTerminal(w), FormatPrepare: humanSizes}
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !IsTerminal(w), FormatPrepare: humanSizes}
 	}
 	level, err := zerolog.ParseLevel(cfg.LogLevel)
 	if err != nil || cfg.LogLevel == "" {
@@ -39,8 +39,9 @@ func humanSizes(fields map[string]any) error {
 	return nil
 }
 
-// isTerminal reports whether w is a terminal.
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a terminal (colours and redraws only
+// there, never into a pipe).
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
