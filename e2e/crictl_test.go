@@ -245,9 +245,11 @@ func TestCrictlPodAndAgentGC(t *testing.T) {
 			t.Errorf("crictl imagefsinfo mount point %s is not under the containerd root %s the agent measures", mount, c.Root)
 		}
 
+		// A pod whose log dir went counts as deleted after --pod-log-grace
+		// (1m by default): 1s here, so that its sandbox goes within the wait.
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--prune-containers=all",
 			"--maximum-dead-containers-per-container=1", "--image-gc-high-threshold=100",
-			"--minimum-image-ttl-duration=0s", "--image-maximum-gc-age=3s")
+			"--minimum-image-ttl-duration=0s", "--image-maximum-gc-age=3s", "--pod-log-grace=1s")
 		waitSynced(t, a)
 
 		testenv.Eventually(t, 60*time.Second, func() string {

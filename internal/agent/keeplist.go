@@ -309,8 +309,13 @@ func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, create bool) error {
 			k.apply(natsbus.KeepUpdate{Synced: true}) // NATS says: no list
 		}
 		if msg := fmt.Sprint(err); msg != failing {
-			k.log.Warn().Err(err).Float64("retry_s", backoff.Seconds()).Msg("fleet keep list not watched; keeping the last list seen")
 			failing = msg
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				// A fleet that never made a keep list: nothing is wrong.
+				k.log.Info().Str("bucket", natsbus.KeepBucket).Float64("retry_s", backoff.Seconds()).Msg("no fleet keep list on this NATS yet; looking again")
+			} else {
+				k.log.Warn().Err(err).Float64("retry_s", backoff.Seconds()).Msg("fleet keep list not watched; keeping the last list seen")
+			}
 		}
 		select {
 		case <-ctx.Done():
