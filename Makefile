@@ -27,6 +27,15 @@ export GCAGENT_TEST_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 CRICTL_VERSION := v1.37.0
 CRICTL_DIR ?= $(HOME)/.cache/gcagent/crictl-$(CRICTL_VERSION)
 export GCAGENT_TEST_CRICTL_DIR := $(CRICTL_DIR)
+# The real kubelet the end-to-end tests run standalone (internal/testenv/kubelet.go),
+# built from a module of its own that requires k8s.io/kubernetes at this version
+# (its go.mod replaces each staging module by its tag). The version is stamped as
+# the release's own build would.
+KUBELET_VERSION := v1.37.2
+KUBELET_DIR ?= $(HOME)/.cache/gcagent/kubelet-$(KUBELET_VERSION)
+KUBELET_MODULE := internal/testenv/kubeletbuild
+KUBELET_LDFLAGS := $(foreach kv,gitVersion=$(KUBELET_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean,-X k8s.io/component-base/version.$(kv))
+export GCAGENT_TEST_KUBELET_DIR := $(KUBELET_DIR)
 # The Helm chart's tests are a module of their own: Helm's Go SDK would move
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
@@ -36,7 +45,7 @@ HELM_MODULE := deploy/helm
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr, crictl (go install), Go modules
+deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr, crictl (go install), the kubelet (go build, ~7 min cold), Go modules
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
@@ -52,6 +61,12 @@ deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-stat
 	@if [ ! -x $(CRICTL_DIR)/crictl ]; then \
 		echo "building crictl $(CRICTL_VERSION) into $(CRICTL_DIR)"; \
 		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
+	fi
+	@if [ ! -x $(KUBELET_DIR)/kubelet ]; then \
+		echo "building kubelet $(KUBELET_VERSION) into $(KUBELET_DIR) (about 7 minutes on 2 cores when cold)"; \
+		mkdir -p $(KUBELET_DIR) && cd $(KUBELET_MODULE) && \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(KUBELET_LDFLAGS)" -o $(KUBELET_DIR)/kubelet.tmp k8s.io/kubernetes/cmd/kubelet && \
+		mv $(KUBELET_DIR)/kubelet.tmp $(KUBELET_DIR)/kubelet; \
 	fi
 	@$(GO) mod download
 
@@ -109,8 +124,8 @@ manifest: ## regenerate deploy/kubernetes/gcagent.yaml: the chart rendered with 
 # The chart's module is outside ./..., so test runs it too.
 test: chart
 
-tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module and of kubeletdiff)
-	@for d in . kubeletdiff; do \
+tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module, of kubeletdiff and of the kubelet's build module)
+	@for d in . kubeletdiff $(KUBELET_MODULE); do \
 		cp $$d/go.mod /tmp/gcagent.go.mod.bak; cp $$d/go.sum /tmp/gcagent.go.sum.bak; \
 		(cd $$d && $(GO) mod tidy); \
 		if ! diff -q $$d/go.mod /tmp/gcagent.go.mod.bak >/dev/null || ! diff -q $$d/go.sum /tmp/gcagent.go.sum.bak >/dev/null; then \
