@@ -63,7 +63,7 @@ deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-stat
 		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
 	fi
 	@if [ ! -x $(KUBELET_DIR)/kubelet ]; then \
-		echo "building kubelet $(KUBELET_VERSION) into $(KUBELET_DIR) (about 7 minutes on 2 cores when cold)"; \
+		echo "building kubelet $(KUBELET_VERSION) into $(KUBELET_DIR) (about 7 minutes cold on 2 idle cores, far longer on a loaded machine)"; \
 		mkdir -p $(KUBELET_DIR) && cd $(KUBELET_MODULE) && \
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(KUBELET_LDFLAGS)" -o $(KUBELET_DIR)/kubelet.tmp k8s.io/kubernetes/cmd/kubelet && \
 		mv $(KUBELET_DIR)/kubelet.tmp $(KUBELET_DIR)/kubelet; \
