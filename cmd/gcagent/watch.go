@@ -131,6 +131,7 @@ func (c *cli) watch(cmd *cobra.Command, o watchOptions) error {
 		case m := <-msgs:
 			if m.loaded {
 				loaded = true
+				o.view.from, o.view.since = time.Now().Add(-o.since), o.since // what tail replays from
 				renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view) // at once: the whole fleet is in
 				if err := tail(); err != nil {
 					return err

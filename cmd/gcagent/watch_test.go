@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -480,5 +481,37 @@ func TestRenderRegrets(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("fleet view lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestWatchTableSaysWhatItCounts: the REMOVED column names when its count
+// starts (--since before watch tailed), a line says what the counting
+// columns count, and a node without a heartbeat since its agent started is
+// "starting", not stale under NEEDS A LOOK.
+func TestWatchTableSaysWhatItCounts(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.Local)
+	f := fleet.New(5)
+	f.Apply(ce(t, "n1", "agent", "started", "n1", t0, nil))
+	f.Apply(ce(t, "n2", "agent", "heartbeat", "n2", t0.Add(time.Minute), map[string]any{"diskUsagePercent": 10, "images": 1, "natsMode": "jetstream"}))
+	f.Apply(ce(t, "n2", "image", "removed", "sha256:aa", t0, map[string]any{"reason": "space"}))
+	v := defaultView
+	v.from, v.since = t0.Add(-time.Minute), time.Minute
+	var out bytes.Buffer
+	renderView(&out, f, t0.Add(10*time.Second), "nats://127.0.0.1:4222", 0, v)
+	text := out.String()
+	for _, want := range []string{"REMOVED SINCE 11:59:00 (img/ctr/log)",
+		"counted of the actions seen since 11:59:00 (--since 1m0s before watch started): FREED 1H and FAILURES 1H in the last hour, REMOVED all",
+		"nodes 2 in 1 clusters, starting 1,"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("table lacks %q:\n%s", want, text)
+		}
+	}
+	if !regexp.MustCompile(`\nc1\s+n1\s.*\sstarting\n`).MatchString(text) || strings.Contains(text, "NEEDS A LOOK") {
+		t.Errorf("n1 should be starting and nothing need a look:\n%s", text)
+	}
+	out.Reset()
+	renderView(&out, f, t0.Add(100*time.Second), "nats://127.0.0.1:4222", 0, v)
+	if !regexp.MustCompile(`NEEDS A LOOK \(1 nodes, worst first\)\nc1\s+n1\s+stale`).MatchString(out.String()) {
+		t.Errorf("after 3 intervals without a heartbeat n1 should be stale:\n%s", out.String())
 	}
 }
