@@ -118,8 +118,8 @@ func TestHelpGolden(t *testing.T) {
 }
 
 // TestFlagsEitherSide: flags go before or after a verb alike. With an
-// empty state dir, ctl and ctl keep fail at once naming that dir, which
-// only the flag can have given them.
+// empty state dir, ctl, ctl keep and watch fail at once naming that dir,
+// which only the flag (or GCAGENT_STATE_DIR) can have given them.
 func TestFlagsEitherSide(t *testing.T) {
 	dir := t.TempDir()
 	for _, args := range [][]string{
@@ -131,6 +131,13 @@ func TestFlagsEitherSide(t *testing.T) {
 		_, _, err := runCLI(context.Background(), nil, args...)
 		if err == nil || !strings.Contains(err.Error(), "no agent ever ran with --state-dir "+dir) {
 			t.Errorf("%v: %v, want it to look for an agent in %s", args, err, dir)
+		}
+	}
+	// And from the environment, as the agent reads it.
+	for _, args := range [][]string{{"ctl", "status"}, {"ctl", "--json", "plan"}, {"ctl", "keep", "ls"}, {"watch"}} {
+		_, _, err := runCLI(context.Background(), map[string]string{"GCAGENT_STATE_DIR": dir}, args...)
+		if err == nil || !strings.Contains(err.Error(), "no agent ever ran with --state-dir "+dir) {
+			t.Errorf("GCAGENT_STATE_DIR %v: %v, want it to look for an agent in %s", args, err, dir)
 		}
 	}
 }

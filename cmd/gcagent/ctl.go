@@ -39,7 +39,7 @@ func (c *cli) ctlCmd() *cobra.Command {
 		ValidArgs: natsbus.Verbs,
 		Args:      ctlVerb,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.ctl(cmd, cfg, o, args[0])
+			return c.ctl(cmd, &cfg, o, args[0])
 		},
 	}
 	fs := cmd.Flags()
@@ -85,9 +85,9 @@ func ctlVerb(cmd *cobra.Command, args []string) error {
 // line each. On the local agent's embedded server --node all expects its
 // one reply; on a fleet's NATS it stops ctlQuiet after the last reply. It
 // fails when no node answers or a reply is an error.
-func (c *cli) ctl(cmd *cobra.Command, cfg agent.Config, o ctlOptions, verb string) error {
+func (c *cli) ctl(cmd *cobra.Command, cfg *agent.Config, o ctlOptions, verb string) error {
 	ctx, stdout := cmd.Context(), c.stdout
-	target, err := c.natsTool(cmd, &cfg)
+	target, err := c.natsTool(cmd, cfg)
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func (c *cli) ctl(cmd *cobra.Command, cfg agent.Config, o ctlOptions, verb strin
 		}
 		req.Args = natsbus.ExplainArgs{Image: o.image}
 	}
-	nc, err := connectTool(cfg, target)
+	nc, err := connectTool(*cfg, target)
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ func (c *cli) keepCmd() *cobra.Command {
 		ValidArgs: []string{"add", "rm", "ls"},
 		Args:      keepArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.keep(cmd, cfg, o, args)
+			return c.keep(cmd, &cfg, o, args)
 		},
 	}
 	fs := cmd.Flags()
@@ -80,7 +80,7 @@ func keepArgs(cmd *cobra.Command, args []string) error {
 }
 
 // keep runs `gcagent ctl keep add|rm|ls`.
-func (c *cli) keep(cmd *cobra.Command, cfg agent.Config, o keepOptions, args []string) error {
+func (c *cli) keep(cmd *cobra.Command, cfg *agent.Config, o keepOptions, args []string) error {
 	ctx, stdout := cmd.Context(), c.stdout
 	verb, pattern := args[0], ""
 	if len(args) > 1 {
@@ -89,7 +89,7 @@ func (c *cli) keep(cmd *cobra.Command, cfg agent.Config, o keepOptions, args []s
 	if o.replicas < 1 || o.replicas > 5 {
 		return usagef("%sinvalid --replicas %d: must be 1 to 5", where(cmd), o.replicas)
 	}
-	target, err := c.natsTool(cmd, &cfg)
+	target, err := c.natsTool(cmd, cfg)
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (c *cli) keep(cmd *cobra.Command, cfg agent.Config, o keepOptions, args []s
 	if o.all {
 		key, scope = natsbus.KeepAllKey, "all clusters"
 	}
-	nc, err := connectTool(cfg, target)
+	nc, err := connectTool(*cfg, target)
 	if err != nil {
 		return err
 	}

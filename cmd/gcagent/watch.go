@@ -55,7 +55,7 @@ func (c *cli) watchCmd() *cobra.Command {
 			"--state-dir).",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return c.watch(cmd, o)
+			return c.watch(cmd, &o)
 		},
 	}
 	fs := cmd.Flags()
@@ -76,13 +76,14 @@ func (c *cli) watchCmd() *cobra.Command {
 // the status stream, then follows the status stream and the events (from
 // --since ago) live, as a table refreshed every --refresh with the nodes
 // that need a look first and a tail of actions, or as JSON lines (--json).
-func (c *cli) watch(cmd *cobra.Command, o watchOptions) error {
+func (c *cli) watch(cmd *cobra.Command, op *watchOptions) error {
 	ctx, stdout, stderr := cmd.Context(), c.stdout, c.stderr
 	start := time.Now()
-	target, err := c.natsTool(cmd, &o.cfg)
+	target, err := c.natsTool(cmd, &op.cfg) // settles the flags bound to *op
 	if err != nil {
 		return err
 	}
+	o := *op
 	if _, err := path.Match(o.node, ""); err != nil {
 		return usageError{fmt.Errorf("invalid --node %q: %v", o.node, err)}
 	}
