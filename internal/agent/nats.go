@@ -149,7 +149,12 @@ func (a *agent) startNATS() (*bus, error) {
 		b.close()
 		return nil, fmt.Errorf("nats status: %w", err)
 	}
-	a.log.Info().Str("component", "natsbus").Str("url", natsbus.RedactURL(opts.URL)).Bool("embedded", b.emb != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
+	url := natsbus.RedactURL(opts.URL)
+	if b.emb != nil {
+		url = b.emb.ClientURL() // where local tools reach it ("" until it listens)
+	}
+	a.log.Info().Str("component", "natsbus").Str("url", url).Bool("embedded", b.emb != nil).Bool("connected", nc.IsConnected()).
+		Str("stream", cfg.NATSStream).Msg("event outbox open: events go to NATS as it stores them")
 	return b, nil
 }
 
