@@ -181,7 +181,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
 
-
 	a.start(g, gctx, evs, srv, ln, boot, skew, clockFile)
 	err = g.Wait()
 	log.Info().Msg("gcagent stopped")
