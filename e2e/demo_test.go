@@ -194,9 +194,9 @@ func TestDemo(t *testing.T) {
 		}
 		return fmt.Sprintf("%.1f ms mean over %.0f", metricSum(text, name+"_sum")/n*1000, n)
 	}
-	fmt.Printf("  latency: high threshold crossed → first image removed: %s\n", mean("gcagent_image_gc_reaction_seconds"))
-	fmt.Printf("           dead container owner done + TTL → removed: %s\n", mean("gcagent_container_removal_latency_seconds"))
-	fmt.Printf("           dangling link removable → removed: %s\n", mean("gcagent_logs_removal_latency_seconds"))
+	fmt.Printf("  latency: high threshold crossed → first image removed: %s\n", mean("gcagent_image_gc_reaction_duration_seconds"))
+	fmt.Printf("           dead container owner done + TTL → removed: %s\n", mean("gcagent_container_gc_removal_duration_seconds"))
+	fmt.Printf("           dangling link removable → removed: %s\n", mean("gcagent_logs_removal_duration_seconds"))
 	fmt.Printf("  NATS: %d events in stream GCAGENT_EVT, each published once\n", len(evs))
 	checkContract(t, evs)
 }
