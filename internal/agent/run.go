@@ -77,6 +77,9 @@ type agent struct {
 	// clock is the one time every planner reads (internal/clock: a
 	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
+	// kubelet follows the kubelet's config (kubelet.go); nil without
+	// --kubelet-config.
+	kubelet *kubeletFollower
 }
 
 // Run is the daemon: it returns when ctx ends or a part fails for good.
@@ -283,6 +286,7 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	g.Go(func() error { return saveClock(gctx, a.clock, clockFile, log) })
 	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger()) })
 	g.Go(func() error { a.preflight(gctx); return nil })
+	g.Go(func() error { return a.followKubelet(gctx) })
 	if skew != nil {
 		g.Go(func() error {
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
