@@ -111,6 +111,7 @@ func TestDaemonSetContract(t *testing.T) {
 	want := map[string]bool{ // mount path -> writable
 		"/run/containerd/containerd.sock": true, "/var/lib/containerd": false,
 		"/var/log/containers": true, "/var/log/pods": true, "/var/lib/gcagent": true,
+		"/var/lib/kubelet": false, // the kubelet's config's dir: it is read again when renamed over
 	}
 	for path, writable := range want {
 		vm, ok := mounts[path]
@@ -130,9 +131,9 @@ func TestDaemonSetContract(t *testing.T) {
 			t.Errorf("unexpected mount %s: the DaemonSet mounts only what the agent needs", path)
 		}
 	}
-	for _, p := range []string{"/var/log/containers", "/var/log/pods"} {
+	for _, p := range []string{"/var/log/containers", "/var/log/pods", "/var/lib/kubelet"} {
 		if mp := mounts[p].MountPropagation; mp == nil || *mp != corev1.MountPropagationHostToContainer {
-			t.Errorf("%s: mountPropagation must be HostToContainer, so mounts made later are seen", p)
+			t.Errorf("%s: mountPropagation must be HostToContainer, so mounts made later (and their unmounts) are seen", p)
 		}
 	}
 	for _, probe := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
