@@ -79,7 +79,7 @@ func TestChartOnKubelet(t *testing.T) {
 }
 
 // hostPaths maps the chart's default host paths to the private ones.
-func hostPaths(t *testing.T, c *testenv.Containerd, k *testenv.Kubelet) map[string]string {
+func hostPaths(t testing.TB, c *testenv.Containerd, k *testenv.Kubelet) map[string]string {
 	state := filepath.Join(t.TempDir(), "state")
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		t.Fatal(err)
@@ -105,7 +105,7 @@ func chartDefaultLayout(t *testing.T, c *testenv.Containerd, k *testenv.Kubelet,
 	off := logSize(t, k)
 	k.Start()
 	id := cp.podReady(t, k, 3*time.Minute)
-	startupToReady(t, k, off, cp, "at the node's boot")
+	startupToReady(t, k, off, cp)
 	// The kubelet filled the fieldRefs and expanded $(NODE_IP).
 	env := containerEnv(t, c, id)
 	if env["GCAGENT_METRICS_ADDRESS"] != a.Addr || env["GCAGENT_NODE_NAME"] != k.NodeName {
@@ -155,7 +155,7 @@ func chartDefaultLayout(t *testing.T, c *testenv.Containerd, k *testenv.Kubelet,
 	if s, _ := testenv.ContainerStatus(p, "gcagent"); s.RestartCount != 0 {
 		t.Errorf("the agent restarted %d times", s.RestartCount)
 	}
-	startupToReady(t, k, off, cp, "after the kubelet's restart")
+	restartToReady(t, k, off, cp)
 	code, lines, out = execCheck(t, c, id)
 	if l := lines["kubelet-config"]; code != 0 || l.status != "OK" || !strings.Contains(l.detail, "the kubelet's image GC is off") {
 		t.Errorf("check in the pod after the handover: exit %d, kubelet-config %s %q\n%s", code, l.status, l.detail, out)
@@ -217,23 +217,55 @@ func chartK3sLayout(t *testing.T, c *testenv.Containerd, k *testenv.Kubelet, m d
 
 // startupToReady measures, in the kubelet's log from offset on, how long
 // after its startup probe succeeded the pod became ready, and fails when
-// that is more than its readiness period and a few seconds of slack.
-func startupToReady(t *testing.T, k *testenv.Kubelet, offset int64, cp *chartPod, when string) {
+// that is more than its readiness period and a few seconds of slack. At a
+// node's boot the container starts after the kubelet: readiness waits for
+// the startup probe.
+func startupToReady(t *testing.T, k *testenv.Kubelet, offset int64, cp *chartPod) {
+	t.Helper()
+	pt := waitProbeTimes(t, k, offset, cp, true)
+	period := readinessPeriod(cp)
+	d := pt.ready.Sub(pt.started)
+	t.Logf("at the node's boot: ready %.3f s after the startup probe succeeded (readiness period %s)", d.Seconds(), period)
+	if d < 0 || d > period+3*time.Second {
+		t.Errorf("at the node's boot: ready %s after the startup probe, want from 0 to its period %s", d, period)
+	}
+}
+
+// restartToReady measures, in the kubelet's log from offset on, how long
+// after the restarted kubelet was given the pod (its container running
+// on) the pod was ready again, and fails when that is more than the
+// startup and readiness periods and a few seconds of slack. (A restarted
+// kubelet may count the container started from its status and probe
+// readiness before the startup probe.)
+func restartToReady(t *testing.T, k *testenv.Kubelet, offset int64, cp *chartPod) {
+	t.Helper()
+	pt := waitProbeTimes(t, k, offset, cp, false)
+	period := readinessPeriod(cp)
+	d := pt.ready.Sub(pt.added)
+	t.Logf("after the kubelet's restart: ready %.3f s after the kubelet was given the pod (readiness period %s)", d.Seconds(), period)
+	if d > period+4*time.Second {
+		t.Errorf("after the kubelet's restart: ready %s after it was given the pod, more than its readiness period %s", d, period)
+	}
+}
+
+func readinessPeriod(cp *chartPod) time.Duration {
+	return time.Duration(cp.Pod.Spec.Containers[0].ReadinessProbe.PeriodSeconds) * time.Second
+}
+
+// waitProbeTimes waits until the kubelet's log from offset on says when it
+// was given the pod, when it was ready and, with started, when the startup
+// probe succeeded.
+func waitProbeTimes(t testing.TB, k *testenv.Kubelet, offset int64, cp *chartPod, started bool) podTimes {
 	t.Helper()
 	pod := cp.Pod.Namespace + "/" + k.StaticPodName(cp.Pod.Name)
-	var started, ready time.Time
-	testenv.Eventually(t, time.Minute, func() string {
-		if started, ready = probeTimes(t, k, offset, pod); ready.IsZero() {
-			return fmt.Sprintf("no startup then readiness in the kubelet's log for %s (startup at %v)", pod, started)
+	var pt podTimes
+	testenv.Eventually(t, 2*time.Minute, func() string {
+		if pt = probeTimes(t, k, offset, pod); pt.added.IsZero() || started && pt.started.IsZero() || pt.ready.IsZero() {
+			return fmt.Sprintf("the kubelet's log for %s: given %v, started %v, ready %v", pod, pt.added, pt.started, pt.ready)
 		}
 		return ""
 	})
-	period := time.Duration(cp.Pod.Spec.Containers[0].ReadinessProbe.PeriodSeconds) * time.Second
-	d := ready.Sub(started)
-	t.Logf("%s: ready %.3f s after the startup probe succeeded (readiness period %s)", when, d.Seconds(), period)
-	if d > period+3*time.Second {
-		t.Errorf("%s: ready %s after the startup probe, more than its period %s", when, d, period)
-	}
+	return pt
 }
 
 // agentPolicy is the agent's /status policy by name.

@@ -54,7 +54,7 @@ type chartPod struct {
 //
 // The image is the one `make image` built, imported into the daemon: the
 // chart's default names it already (checked here).
-func staticPodOf(t *testing.T, m deploy.Manifest, hostOf map[string]string, imageRef string) *chartPod {
+func staticPodOf(t testing.TB, m deploy.Manifest, hostOf map[string]string, imageRef string) *chartPod {
 	t.Helper()
 	ds := m.DaemonSet
 	cp := &chartPod{}
@@ -137,7 +137,7 @@ func staticPodOf(t *testing.T, m deploy.Manifest, hostOf map[string]string, imag
 }
 
 // setEnv changes the value of the container's variable name.
-func setEnv(t *testing.T, c *corev1.Container, name string, to func(string) string) {
+func setEnv(t testing.TB, c *corev1.Container, name string, to func(string) string) {
 	t.Helper()
 	for i := range c.Env {
 		if c.Env[i].Name == name {
@@ -169,7 +169,7 @@ func (cp *chartPod) override(why string, vars map[string]string) {
 }
 
 // put logs the edits and writes the pod as k's static pod.
-func (cp *chartPod) put(t *testing.T, k *testenv.Kubelet) {
+func (cp *chartPod) put(t testing.TB, k *testenv.Kubelet) {
 	t.Helper()
 	t.Logf("the chart's render as a static pod, with these edits:\n  %s", strings.Join(cp.Edits, "\n  "))
 	b, err := yaml.Marshal(cp.Pod)
@@ -181,7 +181,7 @@ func (cp *chartPod) put(t *testing.T, k *testenv.Kubelet) {
 
 // podReady waits until the static pod's agent container runs and is ready,
 // and returns its CRI id.
-func (cp *chartPod) podReady(t *testing.T, k *testenv.Kubelet, within time.Duration) string {
+func (cp *chartPod) podReady(t testing.TB, k *testenv.Kubelet, within time.Duration) string {
 	t.Helper()
 	p := k.WaitPod(t, cp.Pod.Namespace, cp.Pod.Name, within, func(p *corev1.Pod) string {
 		s, ok := testenv.ContainerStatus(p, "gcagent")
@@ -227,13 +227,21 @@ func execCheck(t *testing.T, c *testenv.Containerd, id string) (int, map[string]
 	return r.Code, lines, r.Stdout + r.Stderr
 }
 
-// probeLine is the kubelet's log line of a probe result that changed.
-var probeLine = regexp.MustCompile(`^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*"SyncLoop \(probe\)" probe="(\w+)" status="([\w ]+)" pod="([^"]+)"`)
+// probeLine is the kubelet's log line of a probe result that changed, and
+// addLine the one of pods it is given (at its start, a static pod file).
+var (
+	probeLine = regexp.MustCompile(`^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*"SyncLoop \(probe\)" probe="(\w+)" status="([\w ]+)" pod="([^"]+)"`)
+	addLine   = regexp.MustCompile(`^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*"SyncLoop ADD" source="file" pods=\[([^]]*)\]`)
+)
 
-// probeTimes reads the kubelet's log from byte offset on and returns when
-// the pod's startup probe first succeeded and when it first became ready
-// after that (zero when not yet).
-func probeTimes(t *testing.T, k *testenv.Kubelet, offset int64, pod string) (started, ready time.Time) {
+// podTimes is when the kubelet, in its log, was given the pod, when the
+// pod's startup probe first succeeded, and when it was first ready (zero:
+// not yet).
+type podTimes struct{ added, started, ready time.Time }
+
+// probeTimes reads the kubelet's log from byte offset on for the pod's
+// times.
+func probeTimes(t testing.TB, k *testenv.Kubelet, offset int64, pod string) podTimes {
 	t.Helper()
 	f, err := os.Open(k.LogFile)
 	if err != nil {
@@ -243,29 +251,36 @@ func probeTimes(t *testing.T, k *testenv.Kubelet, offset int64, pod string) (sta
 	if _, err := f.Seek(offset, 0); err != nil {
 		t.Fatal(err)
 	}
+	var pt podTimes
+	at := func(s string) time.Time {
+		tm, err := time.Parse("0102 15:04:05.000000", s)
+		if err != nil {
+			t.Fatalf("kubelet log time %q: %v", s, err)
+		}
+		return tm
+	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
+		if m := addLine.FindStringSubmatch(sc.Text()); m != nil && strings.Contains(m[2], `"`+pod+`"`) && pt.added.IsZero() {
+			pt.added = at(m[1])
+		}
 		m := probeLine.FindStringSubmatch(sc.Text())
 		if m == nil || m[4] != pod {
 			continue
 		}
-		at, err := time.Parse("0102 15:04:05.000000", m[1])
-		if err != nil {
-			t.Fatalf("kubelet log time %q: %v", m[1], err)
-		}
 		switch {
-		case m[2] == "startup" && m[3] == "started" && started.IsZero():
-			started = at
-		case m[2] == "readiness" && m[3] == "ready" && !started.IsZero() && ready.IsZero():
-			ready = at
+		case m[2] == "startup" && m[3] == "started" && pt.started.IsZero():
+			pt.started = at(m[1])
+		case m[2] == "readiness" && m[3] == "ready" && pt.ready.IsZero():
+			pt.ready = at(m[1])
 		}
 	}
-	return started, ready
+	return pt
 }
 
 // logSize is the size of the kubelet's log now: probeTimes reads from it.
-func logSize(t *testing.T, k *testenv.Kubelet) int64 {
+func logSize(t testing.TB, k *testenv.Kubelet) int64 {
 	t.Helper()
 	fi, err := os.Stat(k.LogFile)
 	if err != nil {
