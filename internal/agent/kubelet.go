@@ -142,8 +142,15 @@ type kubeletFollower struct {
 
 func newKubeletFollower(cfg Config, capacity func() uint64, log zerolog.Logger) *kubeletFollower {
 	k := &kubeletFollower{file: kubeletconfig.File{Path: cfg.KubeletConfig}, cfg: cfg, capacity: capacity, log: log, now: cfg.Kubelet}
+	if cfg.Kubelet == nil {
+		k.problem = absentAtStart(cfg.KubeletConfig) // the preflight's line says it at start
+	}
 	k.poll() // the first poll reads: silent when the file is as at start
 	return k
+}
+
+func absentAtStart(path string) string {
+	return path + " absent: nothing is known of the kubelet's image GC, nothing taken from it (is this where the kubelet keeps its config?)"
 }
 
 // current returns the settings last read (nil: never) and why the file
@@ -194,7 +201,7 @@ func (k *kubeletFollower) poll() {
 	before, hadProblem := k.now, k.problem != ""
 	switch {
 	case errors.Is(err, fs.ErrNotExist) && before == nil:
-		k.problem = path + " absent: nothing is known of the kubelet's image GC, nothing taken from it (is this where the kubelet keeps its config?)"
+		k.problem = absentAtStart(path)
 	case errors.Is(err, fs.ErrNotExist):
 		k.problem = path + " absent since it was last read: the last read stands"
 	case err != nil:

@@ -159,6 +159,9 @@ func TestKubeletAbsentAtStart(t *testing.T) {
 	if a.cfg.Kubelet != nil || a.cfg.ImageGCHighThreshold != 85 {
 		t.Fatalf("kubelet %v, high %d: want nothing taken", a.cfg.Kubelet, a.cfg.ImageGCHighThreshold)
 	}
+	if buf.Len() != 0 {
+		t.Errorf("logged at start (the preflight's check line says it): %s", buf)
+	}
 	if g := gauge(t, reg); g != "none" {
 		t.Errorf("gauge %s, want no sample", g)
 	}
