@@ -55,10 +55,12 @@ type ImageGCDeps struct {
 	// removed (not in a dry run), so that its return is noticed as a
 	// regret (RegretReporter).
 	Record Recorder
-	// FleetKeep, if set, returns the fleet keep list in force now: glob
-	// patterns added to Policy.KeepPatterns for each pass (the rule of an
-	// image they keep says so: FleetRule).
-	FleetKeep func() []string
+	// FleetKeep, if set, returns the fleet keep list now, with the state
+	// of its read: each pass plans with it (Policy.FleetKeep; the rule of
+	// an image its patterns keep says so: FleetRule), and the executor
+	// keeps what it names since the plan. Nil: no fleet keep list (nothing
+	// waits for one).
+	FleetKeep func() KeepList
 }
 
 // ImageGCOptions configure an ImageGC; all but Policy have defaults.
@@ -502,7 +504,7 @@ func (g *ImageGC) policy() ImagePolicy {
 		p.SandboxImages = g.sandboxCache
 	}
 	if g.d.FleetKeep != nil {
-		p.FleetKeepPatterns = g.d.FleetKeep()
+		p.FleetKeep = g.d.FleetKeep()
 	}
 	return g.trig.passPolicy(p)
 }
@@ -518,7 +520,8 @@ func (g *ImageGC) Policy() ImagePolicy {
 	p.SandboxImages = slices.Clone(g.status.SandboxImages)
 	p.KeepPatterns = slices.Clone(p.KeepPatterns)
 	if g.d.FleetKeep != nil {
-		p.FleetKeepPatterns = slices.Clone(g.d.FleetKeep())
+		p.FleetKeep = g.d.FleetKeep()
+		p.FleetKeep.Patterns = slices.Clone(p.FleetKeep.Patterns)
 	}
 	return p
 }

@@ -409,7 +409,7 @@ func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p Imag
 	tr.nextEligible = time.Time{}
 	if tr.passShort {
 		for _, it := range plan.Keep {
-			if it.Reason == ReasonTooYoung {
+			if it.Reason == ReasonTooYoung || it.Reason == ReasonKeepListUnread {
 				earliest(&tr.nextEligible, it.EligibleAt)
 			}
 		}
