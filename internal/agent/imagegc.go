@@ -14,7 +14,7 @@ import (
 func (a *agent) setupImageGC() error {
 	g, err := gc.NewImageGC(gc.ImageGCDeps{
 		Projection: a.live, Runtime: a.runtime, Disk: a.imageFS, Deletes: a.deletes, Publisher: a.pub,
-		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.Patterns,
+		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.KeepList,
 	}, gc.ImageGCOptions{
 		Policy:       a.cfg.ImagePolicy(),
 		RegretWindow: a.cfg.RegretWindow,
@@ -28,9 +28,13 @@ func (a *agent) setupImageGC() error {
 		return err
 	}
 	a.imageGC = g
-	// A new fleet keep list is planned with at once: an image it no longer
-	// keeps goes in the next pass, not at the next retry.
+	// A new fleet keep list (or its first read, or the end of the wait
+	// for it) is planned with at once: an image it no longer keeps goes in
+	// the next pass, not at the next retry.
 	a.keep.changed = func() { g.Nudge("keep-list") }
+	for _, p := range a.cfg.KeepImages {
+		a.log.Info().Str("component", "imagegc").Str("pattern", p).Str("covers", gc.DescribeKeepPattern(p)).Msg("--keep-image pattern")
+	}
 	a.regrets, err = gc.NewRegretReporter(a.live, a.pub, a.record, a.clock.Now,
 		a.log.With().Str("component", "imagegc").Logger(), a.reg)
 	if err != nil {

@@ -121,14 +121,13 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 
 	p := cfg.ImagePolicy()
 	// The fleet keep list the agent saved last: what it keeps now, as far
-	// as a tool without its NATS can tell.
-	if kd, err := ReadKeepFile(cfg.StateDir); err == nil {
-		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: kd, now: time.Now, started: time.Now()}
-		p.FleetKeepPatterns = k.Patterns()
-		s := k.Setting(time.Now())
-		s.Source = "file " + filepath.Join(cfg.StateDir, KeepListFile) + " (" + strings.TrimPrefix(s.Source, "nats bucket "+natsbus.KeepBucket+", ") + ")"
-		doc.Policy = append(doc.Policy, s)
-	}
+	// as a tool without its NATS can tell. Without one, an agent starting
+	// now would wait for NATS (--keep-list-wait): so does this plan.
+	k := loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, clk.Now, zerolog.Nop())
+	p.FleetKeep = k.KeepList()
+	s := k.Setting(clk.Now())
+	s.Source = "file " + filepath.Join(cfg.StateDir, KeepListFile) + " (" + strings.TrimPrefix(s.Source, "nats bucket "+natsbus.KeepBucket+", ") + ")"
+	doc.Policy = append(doc.Policy, s)
 	learned, err := (&node.Runtime{CRI: cri}).SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
