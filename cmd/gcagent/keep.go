@@ -21,7 +21,8 @@ import (
 
 var keepHelp = help{Usage: "gcagent ctl keep add|rm PATTERN [--cluster NAME | --all-clusters] [flags]\n       gcagent ctl keep ls [flags]",
 	Env: "shared",
-	About: "Changes the fleet keep list: image name globs (as --keep-image, path.Match) that\n" +
+	About: "Changes the fleet keep list: image name globs (as --keep-image, path.Match; REPO or\n" +
+		"REPO:* also covers REPO's digest-pinned images, REPO@sha256:..., another tag glob does not) that\n" +
 		"image GC keeps on every node of a cluster (--cluster) or of all clusters\n" +
 		"(--all-clusters), without a restart. The list is stored once in the NATS key-value\n" +
 		"bucket " + natsbus.KeepBucket + " (add creates it, with --replicas, when missing); every agent\n" +
@@ -107,6 +108,7 @@ func ctlKeep(ctx context.Context, args []string, env func(string) string, stdout
 			return err
 		}
 		fmt.Fprintf(stdout, "kept %s on %s (revision %d, %d patterns); agents apply it within seconds\n", pattern, scope, l.Revision, len(l.Patterns))
+		fmt.Fprintf(stdout, "%s covers %s\n", pattern, gc.DescribeKeepPattern(pattern))
 	case "rm":
 		l, err := natsbus.EditKeep(ctx, kv, key, cfg.NodeName, time.Now, func(p []string) ([]string, error) {
 			i := slices.Index(p, pattern)
