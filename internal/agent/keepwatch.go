@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -38,6 +39,18 @@ func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, create bool) error {
 	}()
 	backoff, noBucket := time.Second, false
 	for {
+		if !nc.IsConnected() {
+			// A request would only wait for its timeout: wait for NATS
+			// instead, and count it as a failure if it does not come.
+			if !k.retryWait(ctx, nc, backoff/2+rand.N(backoff/2+1), false) {
+				return nil
+			}
+			if !nc.IsConnected() {
+				k.fail(fmt.Errorf("not connected to NATS (%v): %w", nc.LastError(), nats.ErrDisconnected), backoff)
+				backoff = min(2*backoff, keepRetryMax)
+				continue
+			}
+		}
 		err = nil
 		connected := nc.IsConnected()
 		if create {
