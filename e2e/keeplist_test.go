@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // keepServer is a NATS server the fleet keep list is tested on: the Go
@@ -380,6 +383,48 @@ func TestFleetKeepListWaitEnds(t *testing.T) {
 		}
 		if code, body, _ := readyz(a); code != 200 || !strings.Contains(body, "the wait ended at") {
 			t.Errorf("/readyz %d after the wait:\n%s", code, body)
+		}
+	})
+}
+
+// TestFleetKeepListThroughLeaf: an agent on a site's leaf server reads the
+// fleet keep list from the hub's JetStream domain (--nats-js-domain hub),
+// as it writes its events there, and keeps what the hub's list names; an
+// operator's ctl keep add through the leaf writes the hub's bucket. Before,
+// the watch asked the leaf's own domain, found no bucket there and took
+// that for an empty list.
+func TestFleetKeepListThroughLeaf(t *testing.T) {
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
+		hub, leaf, _ := testenv.StartHubAndLeaf(t)
+		if out, err := gcagentCtl(t, "keep", "add", "registry.example/app:*", "--nats-url", leaf.ClientURL(),
+			"--nats-js-domain", testenv.HubDomain, "--cluster", natsCluster); err != nil {
+			t.Fatalf("keep add through the leaf: %v\n%s", err, out)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for url, want := range map[string]bool{hub.ClientURL(): true, leaf.ClientURL(): false} {
+			js, _ := jetstream.New(natsConn(t, url))
+			if _, err := js.KeyValue(ctx, natsbus.KeepBucket); (err == nil) != want {
+				t.Errorf("bucket %s in the domain of %s: %v, want it there %v", natsbus.KeepBucket, url, err, want)
+			}
+		}
+		kept := testenv.Image{Name: "registry.example/app:7", Layers: []testenv.Layer{{Seed: "leaf-app", Size: 2 << 20}}}
+		filler := testenv.Image{Name: "example.test/filler:1", Layers: []testenv.Layer{{Seed: "leaf-filler", Size: 3 << 20}}}
+		c.Import(t, kept, filler)
+		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--nats-url", leaf.ClientURL(), "--nats-js-domain", testenv.HubDomain,
+			"--image-gc-high-threshold", "1", "--image-gc-low-threshold", "0", "--minimum-image-ttl-duration", "0s")
+		testenv.Eventually(t, 60*time.Second, func() string {
+			if !imageGone(t, c, filler.Name) {
+				return "the filler image is still there: " + keptBy(a, filler.Name)
+			}
+			return ""
+		})
+		if imageGone(t, c, kept.Name) {
+			t.Fatalf("%s deleted although the hub's fleet keep list names it", kept.Name)
+		}
+		if got := keptBy(a, kept.Name); got != "keep-pattern fleet keep list: registry.example/app:*" {
+			t.Errorf("%s: plan says %q", kept.Name, got)
 		}
 	})
 }

@@ -70,7 +70,7 @@ func ctlKeep(ctx context.Context, args []string, env func(string) string, stdout
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := natsbus.NewJetStream(nc, cfg.NATSJSDomain)
 	if err != nil {
 		return err
 	}

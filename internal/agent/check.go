@@ -21,7 +21,6 @@ import (
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
@@ -459,7 +458,7 @@ func keepListNote(ctx context.Context, cfg Config, nc *nats.Conn, embedded bool,
 		}
 		return warn("NATS does not answer")
 	}
-	js, err := jetstream.New(nc)
+	js, err := natsbus.NewJetStream(nc, cfg.NATSJSDomain)
 	if err != nil {
 		return warn(err.Error())
 	}

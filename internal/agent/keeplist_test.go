@@ -302,7 +302,7 @@ func TestFleetKeepRunOnEveryServer(t *testing.T) {
 			add(natsbus.KeepClusterKey("staging"), "other:*")
 			k := loadFleetKeep(t.TempDir(), "prod", 5*time.Minute, time.Now, zerolog.Nop())
 			done := make(chan error, 1)
-			go func() { done <- k.run(ctx, nc, false) }()
+			go func() { done <- k.run(ctx, nc, "", false) }()
 			want := func(patterns ...string) {
 				t.Helper()
 				wait.For(t, 20*time.Second, func() string {
@@ -347,7 +347,7 @@ func TestFleetKeepReadWhenNATSComesBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- k.run(ctx, nc, false) }()
+	go func() { done <- k.run(ctx, nc, "", false) }()
 	wait.For(t, 30*time.Second, func() string {
 		if l := k.KeepList(); l.State != gc.InputUnknown || l.Cause == "not read from NATS yet" {
 			return fmt.Sprintf("list %+v, want unknown with the failure's cause", l)

@@ -14,14 +14,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// run watches the list on nc until ctx ends. With create (the agent's own
+// run watches the list on nc, in JetStream domain domain ("" the
+// server's own; a leaf's agents name the hub's), until ctx ends. With
+// create (the agent's own
 // embedded server) it creates the bucket (R1) when missing; else a missing
 // bucket means no fleet list, looked for again at a jittered backoff up to
 // a minute. A failed watch is counted by cause and logged once per cause
 // until a watch works again; it is tried again at the same backoff, and at
 // once when NATS comes back after being away.
-func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, create bool) error {
-	js, err := jetstream.New(nc)
+func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, domain string, create bool) error {
+	js, err := natsbus.NewJetStream(nc, domain)
 	if err != nil {
 		return err
 	}

@@ -304,7 +304,7 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	// Components that act on the projection start here, one g.Go each.
 	g.Go(afterIntents(a.runImageGC))
 	g.Go(func() error { return a.runControl(gctx) })
-	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.bus.emb != nil) })
+	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.cfg.NATSJSDomain, a.bus.emb != nil) })
 	g.Go(func() error { a.keep.awaitRead(gctx, clock.System(a.clock.Now)); return nil })
 	g.Go(func() error { return a.regrets.Run(gctx) })
 	g.Go(afterIntents(a.containerGC.Run))
