@@ -280,6 +280,9 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	g.learn(ctx, start)
 	gen := g.exec.generation() // before the measurement the plan trusts
 	disk, derr := g.d.Disk.Disk()
+	if derr != nil {
+		disk = DiskStats{} // a failed measurement is none, whatever came with it
+	}
 	var plan ImagePlan
 	var seq uint64
 	synced := g.d.Projection.Synced()
