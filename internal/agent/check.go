@@ -458,31 +458,10 @@ func keepListNote(ctx context.Context, cfg Config, nc *nats.Conn, embedded bool,
 		}
 		return warn("NATS does not answer")
 	}
-	js, err := natsbus.NewJetStream(nc, cfg.NATSJSDomain)
-	if err != nil {
-		return warn(err.Error())
-	}
-	wctx, cancel := context.WithTimeout(ctx, checkTimeout)
-	defer cancel()
-	patterns := map[string]bool{}
-	synced := false
-	err = natsbus.WatchKeep(wctx, js, []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, func(u natsbus.KeepUpdate) {
-		switch {
-		case u.Synced:
-			synced = true
-			cancel()
-		case u.Err == nil:
-			for _, p := range u.List.Patterns {
-				patterns[p] = true
-			}
-		}
-	})
-	if err == nil && !synced {
-		err = wctx.Err()
-	}
+	patterns, err := readKeepList(ctx, cfg, nc)
 	switch cause := natsbus.KeepWatchCause(err); {
-	case synced:
-		return fmt.Sprintf("fleet keep list: %d patterns for cluster %s (%s); %s", len(patterns), cfg.Cluster, orNone(slices.Sorted(maps.Keys(patterns))), saved)
+	case err == nil:
+		return fmt.Sprintf("fleet keep list: %d patterns for cluster %s (%s); %s", len(patterns), cfg.Cluster, orNone(patterns), saved)
 	case cause == natsbus.KeepCauseBucketNotFound:
 		return fmt.Sprintf("fleet keep list: none (no bucket %s); %s", natsbus.KeepBucket, saved)
 	case cause == natsbus.KeepCauseServerTooOld:
@@ -510,4 +489,39 @@ func checkClock(now time.Time, markFile string) CheckResult {
 			wall, step.Round(time.Second), markFile)
 	}
 	return okLine("clock", "wall clock %s; agrees with the agent's saved time (or that is of another boot)", wall)
+}
+
+// readKeepList reads the fleet keep list of cfg's cluster from nc once, as
+// the agent's watch reads it (one watcher per key, in --nats-js-domain),
+// within checkTimeout: the patterns, sorted; an error when NATS does not
+// give it (a missing bucket: jetstream.ErrBucketNotFound, wrapped).
+func readKeepList(ctx context.Context, cfg Config, nc *nats.Conn) ([]string, error) {
+	js, err := natsbus.NewJetStream(nc, cfg.NATSJSDomain)
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	patterns := map[string]bool{}
+	synced := false
+	err = natsbus.WatchKeep(wctx, js, []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, func(u natsbus.KeepUpdate) {
+		switch {
+		case u.Synced:
+			synced = true
+			cancel()
+		case u.Err == nil:
+			for _, p := range u.List.Patterns {
+				if gc.ValidKeepPattern(p) == nil {
+					patterns[p] = true
+				}
+			}
+		}
+	})
+	if synced {
+		return slices.Sorted(maps.Keys(patterns)), nil
+	}
+	if err == nil {
+		err = wctx.Err()
+	}
+	return nil, err
 }

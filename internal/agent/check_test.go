@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,5 +107,49 @@ func TestCheckNATSSaysWhatKeepListTheNodeHas(t *testing.T) {
 			}
 			t.Logf("%s nats: %s", r.Status, r.Detail)
 		})
+	}
+}
+
+// TestFirstStartKeepList: `gcagent plan` without a running agent plans
+// with the list the agent saved; without one, with what NATS gives (on
+// Debian's 2.9.10 too) or none on the embedded server run would start;
+// when NATS does not answer, with a list never read, as the agent would.
+func TestFirstStartKeepList(t *testing.T) {
+	debian := testenv.StartDebianNATS(t, testenv.DebianNATSOptions{})
+	nc, err := natsbus.Connect(natsbus.ConnOptions{URL: debian.URL, Node: "op"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(nc)
+	kv, err := natsbus.EnsureKeepBucket(ctx, js, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsbus.EditKeep(ctx, kv, natsbus.KeepAllKey, "op", time.Now, func([]string) ([]string, error) { return []string{"base/*"}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now
+	saved := t.TempDir()
+	saveFleetKeep(t, saved, time.Now().Add(-time.Hour), "saved/*")
+	for _, tc := range []struct {
+		name, url, stateDir string
+		state               gc.InputState
+		patterns            []string
+	}{
+		{"saved", "nats://127.0.0.1:1", saved, gc.InputStale, []string{"saved/*"}},
+		{"embedded", "", t.TempDir(), gc.InputKnown, nil},
+		{"debian 2.9.10", debian.URL, t.TempDir(), gc.InputKnown, []string{"base/*"}},
+		{"NATS refused", "nats://127.0.0.1:" + fmt.Sprint(freePort(t)), t.TempDir(), gc.InputUnknown, nil},
+	} {
+		cfg := DefaultConfig()
+		cfg.NATSURL, cfg.StateDir = tc.url, tc.stateDir
+		l, s := firstStartKeepList(ctx, cfg, now)
+		if l.State != tc.state || !slices.Equal(l.Patterns, tc.patterns) {
+			t.Errorf("%s: %+v (%s), want %s %v", tc.name, l, s.Source, tc.state, tc.patterns)
+		}
+		t.Logf("%s: %s %v; setting %s = %q (%s)", tc.name, l.State, l.Patterns, s.Name, s.Value, s.Source)
 	}
 }
