@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -81,9 +82,10 @@ type fleetKeep struct {
 	failedAt       time.Time
 	logged         map[string]bool
 	// read closes when the list is first known in this run (or was
-	// restored from the state dir at start).
-	read     chan struct{}
-	readOnce sync.Once
+	// restored from the state dir at start); tried when the first watch
+	// of this run has ended either way (read, no bucket, or failed).
+	read, tried         chan struct{}
+	readOnce, triedOnce sync.Once
 }
 
 // loadFleetKeep returns the list the state dir holds (none when the file
@@ -92,7 +94,7 @@ type fleetKeep struct {
 func loadFleetKeep(stateDir, cluster string, wait time.Duration, now func() time.Time, log zerolog.Logger) *fleetKeep {
 	k := &fleetKeep{file: filepath.Join(stateDir, KeepListFile), keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cluster)},
 		started: now(), wait: wait, now: now, log: log, doc: keepDoc{Lists: map[string]natsbus.KeepList{}},
-		logged: map[string]bool{}, read: make(chan struct{}),
+		logged: map[string]bool{}, read: make(chan struct{}), tried: make(chan struct{}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_keep_list_watch_failures_total",
 			Help: "Failed watches of the fleet keep list in NATS, by cause (server-too-old, no-jetstream, permission, timeout, disconnected, ...).",
@@ -120,7 +122,31 @@ func loadFleetKeep(stateDir, cluster string, wait time.Duration, now func() time
 }
 
 // markRead records that the list is known (once per run).
-func (k *fleetKeep) markRead() { k.readOnce.Do(func() { close(k.read) }) }
+func (k *fleetKeep) markRead() {
+	k.readOnce.Do(func() { close(k.read) })
+	k.markTried()
+}
+
+// markTried records that the first watch has ended (once per run).
+func (k *fleetKeep) markTried() { k.triedOnce.Do(func() { close(k.tried) }) }
+
+// firstTryMax bounds how long image GC waits at start for the first
+// watch of the fleet keep list to end (firstTry): a list a working NATS
+// gives (the embedded server's at once) is then read before the first
+// pass, and a failing one is known to fail.
+const firstTryMax = 10 * time.Second
+
+// firstTry waits until the first watch has ended (the list read, or not
+// given) or firstTryMax has passed, or ctx ends.
+func (k *fleetKeep) firstTry(ctx context.Context) {
+	t := time.NewTimer(firstTryMax)
+	defer t.Stop()
+	select {
+	case <-k.tried:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
 
 // everRead reports whether the list was ever read (now, or by the run
 // that saved it).

@@ -120,6 +120,7 @@ func (k *fleetKeep) retryWait(ctx context.Context, nc *nats.Conn, d time.Duratio
 // a run of failures (an error for a server too old: the one line that
 // says which version the list needs), with what GC keeps meanwhile.
 func (k *fleetKeep) fail(err error, retry time.Duration) {
+	defer k.markTried()
 	cause := natsbus.KeepWatchCause(err)
 	k.failures.WithLabelValues(cause).Inc()
 	now := k.now()

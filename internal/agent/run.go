@@ -302,7 +302,10 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 		}
 	}
 	// Components that act on the projection start here, one g.Go each.
-	g.Go(afterIntents(a.runImageGC))
+	// Image GC's first pass follows the keep list's first watch (bounded:
+	// a NATS that does not answer leaves it unknown, which the planner
+	// keeps for), so that a list NATS gives is read before anything goes.
+	g.Go(afterIntents(func(ctx context.Context) error { a.keep.firstTry(ctx); return a.runImageGC(ctx) }))
 	g.Go(func() error { return a.runControl(gctx) })
 	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.cfg.NATSJSDomain, a.bus.emb != nil) })
 	g.Go(func() error { a.keep.awaitRead(gctx, clock.System(a.clock.Now)); return nil })
