@@ -162,6 +162,7 @@ type ImageGC struct {
 	changes  <-chan struct{}
 	requests chan chan ImagePass // RunNow's requests, answered by Run
 	nudges   chan string         // Nudge's triggers
+	rethinks chan string         // Reconsider's triggers
 	exec     *imageExecutor
 	m        imageMetrics
 
@@ -173,6 +174,9 @@ type ImageGC struct {
 	sandboxSeen  map[string]struct{} // images sandboxes were created from
 	sandboxCache []string
 	lastOutcome  string // outcome of the last pass (see passOutcome) when it removed nothing; "" otherwise
+	// keepHeld says the last plan kept an image only because the fleet
+	// keep list was never read (keep-list-unread): Reconsider passes then.
+	keepHeld     bool
 	diskFailures streak.Streak
 
 	mu     sync.Mutex
@@ -222,7 +226,7 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 	if d.Publisher == nil {
 		d.Publisher = Discard{}
 	}
-	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), nudges: make(chan string, 1), sandboxSeen: map[string]struct{}{}}
+	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), nudges: make(chan string, 1), rethinks: make(chan string, 1), sandboxSeen: map[string]struct{}{}}
 	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
 		rt: d.Runtime, disk: d.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Clock.Now,
@@ -291,6 +295,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 		plan = PlanImages(states, disk, g.policy(), start)
 		seq = projection.SeqOf(states)
 	})
+	g.keepHeld = heldForKeepList(plan)
 	if derr != nil {
 		g.o.Log.Warn().Err(derr).Msg("image filesystem not measured: only max-age GC runs")
 	}
@@ -543,4 +548,10 @@ func (g *ImageGC) Status() ImageGCStatus {
 		st.LastPass = &p
 	}
 	return st
+}
+
+// heldForKeepList reports whether plan keeps an image only because the
+// fleet keep list was never read.
+func heldForKeepList(plan ImagePlan) bool {
+	return slices.ContainsFunc(plan.Keep, func(it ImageItem) bool { return it.Reason == ReasonKeepListUnread })
 }

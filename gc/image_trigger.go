@@ -74,6 +74,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 				d, ok := g.sample()
 				g.trig.observe(g.now(), d, ok)
 				g.Pass(ctx, trigger)
+			case trigger := <-g.rethinks:
+				if g.keepHeld {
+					d, ok := g.sample()
+					g.trig.observe(g.now(), d, ok)
+					g.Pass(ctx, trigger)
+				}
 			case <-tick.C():
 			case <-wake.C():
 			case <-changes:
@@ -106,6 +112,17 @@ func (g *ImageGC) Run(ctx context.Context) error {
 func (g *ImageGC) Nudge(trigger string) {
 	select {
 	case g.nudges <- trigger:
+	default:
+	}
+}
+
+// Reconsider asks Run for a pass soon with trigger if the last plan kept
+// an image only because the fleet keep list was never read (its first
+// read, or the end of the wait for it, changes that); otherwise Run only
+// evaluates its triggers. It never blocks, and calls coalesce.
+func (g *ImageGC) Reconsider(trigger string) {
+	select {
+	case g.rethinks <- trigger:
 	default:
 	}
 }
@@ -171,6 +188,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 			plan = PlanImages(states, disk, g.policy(), now)
 		}
 	})
+	if replan {
+		g.keepHeld = heldForKeepList(plan)
+	}
 	if replan {
 		g.trig.planned(seq, plan)
 		g.setNextAgeOut(plan.NextAgeOut)

@@ -1,12 +1,14 @@
 package gc
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/internal/wait"
 	"github.com/gcagent/gcagent/projection"
 )
 
@@ -211,5 +213,35 @@ func TestImageGCWaitsForTheFleetKeepList(t *testing.T) {
 				t.Fatalf("removed %v once the wait ended, want both", got)
 			}
 		})
+	}
+}
+
+// TestImageGCReconsider: the keep list's first read (or the wait's end)
+// runs a pass only when the last plan held an image for the list: below
+// the high threshold with a list known from the start, it runs none.
+func TestImageGCReconsider(t *testing.T) {
+	for _, known := range []bool{true, false} {
+		list := KeepList{Input: KnownInput(at(time.Hour))}
+		if !known {
+			list = KeepList{Input: Input{Since: at(time.Hour)}}
+		}
+		p := ImagePolicy{HighThresholdPercent: 85, LowThresholdPercent: 0, MinAge: 2 * m, FleetKeepWait: 5 * m}
+		h := startImageLoopWith(t, ImageGCOptions{Policy: p, Retry: time.Hour}, func(d *ImageGCDeps) {
+			d.FleetKeep = func() KeepList { return list }
+		}, 100*mib, 10*mib, 0, pull(0, "registry.example/app:7", digestOf("a"), 8*mib), events.Synced{At: at(time.Hour)})
+		h.rt.Add(digestOf("a"), 8*mib, "registry.example/app:7")
+		passes := h.g.Status().Passes
+		h.disk.Free(80 * mib) // below the high threshold: nothing triggers a pass
+		h.step(t, h.o.DiskInterval)
+		h.g.Reconsider("keep-list")
+		// Once Run has taken the request, a manual pass waits for it.
+		wait.Until(t, guard, "Reconsider taken", func() bool { return len(h.g.rethinks) == 0 })
+		if _, err := h.g.RunNow(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		got := h.g.Status().Passes - passes - 1
+		if want := map[bool]int{true: 0, false: 1}[known]; got != want {
+			t.Errorf("list known %v: %d passes after Reconsider, want %d", known, got, want)
+		}
 	}
 }

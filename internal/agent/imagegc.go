@@ -28,10 +28,12 @@ func (a *agent) setupImageGC() error {
 		return err
 	}
 	a.imageGC = g
-	// A new fleet keep list (or its first read, or the end of the wait
-	// for it) is planned with at once: an image it no longer keeps goes in
-	// the next pass, not at the next retry.
+	// A new fleet keep list is planned with at once: an image it no longer
+	// keeps goes in the next pass, not at the next retry. Its first read,
+	// or the end of the wait for it, does so when a plan held an image
+	// for it.
 	a.keep.changed = func() { g.Nudge("keep-list") }
+	a.keep.settled = func() { g.Reconsider("keep-list") }
 	for _, p := range a.cfg.KeepImages {
 		a.log.Info().Str("component", "imagegc").Str("pattern", p).Str("covers", gc.DescribeKeepPattern(p)).Msg("--keep-image pattern")
 	}

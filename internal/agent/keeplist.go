@@ -64,9 +64,10 @@ type fleetKeep struct {
 	now  func() time.Time
 	log  zerolog.Logger
 	// changed, if set, is called (outside the lock) after the patterns
-	// change, and when the list is read for the first time or the wait
-	// for it ends (both change what image GC may delete).
-	changed func()
+	// change; settled when the list is read for the first time with the
+	// patterns it had, or the wait for it ends (what image GC held for it
+	// may go).
+	changed, settled func()
 	// failures counts failed watches by cause (natsbus.KeepWatchCauses).
 	failures *prometheus.CounterVec
 
@@ -354,8 +355,11 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 	if !slices.Equal(before, after) {
 		k.log.Info().Strs("patterns", after).Strs("was", before).Msg("fleet keep list changed")
 	}
-	if (firstRead || !slices.Equal(before, after)) && k.changed != nil {
+	switch {
+	case !slices.Equal(before, after) && k.changed != nil:
 		k.changed()
+	case firstRead && k.settled != nil:
+		k.settled()
 	}
 }
 

@@ -168,7 +168,7 @@ func (k *fleetKeep) recovered() {
 
 // awaitRead says, once, that image deletes wait for a list never read,
 // and when the wait ends without a read, says at warn that image GC goes
-// on with --keep-image only and calls changed. It returns when the list is
+// on with --keep-image only and calls settled. It returns when the list is
 // read, the wait ends or ctx ends.
 func (k *fleetKeep) awaitRead(ctx context.Context, timers clock.Timers) {
 	until := k.waitUntil()
@@ -196,7 +196,7 @@ func (k *fleetKeep) awaitRead(ctx context.Context, timers clock.Timers) {
 	in := k.Input(timers.Now())
 	k.log.Warn().Str("cause", in.Cause).Float64("waited_s", k.wait.Seconds()).
 		Msg("fleet keep list not read within --keep-list-wait: image GC goes on with --keep-image only")
-	if k.changed != nil {
-		k.changed()
+	if k.settled != nil {
+		k.settled()
 	}
 }
