@@ -33,8 +33,8 @@ const (
 const (
 	DefaultMaxAge   = 30 * 24 * time.Hour
 	DefaultMaxBytes = 32 << 20
-	// mergeChunks is how many plain chunks (one per journaled batch) are
-	// deflated into one chunk when the trace is compacted.
+	// mergeChunks is how many small plain chunks (disk measurements,
+	// policies) make a compaction due.
 	mergeChunks = 1024
 )
 
@@ -104,7 +104,8 @@ func Open(db *bolt.DB, o Options) (*Log, error) {
 func (l *Log) Fresh() bool { return l.fresh }
 
 // PutTx adds recs as one chunk in tx, a writable transaction of the Log's
-// database.
+// database. The projection adds the records of its events in batches
+// (a thousand, or a minute's), in the journal's transactions.
 func (l *Log) PutTx(tx *bolt.Tx, recs []Record) error {
 	if len(recs) == 0 {
 		return nil
@@ -113,7 +114,8 @@ func (l *Log) PutTx(tx *bolt.Tx, recs []Record) error {
 	if b == nil {
 		return errors.New("trace: no bucket")
 	}
-	v, err := encodeChunk(recs, false)
+	deflate := len(recs) >= deflateRecords
+	v, err := encodeChunk(recs, deflate)
 	if err != nil {
 		return err
 	}
@@ -124,11 +126,17 @@ func (l *Log) PutTx(tx *bolt.Tx, recs []Record) error {
 	if err := b.Put(seqKey(seq), v); err != nil {
 		return err
 	}
-	l.mu.Lock()
-	l.plain++
-	l.mu.Unlock()
+	if !deflate {
+		l.mu.Lock()
+		l.plain++
+		l.mu.Unlock()
+	}
 	return nil
 }
+
+// deflateRecords is the least records a chunk is deflated for when it is
+// written; smaller ones are merged later (Compact).
+const deflateRecords = 32
 
 // Put adds recs as one chunk in a transaction of its own.
 func (l *Log) Put(recs ...Record) error {
@@ -368,10 +376,16 @@ func encodeChunk(recs []Record, deflate bool) ([]byte, error) {
 	}
 	head[0] = formatDeflated
 	buf := bytes.NewBuffer(head)
-	zw, err := flate.NewWriter(buf, flate.DefaultCompression)
-	if err != nil {
-		return nil, err
+	zw, _ := deflaters.Get().(*flate.Writer)
+	if zw == nil {
+		var err error
+		if zw, err = flate.NewWriter(buf, flate.DefaultCompression); err != nil {
+			return nil, err
+		}
+	} else {
+		zw.Reset(buf)
 	}
+	defer deflaters.Put(zw)
 	if err := Encode(zw, recs...); err != nil {
 		return nil, err
 	}
@@ -380,6 +394,9 @@ func encodeChunk(recs []Record, deflate bool) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
+
+// deflaters keeps flate writers (a megabyte of tables each) for reuse.
+var deflaters sync.Pool
 
 func decodeChunk(v []byte) ([]Record, error) {
 	if len(v) < chunkHeader {
@@ -409,3 +426,6 @@ func seqKey(seq uint64) []byte {
 	binary.BigEndian.PutUint64(k, seq)
 	return k
 }
+
+// Kept reports whether the database of tx keeps a trace.
+func Kept(tx *bolt.Tx) bool { return tx.Bucket(bucketChunks) != nil }
