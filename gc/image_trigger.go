@@ -155,6 +155,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	disk, err := g.d.Disk.Disk()
 	g.noteDiskError(now, err)
 	g.trig.observe(now, disk, err == nil)
+	if err == nil && g.d.Trace != nil {
+		g.d.Trace.TraceDisk(now, disk, "")
+	}
 	g.noteDisk(now, disk)
 	var seq uint64
 	var synced bool
