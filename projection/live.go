@@ -241,6 +241,23 @@ func (l *Live) startTrace(restored *tracer) {
 	}
 }
 
+// FlushTrace writes the trace records made so far (they otherwise wait
+// for a thousand, a minute or a snapshot), so that a reader of the trace
+// sees everything applied. Safe for concurrent use.
+func (l *Live) FlushTrace() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.tr == nil || len(l.tr.recs) == 0 {
+		return nil
+	}
+	recs := l.tr.take()
+	if err := l.opts.Store.PutTrace(l.state.Seq, recs); err != nil {
+		l.tr.keep(recs)
+		return err
+	}
+	return nil
+}
+
 // compactTrace merges and bounds the usage trace (trace.Log.Compact).
 func (l *Live) compactTrace() {
 	tl := l.opts.Store.Trace()
