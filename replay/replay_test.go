@@ -140,7 +140,7 @@ func TestReplayMinimumAge(t *testing.T) {
 	b.policy(0, 85, 80, time.Hour)
 	b.image(0, "a", 100).image(50*time.Minute, "b", 100)
 	b.disk(55*time.Minute, 1000, 50, "") // 95%: both too young
-	b.image(2*time.Hour, "late", 1)       // a record after the deadline
+	b.image(2*time.Hour, "late", 1)      // a record after the deadline
 	res := b.run(Options{})
 	if got, want := plan(res.Replayed.Deleted), "a@1h0m0s/space/min-age b@1h50m0s/space/min-age"; got != want {
 		t.Errorf("replayed %q, want %q", got, want)
