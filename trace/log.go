@@ -32,7 +32,7 @@ const (
 // Defaults of Options.
 const (
 	DefaultMaxAge   = 30 * 24 * time.Hour
-	DefaultMaxBytes = 32 << 20
+	DefaultMaxBytes = 16 << 20
 	// mergeChunks is how many small plain chunks (disk measurements,
 	// policies) make a compaction due.
 	mergeChunks = 1024

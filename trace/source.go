@@ -68,7 +68,13 @@ func Fetch(ctx context.Context, src Source) (header Record, recs []Record, from 
 	}
 	path := filepath.Join(src.StateDir, "state.db")
 	recs, err = readStateFile(path)
-	return Record{Ev: KindHeader}, recs, path, err
+	header = Record{Ev: KindHeader}
+	for _, r := range recs {
+		if r.Ev == KindStart && r.Node != "" {
+			header.Node, header.Cluster = r.Node, r.Cluster // the agent's, as it last started
+		}
+	}
+	return header, recs, path, err
 }
 
 // decodeAll reads an export: the header, if any, then the records, made

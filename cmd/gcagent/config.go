@@ -39,6 +39,8 @@ func runFlags(name string, cfg *agent.Config) *flag.FlagSet {
 	fs.Var(stringList{&cfg.KeepImages}, "keep-image", "glob on image names never to delete (repeatable)")
 	fs.Var(durationValue{&cfg.RegretWindow}, "regret-window", "an image image GC deleted that comes back within this is reported as image.regretted")
 	fs.Var(durationValue{&cfg.DiskInterval}, "disk-interval", "how often the image filesystem is sampled")
+	fs.Var(durationValue{&cfg.TraceMaxAge}, "trace-max-age", "how long the usage trace (what gcagent replay reads) keeps records; 0 turns it off")
+	fs.Var(byteSizeValue{&cfg.TraceMaxBytes}, "trace-max-bytes", "bound of the usage trace in the state file (bytes, or 16MiB)")
 	fs.Var(durationValue{&cfg.MinimumContainerTTL}, "minimum-container-ttl-duration", "how long a dead container is kept after it exits")
 	fs.Var(durationValue{&cfg.UncollectedExitGrace}, "uncollected-exit-grace", "how long a plain container's exit waits for its client to collect it")
 	fs.IntVar(&cfg.MaxDeadPerContainer, "maximum-dead-containers-per-container", cfg.MaxDeadPerContainer, "dead CRI containers kept per pod container (-1 = no limit; plain containers go by their TTL)")

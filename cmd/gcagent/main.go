@@ -35,6 +35,8 @@ commands:
   watch     live fleet view from NATS
   ctl       send a control request over NATS (status, plan, explain, gc)
   ctl keep  change the fleet keep list in NATS (add, rm, ls)
+  replay    what an image GC policy would have done over the node's usage trace
+  trace     export the node's usage trace as JSON lines (trace export)
   version   print the version, commit and Go version
 
 gcagent <command> -h shows a command's flags. Every flag of run is also read
@@ -62,11 +64,11 @@ func main() {
 // (KEY=value). A usage error is one line and starts nothing.
 func dispatch(ctx context.Context, args []string, environ []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{errors.New("no command given (run, plan, check, status, watch, ctl, version; gcagent -h for help)")}
+		return usageError{errors.New("no command given (run, plan, check, status, watch, ctl, replay, trace, version; gcagent -h for help)")}
 	}
 	env := lookupIn(environ)
 	switch args[0] {
-	case "run", "plan", "check", "status", "watch", "ctl":
+	case "run", "plan", "check", "status", "watch", "ctl", "replay", "trace":
 		if err := checkEnviron(environ); err != nil {
 			return usageError{err}
 		}
@@ -91,6 +93,10 @@ func dispatch(ctx context.Context, args []string, environ []string, stdout, stde
 			return ctlKeep(ctx, args[2:], env, stdout)
 		}
 		return ctl(ctx, args[1:], env, stdout, stderr)
+	case "replay":
+		return replayCmd(ctx, args[1:], env, stdout, stderr)
+	case "trace":
+		return traceCmd(ctx, args[1:], env, stdout)
 	case "version":
 		embedded := "with"
 		if !natsbus.EmbeddedBuilt {
@@ -102,8 +108,11 @@ func dispatch(ctx context.Context, args []string, environ []string, stdout, stde
 		fmt.Fprint(stdout, usage)
 		return nil
 	}
-	return usageError{fmt.Errorf("unknown command %q (run, plan, check, status, watch, ctl, version)", args[0])}
+	return usageError{fmt.Errorf("unknown command %q (run, plan, check, status, watch, ctl, replay, trace, version)", args[0])}
 }
+
+// stdinReader is what --trace - reads.
+var stdinReader io.Reader = os.Stdin
 
 // lookupIn returns a lookup of environ (KEY=value); the last of a repeated
 // key wins, as in getenv.
