@@ -28,7 +28,7 @@ func BenchmarkReplay(b *testing.B) {
 			for b.Loop() {
 				res = Simulate(recs, Options{Order: order})
 			}
-			b.ReportMetric((cpuTime() - cpu).Seconds()/float64(b.N), "cpu-s/op")
+			b.ReportMetric((cpuTime()-cpu).Seconds()/float64(b.N), "cpu-s/op")
 			b.ReportMetric(float64(len(recs)), "records")
 			b.ReportMetric(float64(res.Replayed.Deletions), "deletions")
 		})

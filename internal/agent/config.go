@@ -56,7 +56,7 @@ type Config struct {
 	// TraceMaxAge is how long the usage trace (what `gcagent replay` needs)
 	// keeps its records; 0 turns the trace off. Default 720h (30 days).
 	TraceMaxAge time.Duration
-	// TraceMaxBytes bounds the usage trace in the state file. Default 32MiB.
+	// TraceMaxBytes bounds the usage trace in the state file. Default 16MiB.
 	TraceMaxBytes int64
 	// DiskInterval is how often the image filesystem is sampled near the high threshold (up to 1s apart far from it). Default 100ms.
 	DiskInterval time.Duration

@@ -213,10 +213,10 @@ type node struct {
 	p       Params
 	imgs    []image
 	present []int // indexes of the images on disk
-	used  int64 // image bytes on disk
-	pct   int   // usage last recorded
-	recs  []trace.Record
-	began bool
+	used    int64 // image bytes on disk
+	pct     int   // usage last recorded
+	recs    []trace.Record
+	began   bool
 }
 
 func (n *node) disk() trace.Disk {
