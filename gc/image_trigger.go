@@ -139,7 +139,7 @@ func (g *ImageGC) sample() (DiskStats, bool) {
 func (g *ImageGC) noteDiskError(now time.Time, err error) {
 	if err == nil {
 		if n, since := g.diskFailures.Recover(); n > 0 {
-			g.o.Log.Info().Int("failures", n).Int64("unmeasured_ms", now.Sub(since).Milliseconds()).
+			g.o.Log.Info().Int("failures", n).Float64("unmeasured_s", now.Sub(since).Seconds()).
 				Msg("image filesystem measured again")
 		}
 		return
@@ -185,7 +185,7 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 
 func (g *ImageGC) noteDisk(now time.Time, d DiskStats) {
 	usage, _ := usagePercent(d)
-	g.m.usage.Set(float64(usage))
+	g.m.usage.Set(float64(usage) / 100)
 	g.mu.Lock()
 	g.status.Disk, g.status.Usage, g.status.SampledAt = d, usage, now
 	g.status.Above, g.status.CrossedAt, g.status.Episode = g.trig.above, g.trig.crossedAt, g.trig.episodeAt

@@ -143,6 +143,9 @@ func NewLive(opts LiveOptions) (*Live, error) {
 	}
 	l.state.Namespace = opts.Namespace
 	l.startTrace(restored)
+	for _, k := range events.Kinds { // the namespace's series exist at zero from its first sight
+		l.m.applied.WithLabelValues(opts.Namespace, string(k))
+	}
 	return l, nil
 }
 
