@@ -181,11 +181,15 @@ type key struct{ ns, digest string }
 
 func (r *Record) key() key { return key{r.NS, r.Digest} }
 
-// Encode appends recs to w as JSON lines.
+// Encode writes recs to w as JSON lines.
 func Encode(w io.Writer, recs ...Record) error {
-	enc := json.NewEncoder(w)
+	var b []byte
 	for i := range recs {
-		if err := enc.Encode(&recs[i]); err != nil {
+		var err error
+		if b, err = appendRecord(b[:0], &recs[i]); err != nil {
+			return err
+		}
+		if _, err := w.Write(b); err != nil {
 			return err
 		}
 	}
@@ -194,9 +198,13 @@ func Encode(w io.Writer, recs ...Record) error {
 
 // appendJSON appends recs to b as JSON lines.
 func appendJSON(b []byte, recs []Record) ([]byte, error) {
-	buf := bytes.NewBuffer(b)
-	err := Encode(buf, recs...)
-	return buf.Bytes(), err
+	for i := range recs {
+		var err error
+		if b, err = appendRecord(b, &recs[i]); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // Decode reads JSON lines from r and calls fn with each record. A line

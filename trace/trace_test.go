@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -297,5 +298,35 @@ func TestDecodeSkipsBadLines(t *testing.T) {
 	}
 	if err := Decode(strings.NewReader("nope\n"), func(Record) error { return nil }, nil); err == nil {
 		t.Error("a bad line without a handler is no error")
+	}
+}
+
+// TestAppendRecordIsEncodingJSON: the fast encoder writes exactly what
+// encoding/json writes, for every kind, and leaves to it what it cannot.
+func TestAppendRecordIsEncodingJSON(t *testing.T) {
+	local := time.FixedZone("x", 3600)
+	recs := []Record{
+		img(0, "sha256:a", "a:1", "sha256:c"),
+		{T: at(1).Add(123456789), Ev: KindImage, NS: "default", Digest: "d", Names: []string{"x"}, Size: -3, Pinned: true,
+			FirstSeen: at(0).In(local), LastUsed: at(1), Used: true},
+		ev(2, KindUse, "a"), ev(3, KindIdle, "a"), ev(4, KindGone, "a"), gcRec(5, "a", 99),
+		{T: at(6), Ev: KindRemoved, NS: "k8s.io", Digest: "a", By: ByAgent, Rule: "max-age", Trigger: "max-age", Freed: 1},
+		{T: at(7), Ev: KindImage, NS: "k8s.io", Digest: "a", Names: []string{"evil<&>\"\\\n名"}},
+		{T: at(8), Ev: KindDisk, Disk: &Disk{Capacity: 1, Available: 0}, Trigger: "disk"},
+		{T: at(9), Ev: KindPolicy, Policy: &Policy{High: 85, MinAge: Duration(time.Minute)}},
+		{T: at(10), Ev: KindStart, Node: "n", Cluster: "c"},
+		{Ev: KindHeader, Version: 1, From: at(0), To: at(10)},
+		{T: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), Ev: KindUse, NS: "k8s.io", Digest: "a"},
+	}
+	for i := range recs {
+		want, wantErr := json.Marshal(&recs[i])
+		got, err := appendRecord(nil, &recs[i])
+		if (err != nil) != (wantErr != nil) {
+			t.Errorf("record %d: error %v, encoding/json %v", i, err, wantErr)
+			continue
+		}
+		if err == nil && string(got) != string(want)+"\n" {
+			t.Errorf("record %d:\n%s\nencoding/json:\n%s", i, got, want)
+		}
 	}
 }
