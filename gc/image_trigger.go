@@ -61,6 +61,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 	// wake this loop once per batch for nothing.
 	changes := g.changes
 	g.learn(ctx, g.now())
+	if g.d.Trace != nil {
+		// The policy in force from the start, also on a node that never
+		// reaches the high threshold (each pass records it again if it
+		// changed).
+		g.d.Trace.TracePolicy(g.now(), g.Policy())
+	}
 	for first := true; ; first = false {
 		if !first {
 			select {
