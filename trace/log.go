@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -58,10 +59,16 @@ type Log struct {
 	db *bolt.DB
 	o  Options
 
-	mu        sync.Mutex
-	plain     int  // plain chunks since the last merge
-	fresh     bool // the file held no trace when the Log was opened
-	lastDisk  Disk // the last disk measurement recorded
+	fresh bool         // the file held no trace when the Log was opened
+	plain atomic.Int64 // plain chunks since the last merge
+	// compacting serializes compactions. It is never held while waiting
+	// for what the projection holds: PutTx runs inside the journal's
+	// transaction, so nothing it takes may be held by a caller of
+	// db.Update.
+	compacting sync.Mutex
+
+	mu        sync.Mutex // the fields below
+	lastDisk  Disk       // the last disk measurement recorded
 	lastDiskT time.Time
 	policy    *Policy // the last policy recorded
 }
@@ -88,7 +95,7 @@ func Open(db *bolt.DB, o Options) (*Log, error) {
 		l.fresh = base.Get(keyBase) == nil && b.Stats().KeyN == 0
 		return b.ForEach(func(_, v []byte) error {
 			if len(v) > 0 && v[0] == formatPlain {
-				l.plain++
+				l.plain.Add(1)
 			}
 			return nil
 		})
@@ -127,9 +134,7 @@ func (l *Log) PutTx(tx *bolt.Tx, recs []Record) error {
 		return err
 	}
 	if !deflate {
-		l.mu.Lock()
-		l.plain++
-		l.mu.Unlock()
+		l.plain.Add(1)
 	}
 	return nil
 }
@@ -181,19 +186,16 @@ func (l *Log) Policy(t time.Time, p Policy) error {
 
 // CompactDue reports whether enough chunks were added since the last
 // compaction to merge them.
-func (l *Log) CompactDue() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.plain >= mergeChunks
-}
+func (l *Log) CompactDue() bool { return l.plain.Load() >= mergeChunks }
 
 // Compact merges the plain chunks into one deflated chunk, then folds the
 // chunks whose records are all older than MaxAge before now into the
 // base, and the oldest ones while the trace is over MaxBytes. One
 // transaction; a failure changes nothing.
 func (l *Log) Compact(now time.Time) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.compacting.Lock()
+	defer l.compacting.Unlock()
+	merged := l.plain.Load()
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		b, bb := tx.Bucket(bucketChunks), tx.Bucket(bucketBase)
 		if b == nil || bb == nil {
@@ -207,7 +209,7 @@ func (l *Log) Compact(now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("compact trace: %w", err)
 	}
-	l.plain = 0
+	l.plain.Add(-merged) // chunks put meanwhile wait for the next merge
 	return nil
 }
 

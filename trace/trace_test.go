@@ -330,3 +330,36 @@ func TestAppendRecordIsEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestLogCompactsWhileTheJournalWrites: records put inside other
+// transactions (the journal's) while compactions run neither deadlock
+// nor get lost.
+func TestLogCompactsWhileTheJournalWrites(t *testing.T) {
+	db := openDB(t)
+	l, err := Open(db, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for i := range 300 {
+			if err := l.Compact(at(i)); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for i := range 300 {
+		err := db.Update(func(tx *bolt.Tx) error { return l.PutTx(tx, []Record{ev(i, KindUse, fmt.Sprint(i))}) })
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := len(loadAll(t, db)); n != 300 {
+		t.Errorf("%d records, want 300", n)
+	}
+}
