@@ -84,13 +84,13 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 	cd kubeletdiff && $(GO) test -count=1 -v ./...
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/
 
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 60m -v ./e2e/
 
-bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
-	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./e2e/ ./natsbus/ ./cmd/gcagent/
+bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
+	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
 	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
 	$(GO) test -run '^$$' -bench BenchmarkFleetCluster -benchtime 1x -timeout 40m ./natsbus/
 

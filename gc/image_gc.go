@@ -60,6 +60,18 @@ type ImageGCDeps struct {
 	// patterns added to Policy.KeepPatterns for each pass (the rule of an
 	// image they keep says so: FleetRule).
 	FleetKeep func() []string
+	// Trace, if set, records the disk measurements and the policy of the
+	// passes for the usage trace (package trace, through the agent).
+	Trace imageTracer
+}
+
+// imageTracer records what image GC saw, for replays: every disk
+// measurement (the tracer keeps what it needs), the one each pass planned
+// with (trigger set), and the policy of each pass (Policy: configured and
+// learned). It must not block.
+type imageTracer interface {
+	TraceDisk(at time.Time, d DiskStats, trigger string)
+	TracePolicy(at time.Time, p ImagePolicy)
 }
 
 // ImageGCOptions configure an ImageGC; all but Policy have defaults.
@@ -308,6 +320,12 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	})
 	if derr != nil {
 		g.o.Log.Warn().Err(derr).Msg("image filesystem not measured: only max-age GC runs")
+	}
+	if g.d.Trace != nil {
+		g.d.Trace.TracePolicy(start, g.Policy())
+		if derr == nil {
+			g.d.Trace.TraceDisk(start, disk, trigger)
+		}
 	}
 	pass := ImagePass{Start: start, Trigger: trigger, DryRun: g.o.DryRun, Synced: synced, Disk: plan.Disk,
 		Usage: plan.Usage, Triggered: plan.Triggered, AmountToFree: plan.AmountToFree, Planned: len(plan.Delete),

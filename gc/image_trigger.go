@@ -61,6 +61,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 	// wake this loop once per batch for nothing.
 	changes := g.changes
 	g.learn(ctx, g.now())
+	if g.d.Trace != nil {
+		// The policy in force from the start, also on a node that never
+		// reaches the high threshold (each pass records it again if it
+		// changed).
+		g.d.Trace.TracePolicy(g.now(), g.Policy())
+	}
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -155,6 +161,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	disk, err := g.d.Disk.Disk()
 	g.noteDiskError(now, err)
 	g.trig.observe(now, disk, err == nil)
+	if err == nil && g.d.Trace != nil {
+		g.d.Trace.TraceDisk(now, disk, "")
+	}
 	g.noteDisk(now, disk)
 	var seq uint64
 	var synced bool

@@ -72,6 +72,8 @@ var (
 		fs.StringVar(&c.KubeletConfig, "kubelet-config", c.KubeletConfig, "the node's KubeletConfiguration `file` (e.g. /var/lib/kubelet/config.yaml): its image GC thresholds and ages are the defaults here; its own image GC and eviction thresholds are checked")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.DiskInterval}, "disk-interval", "how often the image filesystem is sampled")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.RegretWindow}, "regret-window", "an image image GC deleted that comes back within this is reported as image.regretted")
+		flagvalue.Add(fs, flagvalue.Duration{P: &c.TraceMaxAge}, "trace-max-age", "how long the usage trace (what gcagent replay reads) keeps records; 0 turns it off")
+		flagvalue.Add(fs, flagvalue.Bytes{P: &c.TraceMaxBytes}, "trace-max-bytes", "bound of the usage trace in the state file (bytes, or 16MiB)")
 	}}
 
 	// ContainerGCFlags: which dead containers go, and when.

@@ -12,10 +12,14 @@ import (
 // setupImageGC builds the image GC and subscribes it to the projection;
 // call it before the projection runs (Subscribe's contract).
 func (a *agent) setupImageGC() error {
-	g, err := gc.NewImageGC(gc.ImageGCDeps{
+	deps := gc.ImageGCDeps{
 		Projection: a.live, Runtime: a.runtime, Disk: a.imageFS, Deletes: a.deletes, Publisher: a.pub,
 		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.Patterns,
-	}, gc.ImageGCOptions{
+	}
+	if a.trace != nil {
+		deps.Trace = newTraceRecorder(a.trace, a.cfg.DryRun, a.log.With().Str("component", "trace").Logger())
+	}
+	g, err := gc.NewImageGC(deps, gc.ImageGCOptions{
 		Policy:       a.cfg.ImagePolicy(),
 		RegretWindow: a.cfg.RegretWindow,
 		DryRun:       a.cfg.DryRun,

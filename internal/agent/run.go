@@ -27,6 +27,7 @@ import (
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
+	"github.com/gcagent/gcagent/trace"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -77,6 +78,9 @@ type agent struct {
 	// clock is the one time every planner reads (internal/clock: a
 	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
+	// store is the state file; trace, the usage trace in it (nil: off).
+	store *projection.Store
+	trace *trace.Log
 }
 
 // Run is the daemon: it returns when ctx ends or a part fails for good.
@@ -139,6 +143,10 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer store.Close()
+	tl, err := openTrace(cfg, store, clk.Now(), log)
+	if err != nil {
+		return err
+	}
 	live, err = projection.NewSpaces(projection.SpacesOptions{
 		Store: store, Managed: nss.Match, Registerer: reg,
 		Live:       projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
@@ -148,7 +156,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	close(restored)
-	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
+	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk, store: store, trace: tl,
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.evs = evs
@@ -343,6 +351,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /trace", a.serveTrace)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		var problems []string
 		if !a.source.Connected() {
