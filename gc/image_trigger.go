@@ -61,6 +61,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 	// wake this loop once per batch for nothing.
 	changes := g.changes
 	g.learn(ctx, g.now())
+	if g.d.Trace != nil {
+		// The policy in force from the start, also on a node that never
+		// reaches the high threshold (each pass records it again if it
+		// changed).
+		g.d.Trace.TracePolicy(g.now(), g.Policy())
+	}
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -156,7 +162,7 @@ func (g *ImageGC) sample() (DiskStats, bool) {
 func (g *ImageGC) noteDiskError(now time.Time, err error) {
 	if err == nil {
 		if n, since := g.diskFailures.Recover(); n > 0 {
-			g.o.Log.Info().Int("failures", n).Int64("unmeasured_ms", now.Sub(since).Milliseconds()).
+			g.o.Log.Info().Int("failures", n).Float64("unmeasured_s", now.Sub(since).Seconds()).
 				Msg("image filesystem measured again")
 		}
 		return
@@ -172,6 +178,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	disk, err := g.d.Disk.Disk()
 	g.noteDiskError(now, err)
 	g.trig.observe(now, disk, err == nil)
+	if err == nil && g.d.Trace != nil {
+		g.d.Trace.TraceDisk(now, disk, "")
+	}
 	g.noteDisk(now, disk)
 	var seq uint64
 	var synced bool
@@ -202,7 +211,7 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 
 func (g *ImageGC) noteDisk(now time.Time, d DiskStats) {
 	usage, _ := usagePercent(d)
-	g.m.usage.Set(float64(usage))
+	g.m.usage.Set(float64(usage) / 100)
 	g.mu.Lock()
 	g.status.Disk, g.status.Usage, g.status.SampledAt = d, usage, now
 	g.status.Above, g.status.CrossedAt, g.status.Episode = g.trig.above, g.trig.crossedAt, g.trig.episodeAt

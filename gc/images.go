@@ -56,6 +56,18 @@ type ImagePolicy struct {
 	// list could name it. After that, GC goes on without the fleet's
 	// patterns (KeepPatterns only). Zero: no wait.
 	FleetKeepWait time.Duration
+	// Order, if set, orders the candidates of threshold GC: the lowest
+	// rank goes first, ties least recently used first. nil is least
+	// recently used first, the kubelet's order. Max-age candidates all go,
+	// least recently used first, whatever it says.
+	Order ImageOrder `json:"-"`
+}
+
+// ImageOrder ranks the candidates of threshold GC (ImagePolicy.Order). It
+// must not change while PlanImages runs.
+type ImageOrder interface {
+	// Rank is what keeping the image is worth: the lowest goes first.
+	Rank(it *ImageItem) float64
 }
 
 // KeepList is a keep list as a planner reads it: its patterns, and the
@@ -232,20 +244,19 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 	})
 
 	// An empty reason marks a candidate: first the ones past MaxAge go,
-	// then, least recently used first, as many as the disk needs.
+	// then, least recently used first (or in the policy's order), as many
+	// as the disk needs.
 	for i, it := range items {
 		if it.Reason == "" && p.MaxAge > 0 && now.Sub(idleSince(it)) > p.MaxAge {
 			items[i].Reason = ReasonMaxAge
 			plan.EstimatedBytes += it.Size
 		}
 	}
-	for i, it := range items {
-		if it.Reason != "" {
-			continue
-		}
+	space := p.spaceOrder(items)
+	for _, i := range space {
 		if plan.EstimatedBytes < plan.AmountToFree {
 			items[i].Reason = ReasonSpace
-			plan.EstimatedBytes += it.Size
+			plan.EstimatedBytes += items[i].Size
 		} else {
 			items[i].Reason = ReasonNotNeeded
 		}
@@ -255,11 +266,14 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 	// of a busy node's images is megabytes, planned by every pass and
 	// scrape, and appends would leave as much again behind.
 	out := make([]ImageItem, 0, len(items))
-	for _, r := range []Reason{ReasonMaxAge, ReasonSpace} {
-		for _, it := range items {
-			if it.Reason == r {
-				out = append(out, it)
-			}
+	for _, it := range items {
+		if it.Reason == ReasonMaxAge {
+			out = append(out, it)
+		}
+	}
+	for _, i := range space {
+		if items[i].Reason == ReasonSpace {
+			out = append(out, items[i])
 		}
 	}
 	plan.Delete, out = out[:len(out):len(out)], out[len(out):]
@@ -283,6 +297,27 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 	}
 	plan.Keep = out
 	return plan
+}
+
+// spaceOrder returns the indexes of the candidates left in items (sorted
+// least recently used first) in the order threshold GC takes them: as they
+// are, or by the policy's Order, ties as they are.
+func (p ImagePolicy) spaceOrder(items []ImageItem) []int {
+	var idx []int
+	for i, it := range items {
+		if it.Reason == "" {
+			idx = append(idx, i)
+		}
+	}
+	if p.Order == nil {
+		return idx
+	}
+	rank := make(map[int]float64, len(idx))
+	for _, i := range idx {
+		rank[i] = p.Order.Rank(&items[i])
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rank[a], rank[b]) })
+	return idx
 }
 
 // Shortfall says, when the plan frees less than AmountToFree, why: how

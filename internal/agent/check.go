@@ -131,6 +131,7 @@ func Checks(ctx context.Context, cfg Config) []CheckResult {
 		checkLogDir("log-dir", cfg.LogDir, "the kubelet's container log links", f),
 		checkLogDir("pod-log-dir", cfg.PodLogDir, "the pods' log dirs", f),
 		checkStateDir(cfg.StateDir, cfg.OutboxMaxBytes),
+		checkPlainContainers(ctx, cfg, f),
 	}
 	out = append(out, checkKubelet(cfg, f.disk.CapacityBytes)...)
 	out = append(out, checkNATS(ctx, cfg), checkClock(time.Now(), filepath.Join(cfg.StateDir, clock.File)))
@@ -158,7 +159,7 @@ func LogChecks(ctx context.Context, cfg Config, log zerolog.Logger, skip ...stri
 		}
 		e.Str("check", r.Name).Str("status", r.Status).Str("detail", r.Detail).Msg("preflight: " + r.Name)
 	}
-	log.Debug().Int64("duration_ms", time.Since(start).Milliseconds()).Int("checks", len(results)).Msg("preflight checked")
+	log.Debug().Float64("duration_s", time.Since(start).Seconds()).Int("checks", len(results)).Msg("preflight checked")
 }
 
 func checkContainerd(addr string, v client.Version, err error) CheckResult {

@@ -12,10 +12,14 @@ import (
 // setupImageGC builds the image GC and subscribes it to the projection;
 // call it before the projection runs (Subscribe's contract).
 func (a *agent) setupImageGC() error {
-	g, err := gc.NewImageGC(gc.ImageGCDeps{
+	deps := gc.ImageGCDeps{
 		Projection: a.live, Runtime: a.runtime, Disk: a.imageFS, Deletes: a.deletes, Publisher: a.pub,
 		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.KeepList,
-	}, gc.ImageGCOptions{
+	}
+	if a.trace != nil {
+		deps.Trace = newTraceRecorder(a.trace, a.cfg.DryRun, a.log.With().Str("component", "trace").Logger())
+	}
+	g, err := gc.NewImageGC(deps, gc.ImageGCOptions{
 		Policy:       a.cfg.ImagePolicy(),
 		RegretWindow: a.cfg.RegretWindow,
 		DryRun:       a.cfg.DryRun,
@@ -23,6 +27,7 @@ func (a *agent) setupImageGC() error {
 		Clock:        clock.System(a.clock.Now),
 		Log:          a.log.With().Str("component", "imagegc").Logger(),
 		Registerer:   a.reg,
+		Namespaces:   a.cfg.metricNamespaces(),
 	})
 	if err != nil {
 		return err
@@ -38,7 +43,7 @@ func (a *agent) setupImageGC() error {
 		a.log.Info().Str("component", "imagegc").Str("pattern", p).Str("covers", gc.DescribeKeepPattern(p)).Msg("--keep-image pattern")
 	}
 	a.regrets, err = gc.NewRegretReporter(a.live, a.pub, a.record, a.clock.Now,
-		a.log.With().Str("component", "imagegc").Logger(), a.reg)
+		a.log.With().Str("component", "imagegc").Logger(), a.reg, a.cfg.metricNamespaces()...)
 	if err != nil {
 		return err
 	}

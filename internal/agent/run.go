@@ -27,6 +27,7 @@ import (
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
+	"github.com/gcagent/gcagent/trace"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -77,12 +78,23 @@ type agent struct {
 	// clock is the one time every planner reads (internal/clock: a
 	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
+	// store is the state file; trace, the usage trace in it (nil: off).
+	store *projection.Store
+	trace *trace.Log
 }
 
 // Run is the daemon: it returns when ctx ends or a part fails for good.
 func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	sampleAllocations(cfg.Profiling)
 	log := NewLogger(cfg, logOut)
+	nss, err := cfg.Namespaces()
+	if err != nil {
+		return err
+	}
+	// The first line says what runs and with which policy.
+	policyLog(log.Info(), cfg.Policy()).Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
+		Strs("exclude_namespaces", nss.Exclude).
+		Str("state_dir", cfg.StateDir).Str("metrics", cfg.MetricsAddress).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -92,10 +104,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	nss, err := cfg.Namespaces()
-	if err != nil {
-		return err
-	}
 	// client.New does not dial: containerd may come later, and the Source
 	// retries until it does. No default namespace: every call names its own.
 	cl, err := client.New(cfg.ContainerdAddress, node.ClientOpts()...)
@@ -135,6 +143,10 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer store.Close()
+	tl, err := openTrace(cfg, store, clk.Now(), log)
+	if err != nil {
+		return err
+	}
 	live, err = projection.NewSpaces(projection.SpacesOptions{
 		Store: store, Managed: nss.Match, Registerer: reg,
 		Live:       projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
@@ -144,7 +156,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	close(restored)
-	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
+	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk, store: store, trace: tl,
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.evs = evs
@@ -176,10 +188,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return fmt.Errorf("metrics address: %w", err)
 	}
 	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
-
-	policyLog(log.Info(), cfg.Policy()).Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
-		Strs("exclude_namespaces", nss.Exclude).
-		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
 	a.start(g, gctx, evs, srv, ln, boot, skew, clockFile)
 	err = g.Wait()
@@ -347,6 +355,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /trace", a.serveTrace)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		var problems []string
 		if !a.source.Connected() {
