@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2_DIR ?= $(HOME)/.cache/gcagent/containerd-$(CONTAINERD2_VERSION)
-APT_PACKAGES := containerd runc busybox-static prometheus systemd
+APT_PACKAGES := containerd runc busybox-static prometheus systemd nats-server
 # VERSION is the release, read from the VERSION file: stamped into the binary
 # (`gcagent version`), the image's tag, the chart's appVersion and the
 # manifest's image (deploy/version_test.go fails when they differ). COMMIT is
@@ -45,11 +45,15 @@ HELM_MODULE := deploy/helm
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its ctr, runc, busybox-static, prometheus, systemd) and the Go modules: all `make demo` needs
+deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its ctr, runc, busybox-static, prometheus, systemd, nats-server 2.9.10: the oldest NATS server supported) and the Go modules: all `make demo` needs
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		case " $$missing " in *" nats-server "*) \
+			echo "nats-server: its service is disabled (tests start their own, on random ports)"; \
+			systemctl disable --now nats-server >/dev/null 2>&1 || true;; \
+		esac; \
 	fi
 	@$(GO) mod download
 

@@ -42,6 +42,7 @@ var badRunValues = map[string]struct {
 	"image-gc-low-threshold":                {value: "-1"},
 	"image-maximum-gc-age":                  {value: "1m"},
 	"keep-image":                            {value: "[x"},
+	"keep-list-wait":                        {value: "-1s"},
 	"kubelet-config":                        {value: "/nonexistent/kubelet/config.yaml"},
 	"log-dir":                               {value: "var/log/containers"},
 	"log-format":                            {value: "xml"},

@@ -80,6 +80,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 				d, ok := g.sample()
 				g.trig.observe(g.now(), d, ok)
 				g.Pass(ctx, trigger)
+			case trigger := <-g.rethinks:
+				if g.keepHeld {
+					d, ok := g.sample()
+					g.trig.observe(g.now(), d, ok)
+					g.Pass(ctx, trigger)
+				}
 			case <-tick.C():
 			case <-wake.C():
 			case <-changes:
@@ -112,6 +118,17 @@ func (g *ImageGC) Run(ctx context.Context) error {
 func (g *ImageGC) Nudge(trigger string) {
 	select {
 	case g.nudges <- trigger:
+	default:
+	}
+}
+
+// Reconsider asks Run for a pass soon with trigger if the last plan kept
+// an image only because the fleet keep list was never read (its first
+// read, or the end of the wait for it, changes that); otherwise Run only
+// evaluates its triggers. It never blocks, and calls coalesce.
+func (g *ImageGC) Reconsider(trigger string) {
+	select {
+	case g.rethinks <- trigger:
 	default:
 	}
 }
@@ -180,6 +197,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 			plan = PlanImages(states, disk, g.policy(), now)
 		}
 	})
+	if replan {
+		g.keepHeld = heldForKeepList(plan)
+	}
 	if replan {
 		g.trig.planned(seq, plan)
 		g.setNextAgeOut(plan.NextAgeOut)
@@ -418,7 +438,7 @@ func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p Imag
 	tr.nextEligible = time.Time{}
 	if tr.passShort {
 		for _, it := range plan.Keep {
-			if it.Reason == ReasonTooYoung {
+			if it.Reason == ReasonTooYoung || it.Reason == ReasonKeepListUnread {
 				earliest(&tr.nextEligible, it.EligibleAt)
 			}
 		}

@@ -109,14 +109,16 @@ func Simulate(recs []trace.Record, o Options) Result {
 func PolicyOf(p trace.Policy) gc.ImagePolicy {
 	return gc.ImagePolicy{HighThresholdPercent: p.High, LowThresholdPercent: p.Low, MinAge: time.Duration(p.MinAge),
 		MaxAge: time.Duration(p.MaxAge), SandboxImages: slices.Clone(p.SandboxImages), KeepPatterns: slices.Clone(p.KeepPatterns),
-		FleetKeepPatterns: slices.Clone(p.FleetKeepPatterns)}
+		// The patterns a pass planned with: a list known then (a wait for
+		// one never read is not recorded, and a replay does not wait).
+		FleetKeep: gc.KeepList{Input: gc.Input{State: gc.InputKnown}, Patterns: slices.Clone(p.FleetKeepPatterns)}}
 }
 
 // TraceOf is p as a trace records it, with order.
 func TraceOf(p gc.ImagePolicy, order string) trace.Policy {
 	return trace.Policy{High: p.HighThresholdPercent, Low: p.LowThresholdPercent, MinAge: trace.Duration(p.MinAge),
 		MaxAge: trace.Duration(p.MaxAge), SandboxImages: slices.Clone(p.SandboxImages), KeepPatterns: slices.Clone(p.KeepPatterns),
-		FleetKeepPatterns: slices.Clone(p.FleetKeepPatterns), Order: order}
+		FleetKeepPatterns: slices.Clone(p.FleetKeep.Patterns), Order: order}
 }
 
 // DefaultPolicy is the kubelet's image GC policy (and the agent's

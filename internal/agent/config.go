@@ -48,8 +48,15 @@ type Config struct {
 	ImageMaximumGCAge time.Duration
 	// SandboxImage is the pause image; it is also learned from CRI. Default empty.
 	SandboxImage string
-	// KeepImages are globs; an image with a matching name is never deleted. Default none.
+	// KeepImages are globs; an image with a name one covers is never
+	// deleted (gc.KeepCovers: REPO and REPO:* cover REPO's digest
+	// references too). Default none.
 	KeepImages []string
+	// KeepListWait bounds how long image deletes by threshold or maximum
+	// age wait, at start, for a fleet keep list this node never read (none
+	// saved in the state dir, NATS not answering); after it, image GC goes
+	// on with KeepImages only. 0: no wait. Default 5m.
+	KeepListWait time.Duration
 	// RegretWindow is how long after image GC deleted an image its return
 	// to the node is reported as image.regretted. Default 24h.
 	RegretWindow time.Duration
@@ -167,6 +174,7 @@ func DefaultConfig() Config {
 		UncollectedExitGrace: gc.DefaultUncollectedGrace,
 		DiskInterval:         gc.DefaultDiskInterval,
 		RegretWindow:         gc.DefaultRegretWindow,
+		KeepListWait:         DefaultKeepListWait,
 		TraceMaxAge:          trace.DefaultMaxAge,
 		TraceMaxBytes:        trace.DefaultMaxBytes,
 		MaxDeadPerContainer:  1,
@@ -220,6 +228,7 @@ func (c Config) Validate() error {
 			return nil
 		}(),
 		nonNeg("pod-log-grace", c.PodLogGrace),
+		nonNeg("keep-list-wait", c.KeepListWait),
 	}
 	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress,
 		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {

@@ -160,8 +160,8 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.evs = evs
-	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, clk.Now, log.With().Str("component", "keeplist").Logger())
-	reg.MustRegister(keepMetrics{a.keep})
+	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
+	reg.MustRegister(keepMetrics{a.keep}, a.keep.failures)
 	a.version = cl.Version
 	a.imageFS = node.NewImageFS(cfg.ImageFS, DefaultContainerdRoot, a.runtime.CRIImages)
 
@@ -310,9 +310,13 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 		}
 	}
 	// Components that act on the projection start here, one g.Go each.
-	g.Go(afterIntents(a.runImageGC))
+	// Image GC's first pass follows the keep list's first watch (bounded:
+	// a NATS that does not answer leaves it unknown, which the planner
+	// keeps for), so that a list NATS gives is read before anything goes.
+	g.Go(afterIntents(func(ctx context.Context) error { a.keep.firstTry(ctx); return a.runImageGC(ctx) }))
 	g.Go(func() error { return a.runControl(gctx) })
-	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.bus.emb != nil) })
+	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.cfg.NATSJSDomain, a.bus.emb != nil) })
+	g.Go(func() error { a.keep.awaitRead(gctx, clock.System(a.clock.Now)); return nil })
 	g.Go(func() error { return a.regrets.Run(gctx) })
 	g.Go(afterIntents(a.containerGC.Run))
 	g.Go(afterIntents(a.runLogs))
@@ -390,7 +394,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 			defer fmt.Fprintln(w, d) // not a readiness failure: GC goes on
 		}
 		if d := a.keep.detail(a.clock.Now()); d != "" {
-			defer fmt.Fprintln(w, d) // not a readiness failure: GC keeps the last list seen
+			defer fmt.Fprintln(w, d) // not a readiness failure: GC keeps what the list could protect
 		}
 		if n := a.deletes.Unsettled(); n > 0 {
 			// Not a readiness failure: the delete is settled as soon as

@@ -75,7 +75,7 @@ func (r *traceRecorder) note(at time.Time, err error) {
 func tracePolicy(p gc.ImagePolicy) trace.Policy {
 	return trace.Policy{High: p.HighThresholdPercent, Low: p.LowThresholdPercent, MinAge: trace.Duration(p.MinAge),
 		MaxAge: trace.Duration(p.MaxAge), SandboxImages: slices.Clone(p.SandboxImages), KeepPatterns: slices.Clone(p.KeepPatterns),
-		FleetKeepPatterns: slices.Clone(p.FleetKeepPatterns)}
+		FleetKeepPatterns: slices.Clone(p.FleetKeep.Patterns)}
 }
 
 // serveTrace writes the usage trace as JSON lines (trace.Export): what
