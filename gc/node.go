@@ -120,7 +120,8 @@ func (k *Kept) Error() string { return "kept (" + string(k.Live) + "): " + k.Why
 
 // deleteLog begins delete transactions (*deletion.Manager).
 type deleteLog interface {
-	Begin(ctx context.Context, ns string, a schema.Action) (*deletion.Tx, error)
+	// Begin records the intent of a with the object's identity id.
+	Begin(ctx context.Context, ns string, a schema.Action, id *deletion.Identity) (*deletion.Tx, error)
 	// Generation changes whenever a delete whose outcome was unknown has
 	// been settled: a disk measurement from before is stale.
 	Generation() uint64
