@@ -117,6 +117,15 @@ type unsettled struct {
 type Deps struct {
 	Journal Journal
 	Checker Checker
+	// Lock, if set, must be held for a delete to begin (one agent per
+	// containerd): Begin fails with its error otherwise.
+	Lock Lock
+}
+
+// Lock says whether this agent may delete now: nil while it holds
+// containerd's agent lock.
+type Lock interface {
+	Held() error
 }
 
 // Options tune a Manager.
@@ -184,13 +193,19 @@ func New(d Deps, o Options) (*Manager, error) {
 
 // Begin records the intent of a, the delete of an object of namespace ns
 // whose identity is id (as containerd reported it right before; nil for a
-// log), and returns its transaction. It first settles every delete whose outcome
+// log), and returns its transaction. While Deps.Lock is not held it fails
+// with the lock's error and records nothing. It first settles every delete whose outcome
 // is unknown; while one cannot be settled it fails with ErrUnsettled and
 // records nothing. When the journal cannot be written (its disk is full,
 // often the very disk GC must free) the delete goes on without a durable
 // intent: its event is published on commit, and only a crash between the
 // delete and that commit could lose it. That is logged and counted.
 func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action, id *Identity) (*Tx, error) {
+	if m.d.Lock != nil {
+		if err := m.d.Lock.Held(); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.Settle(ctx); err != nil {
 		return nil, err
 	}

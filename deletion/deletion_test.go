@@ -445,3 +445,29 @@ func TestBeginRecordsIdentity(t *testing.T) {
 		t.Errorf("identity of a delete without a durable intent %+v, want %+v", got, id)
 	}
 }
+
+// notHeld is a Lock this agent does not hold.
+type notHeld struct{ err error }
+
+func (l notHeld) Held() error { return l.err }
+
+// TestBeginNeedsTheLock: while the agent does not hold containerd's agent
+// lock, no delete begins and no intent is recorded.
+func TestBeginNeedsTheLock(t *testing.T) {
+	j := &journal{}
+	lock := &notHeld{err: errors.New("another agent holds it")}
+	m, err := New(Deps{Journal: j, Checker: &checker{}, Lock: lock}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Begin(context.Background(), "ns", removal("a"), nil); err == nil || err.Error() != "another agent holds it" {
+		t.Errorf("Begin without the lock: %v, want the lock's error", err)
+	}
+	if len(j.pending) != 0 {
+		t.Errorf("intents recorded without the lock: %+v", j.pending)
+	}
+	lock.err = nil
+	if _, err := m.Begin(context.Background(), "ns", removal("a"), nil); err != nil {
+		t.Errorf("Begin with the lock: %v", err)
+	}
+}

@@ -50,6 +50,7 @@ func runFlags(name string, cfg *agent.Config) *flag.FlagSet {
 	fs.StringVar(&cfg.HostPodLogDir, "host-pod-log-dir", cfg.HostPodLogDir, "the pod log directory's path on the host, which the kubelet's log links point into, when it is mounted at --pod-log-dir (default: the same)")
 	fs.Var(durationValue{&cfg.PodLogGrace}, "pod-log-grace", "how long a pod must be gone before its log dir is removed")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "where the journal, snapshots and NATS outbox live")
+	fs.BoolVar(&cfg.TakeOver, "take-over", cfg.TakeOver, "take containerd over from the agent running on it, which stops (without it, a second agent on one containerd refuses to start)")
 	fs.Var(durationValue{&cfg.ResyncInterval}, "resync-interval", "period of full listings of containerd")
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "node name in NATS subjects and events")
 	natsClientFlags(fs, cfg) // --nats-url (empty: embedded server), auth, --cluster, --nats-stream
