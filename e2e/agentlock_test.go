@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -152,5 +153,56 @@ func TestOneAgentPerContainerd(t *testing.T) {
 		if n := len(lockLeases(t, c)); n != 0 {
 			t.Errorf("%d lock leases after a clean stop, want none (released)", n)
 		}
+	})
+}
+
+// TestOneAgentPerContainerdAcrossNamespaces: the layout of a systemd unit
+// beside a DaemonSet pod: the second agent runs in its own pid and mount
+// namespaces (unshare), so it can neither see the first's process nor its
+// state dir's lock. It still refuses, naming the first, once it has seen
+// the first renew the lock; and after kill -9 of the first it takes the
+// lock over only once three renewals are missed (30 s).
+func TestOneAgentPerContainerdAcrossNamespaces(t *testing.T) {
+	testenv.Require(t, func() bool { _, err := exec.LookPath("unshare"); return err == nil }(), "unshare (util-linux)")
+	bin := testenv.AgentBinary(t)
+	pod := filepath.Join(t.TempDir(), "gcagent-in-pod")
+	script := "#!/bin/sh\nexec unshare --pid --fork --kill-child --mount-proc " + bin + " \"$@\"\n"
+	if err := os.WriteFile(pod, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v})
+		c.Import(t, testenv.Image{Name: "example.test/one:1", Layers: []testenv.Layer{{Seed: "one", Size: 1024}}})
+		dir := t.TempDir()
+		observe := []string{"--prune-containers=off", "--image-gc-high-threshold=100"}
+
+		unit := testenv.StartAgent(t, c, filepath.Join(dir, "unit"), observe...)
+		waitHolding(t, unit)
+		inPod := testenv.StartAgentBin(t, pod, c, filepath.Join(dir, "pod"), nil, observe...)
+		if !inPod.Exited(60 * time.Second) {
+			t.Fatalf("an agent in another pid namespace runs beside the first:\n%s", inPod.LogTail(10))
+		}
+		refusal := lastLine(inPod)
+		t.Logf("the agent in the pod: %s", refusal)
+		for _, want := range []string{"another gcagent runs on this containerd", fmt.Sprintf("pid %d (in another pid namespace)", unit.Pid()),
+			"state dir " + filepath.Join(dir, "unit")} {
+			if !strings.Contains(refusal, want) {
+				t.Errorf("the refusal %q does not say %q", refusal, want)
+			}
+		}
+
+		unit.Kill()
+		killed := time.Now()
+		inPod = testenv.StartAgentBin(t, pod, c, filepath.Join(dir, "pod"), nil, observe...)
+		waitHolding(t, inPod)
+		took := time.Since(killed)
+		t.Logf("the agent in the pod holds the lock %s after kill -9 of the first", took.Round(time.Millisecond))
+		if took < 20*time.Second {
+			t.Errorf("took the lock %s after kill -9 of a holder it cannot see, before it could have missed three renewals", took)
+		}
+		if !logHas(t, inPod, `"reason":"not renewed for 30s"`) {
+			t.Errorf("the agent in the pod does not say why it took over:\n%s", inPod.LogTail(10))
+		}
+		waitSynced(t, inPod)
 	})
 }
