@@ -159,7 +159,8 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 	scheduleRepair := func() {
 		switch {
 		case len(s.unsure) == 0:
-			repairWait = repairFirst
+			repair.Stop()
+			repairArmed, repairWait = false, repairFirst
 		case !repairArmed:
 			repair.Reset(repairWait)
 			repairArmed, repairWait = true, min(2*repairWait, s.o.ResyncInterval)
@@ -342,6 +343,8 @@ func (s *Source) listInto(ctx context.Context, out chan<- events.Scoped, ns stri
 	}
 	if unsure > 0 {
 		s.unsure[ns] = unsure
+		s.o.Log.Debug().Str("namespace", ns).Int("containers", unsure).
+			Msg("CRI cannot tell yet the state of containers without a task: their state is kept, another listing follows")
 	} else {
 		delete(s.unsure, ns)
 	}
