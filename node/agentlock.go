@@ -397,7 +397,9 @@ func (l *AgentLock) Run(ctx context.Context) error {
 	}
 }
 
-// renew makes the next generation and drops the one before.
+// renew makes the next generation, checks that no higher one exists (a
+// lock whose leases were deleted by hand, taken meanwhile by another
+// agent that then renewed past it) and drops the ones below.
 func (l *AgentLock) renew(ctx context.Context) error {
 	l.mu.Lock()
 	n := l.gen
@@ -407,9 +409,18 @@ func (l *AgentLock) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !ok {
+	var gens []generation
+	if ok {
+		if gens, err = l.generations(ctx); err != nil {
+			return err // not confirmed: the next renewal finds n+1 its own and looks again
+		}
+	}
+	if !ok || len(gens) > 0 && gens[0].n > n+1 {
 		by := AgentID{Node: "unknown"}
-		if gens, err := l.generations(ctx); err == nil && len(gens) > 0 {
+		if gens == nil {
+			gens, _ = l.generations(ctx)
+		}
+		if len(gens) > 0 {
 			by = gens[0].holder()
 		}
 		l.mu.Lock()
@@ -420,11 +431,7 @@ func (l *AgentLock) renew(ctx context.Context) error {
 	l.mu.Lock()
 	l.gen, l.renewed = n+1, start
 	l.mu.Unlock()
-	cctx, cancel := l.ctx(ctx)
-	defer cancel()
-	if err := l.store.Delete(cctx, leases.Lease{ID: lockID(n)}); err != nil && !errdefs.IsNotFound(err) {
-		l.o.Log.Debug().Err(err).Str("lease", lockID(n)).Msg("cannot delete the last generation of the agent lock")
-	}
+	l.drop(ctx, gens, n+1)
 	return nil
 }
 

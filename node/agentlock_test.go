@@ -385,3 +385,42 @@ func TestAgentLockHeldNeedsRenewals(t *testing.T) {
 	store.mu.Unlock()
 	stepWhile(t, clk, func() bool { return l.Held() != nil })
 }
+
+// TestAgentLockLeasesDeletedByHand: the lock's leases deleted by hand (ctr
+// leases rm) while an agent holds it, and another agent starting then:
+// both hold a generation for at most one renewal, then the one whose
+// generation is lower learns that it lost the lock and stops.
+func TestAgentLockLeasesDeletedByHand(t *testing.T) {
+	store, clk := newMemLeases(), clock.NewFake(time.Unix(1000, 0))
+	procs := processes{1: true, 2: true}
+	a := newLock(store, agent("a", "sa", "pid:[1]", 1), clk, procs)
+	if err := a.Acquire(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := a.renew(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store.mu.Lock()
+	clear(store.leases)
+	store.mu.Unlock()
+	b := newLock(store, agent("b", "sb", "pid:[1]", 2), clk, procs)
+	if err := b.Acquire(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.renew(context.Background()); err != nil {
+		t.Fatalf("the agent with the higher generation: %v", err)
+	}
+	err := b.renew(context.Background())
+	var lost *LostError
+	if !errors.As(err, &lost) || lost.By.Node != "a" {
+		t.Fatalf("the agent with the lower generation: %v, want a LostError naming a", err)
+	}
+	if err := b.Held(); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("the agent that lost may still delete: %v", err)
+	}
+	if err := a.Held(); err != nil {
+		t.Errorf("the holder: %v", err)
+	}
+}
