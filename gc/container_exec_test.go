@@ -423,7 +423,9 @@ func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
 	s := nodeState()
 	// u2's log dir is gone and its sandbox stopped: it is deleted, and its
 	// sandbox goes in the same pass as its container, after it.
-	plan := PlanContainersWith(s, p, at(time.Minute), func(uid, _, _ string) bool { return uid != "u2" })
+	plan := PlanContainersWith(s, p, at(time.Minute), PodLogDirView{In: KnownInput(at(time.Minute)), GoneFn: func(uid, _, _ string) (time.Time, bool) {
+		return at(0), uid == "u2"
+	}})
 	f := newFakeContainerRuntime()
 	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{})
 	if _, err := e.Apply(context.Background(), plan, p); err != nil {

@@ -110,8 +110,11 @@ type ContainerPlan struct {
 	// NextEligible is the earliest future instant at which a dead container
 	// kept as too young passes MinAge; zero if none.
 	NextEligible time.Time `json:"nextEligible,omitzero"`
-	// PodSignalBlind says a pod that runs has no pod log dir: the dir read
-	// is not the kubelet's, so no pod counted as deleted.
+	// PodLogDir is the state of the pod log dir, the deleted-pod sign, as
+	// an input: unless it is known, no pod counted as deleted.
+	PodLogDir Input `json:"podLogDir"`
+	// PodSignalBlind says a pod that runs has had its pod log dir seen go:
+	// the dir read is not the kubelet's, so no pod counted as deleted.
 	PodSignalBlind bool `json:"podSignalBlind,omitempty"`
 	// Remove is oldest first: containers, then sandboxes.
 	Remove []ContainerItem `json:"remove"`
@@ -160,9 +163,10 @@ type ContainerItem struct {
 // this plan is in it, and it is not the newest sandbox of a pod that is
 // still there; a deleted pod's exited sandboxes all go. Neither caps nor
 // MinAge apply to sandboxes (as in the kubelet). A pod is deleted when no
-// sandbox of it is ready, nothing of it runs, and podGone has said it is
-// gone (its log dir is) for PodGrace, counted from the later of that and
-// its last sandbox's exit. It does no I/O and does not modify s.
+// sandbox of it is ready, nothing of it runs, and its pod log dir, a known
+// input (PodLogDir), was seen and went PodGrace ago, counted from the later
+// of that and its last sandbox's exit. It does no I/O and does not modify
+// s.
 //
 // Plain containers (no CRI kind) have no restarts, so no per-unit cap: one
 // goes once its owner is done with it and MinAge has passed since. The owner
@@ -174,27 +178,44 @@ func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) Conta
 	return PlanContainersWith(s, p, now, nil)
 }
 
-// PlanContainersWith is PlanContainers with podKept (nil: always) saying
-// whether a pod, by uid, namespace and name, is still there (its log dir
-// exists). A pod it says is gone counts as gone since now: a one-shot plan
-// shows its removals as due PodGrace from now.
-func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
-	return planContainers(s, p, now, goneSince(podKept, now), true)
+// PlanContainersWith is PlanContainers reading the pod log dir (nil: not
+// read, no pod counts as deleted).
+func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, dir PodLogDir) ContainerPlan {
+	return planContainers(s, p, now, dir, true)
 }
 
-// PodGoneFunc says whether a pod, by uid, namespace and name, is gone by its
-// own sign (the kubelet removed its pod log dir) and since when the agent
-// knows it; gone is false while the pod is there. Nil: no pod is gone.
-type PodGoneFunc func(uid, namespace, name string) (since time.Time, gone bool)
+// PodLogDir is the pod log dir as a container plan reads it: the kubelet
+// makes a pod's log dir before its sandbox and removes it only once the
+// pod is deleted, so a dir the agent saw and then saw go is the pod's
+// deletion (logs.PodDirs). Absence alone is no sign: a dir that is not the
+// kubelet's holds no pod dir.
+type PodLogDir interface {
+	// Input is the state of the dir as an input at now: unless it is
+	// known, no pod counts as deleted.
+	Input(now time.Time) Input
+	// Gone reports whether the log dir of the pod (uid, namespace, name)
+	// was seen and then went, and since when; false while it is there or
+	// was never seen.
+	Gone(uid, namespace, name string) (since time.Time, gone bool)
+}
 
-// goneSince turns podKept into a PodGoneFunc that dates every gone pod now.
-func goneSince(podKept func(uid, namespace, name string) bool, now time.Time) PodGoneFunc {
-	if podKept == nil {
-		return nil
+// PodLogDirView is a PodLogDir made of its parts (for tools and tests):
+// In is its state, GoneFn says which pods' dirs were seen and went (nil:
+// none).
+type PodLogDirView struct {
+	In     Input
+	GoneFn func(uid, namespace, name string) (since time.Time, gone bool)
+}
+
+// Input returns v.In.
+func (v PodLogDirView) Input(time.Time) Input { return v.In }
+
+// Gone asks v.GoneFn.
+func (v PodLogDirView) Gone(uid, namespace, name string) (time.Time, bool) {
+	if v.GoneFn == nil {
+		return time.Time{}, false
 	}
-	return func(uid, namespace, name string) (time.Time, bool) {
-		return now, !podKept(uid, namespace, name)
-	}
+	return v.GoneFn(uid, namespace, name)
 }
 
 // planContainers plans; without all, Keep leaves out the containers that
@@ -204,8 +225,11 @@ func goneSince(podKept func(uid, namespace, name string) bool, now time.Time) Po
 // PruneAll, whose never-started CRI containers may be dead), and gives each
 // an item only when the prune mode may remove it. Remove and NextEligible
 // are the same either way.
-func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podGone PodGoneFunc, all bool) ContainerPlan {
+func planContainers(s *projection.State, p ContainerPolicy, now time.Time, dir PodLogDir, all bool) ContainerPlan {
 	plan := ContainerPlan{Now: now}
+	if dir != nil {
+		plan.PodLogDir = dir.Input(now)
+	}
 	// Items live in one slice beside their containers and are reached by
 	// index: no map and no allocation per container.
 	size := len(s.Containers)
@@ -251,7 +275,7 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podGo
 	})
 	var pods map[string]*podFacts
 	if p.Prune == PruneAll {
-		pods = p.podsOf(s, &plan, list, ctrs, candidates, sandboxes, podGone)
+		pods = p.podsOf(s, &plan, list, ctrs, candidates, sandboxes, dir)
 	}
 	// The dead containers of a deleted pod all go; the rest fall in units.
 	var units [][]int          // indexes into list, by evict unit
@@ -348,10 +372,13 @@ func permute(list []ContainerItem, order []int) {
 
 // PlanContainersAcross plans each namespace's state on its own, with the
 // same rules, and joins the plans (for tools that show them all).
-func PlanContainersAcross(states []*projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
+func PlanContainersAcross(states []*projection.State, p ContainerPolicy, now time.Time, dir PodLogDir) ContainerPlan {
 	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
+	if dir != nil {
+		plan.PodLogDir = dir.Input(now)
+	}
 	for _, s := range states {
-		plan.merge(PlanContainersWith(s, p, now, podKept))
+		plan.merge(PlanContainersWith(s, p, now, dir))
 	}
 	return plan
 }

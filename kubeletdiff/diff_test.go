@@ -81,7 +81,11 @@ func gcagentDecide(w *world, m mask) []string {
 	if err := p.Validate(); err != nil {
 		panic(err)
 	}
-	plan := gc.PlanContainersWith(s, p, w.now, func(uid, _, _ string) bool { return !deleted[uid] })
+	// A deleted pod's log dir was seen and went long ago.
+	dir := gc.PodLogDirView{In: gc.KnownInput(w.now), GoneFn: func(uid, _, _ string) (time.Time, bool) {
+		return time.Time{}, deleted[uid]
+	}}
+	plan := gc.PlanContainersWith(s, p, w.now, dir)
 	var removed []string
 	for _, it := range plan.Remove {
 		removed = append(removed, it.ID)

@@ -89,7 +89,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	p.Synced = a.live.Synced()
 	a.live.ViewAll(func(states []*projection.State) {
 		p.Images = gc.PlanImages(states, disk, a.imagePolicy(), now)
-		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, podKept(a.cfg.PodLogDir))
+		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, podLogDir(a.podDirs, a.cfg, now))
 	})
 	return p, nil
 }

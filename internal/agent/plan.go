@@ -147,24 +147,24 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	if cfg.Kubelet != nil {
 		doc.KubeletNotes = cfg.Kubelet.Notes(cfg.ImageGCHighThreshold, disk.CapacityBytes)
 	}
-	return doc, doc.decide(cfg, states, criState, disk, p)
+	return doc, doc.decide(cfg, states, criState, disk, p, podLogDir(nil, cfg, doc.At))
 }
 
 // decide fills the plan's decisions from the projections: the one code
 // both `gcagent plan` and a running agent's /plan go through.
-func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projection.State, disk gc.DiskStats, p gc.ImagePolicy) error {
+func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projection.State, disk gc.DiskStats, p gc.ImagePolicy, dirs gc.PodLogDir) error {
 	doc.Images = gc.PlanImages(states, disk, p, doc.At)
 	if len(doc.Images.Delete) == 0 && !doc.Images.FirstEligibleAt.IsZero() {
 		next := gc.PlanImages(states, disk, p, doc.Images.FirstEligibleAt)
 		doc.Next = &next
 	}
 	doc.ContainerPolicy = cfg.ContainerPolicy()
-	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, podKept(cfg.PodLogDir))
+	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, dirs)
 	doc.LogsConfig = cfg.LogsConfig()
 	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
 	// empty and unsynced, and the log plan removes nothing.
 	var err error
-	doc.Logs, err = PlanLogs(cfg, criState)
+	doc.Logs, err = PlanLogs(cfg, criState, dirs)
 	return err
 }
 
@@ -193,7 +193,7 @@ func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
 				criState = s
 			}
 		}
-		err = doc.decide(a.cfg, states, criState, disk, p)
+		err = doc.decide(a.cfg, states, criState, disk, p, podLogDir(a.podDirs, a.cfg, doc.At))
 	})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
