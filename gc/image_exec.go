@@ -166,7 +166,7 @@ func (x *imageExecutor) executeFrom(ctx context.Context, plan ImagePlan, gen uin
 		}
 		if x.dryRun || x.deletes == nil {
 			estimated += it.Size
-			skip(ReasonDryRun, "would remove ("+string(rule)+")")
+			skip(ReasonDryRun, string(rule))
 			continue
 		}
 		o, afterError, err := x.remove(ctx, it, names, rule, gen, &res)

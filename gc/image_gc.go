@@ -345,7 +345,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	rep.add(func(quiet bool) {
 		log.WithLevel(level(lvl, quiet)).Err(res.Err).Str("trigger", trigger).Int("removed", len(pass.Removed)).
 			Int("skipped", len(pass.Skipped)).Int64("estimated_bytes", pass.EstimatedBytes).Int64("freed_bytes", pass.FreedBytes).
-			Int("usage", pass.UsageAfter).Bool("low_reached", pass.LowReached).Float64("took_ms", float64(pass.End.Sub(pass.Start).Microseconds())/1000).
+			Int("usage", pass.UsageAfter).Bool("low_reached", pass.LowReached).Float64("took_s", pass.End.Sub(pass.Start).Seconds()).
 			Bool("unchanged", quiet).Msg("image gc pass " + result)
 		if !quiet {
 			g.publish(Action{Kind: "gc", Action: result, Subject: "image", Key: key, Data: passData(pass)}, log)
@@ -388,12 +388,18 @@ func (g *ImageGC) handle(ctx context.Context, o ImageOutcome, pass *ImagePass, r
 	}
 	rep.add(func(quiet bool) {
 		ev := log.WithLevel(level(lvl, quiet))
-		if o.Action == ActionRemoved {
+		msg := "image " + o.Action
+		switch {
+		case o.Action == ActionRemoved:
 			ev = ev.Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
+		case o.Reason == ReasonDryRun:
+			// The fields of the removal it stands for: grep "remov" finds it.
+			msg = "would remove"
+			ev = ev.Str("kind", "image").Bool("dry_run", true)
 		}
 		ev.Str("namespace", o.Namespace).Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("size_bytes", o.Size).
 			Int64("freed_bytes", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
-			Msg("image " + o.Action)
+			Msg(msg)
 		// A removal's event was stored by its delete transaction.
 		if !quiet && o.Action != ActionRemoved {
 			g.publish(Action{Kind: "image", Action: o.Action, Subject: o.Digest, Key: key, Data: imageData{ImageOutcome: o, DryRun: g.o.DryRun}}, log)

@@ -139,7 +139,7 @@ func (g *ImageGC) sample() (DiskStats, bool) {
 func (g *ImageGC) noteDiskError(now time.Time, err error) {
 	if err == nil {
 		if n, since := g.diskFailures.Recover(); n > 0 {
-			g.o.Log.Info().Int("failures", n).Int64("unmeasured_ms", now.Sub(since).Milliseconds()).
+			g.o.Log.Info().Int("failures", n).Float64("unmeasured_s", now.Sub(since).Seconds()).
 				Msg("image filesystem measured again")
 		}
 		return

@@ -156,7 +156,7 @@ func LogChecks(ctx context.Context, cfg Config, log zerolog.Logger, skip ...stri
 		}
 		e.Str("check", r.Name).Str("status", r.Status).Str("detail", r.Detail).Msg("preflight: " + r.Name)
 	}
-	log.Debug().Int64("duration_ms", time.Since(start).Milliseconds()).Int("checks", len(results)).Msg("preflight checked")
+	log.Debug().Float64("duration_s", time.Since(start).Seconds()).Int("checks", len(results)).Msg("preflight checked")
 }
 
 func checkContainerd(addr string, v client.Version, err error) CheckResult {

@@ -68,7 +68,7 @@ func policyLog(e *zerolog.Event, policy []Setting) *zerolog.Event {
 		if s.Source != "default" {
 			v = fmt.Sprintf("%s (%s)", s.Value, s.Source)
 		}
-		d.Str(s.Name, v)
+		d.Str(strings.ReplaceAll(s.Name, "-", "_"), v) // a log field is snake_case, as every other
 	}
 	return e.Dict("policy", d)
 }

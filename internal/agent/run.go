@@ -85,6 +85,14 @@ type agent struct {
 func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	sampleAllocations(cfg.Profiling)
 	log := NewLogger(cfg, logOut)
+	nss, err := cfg.Namespaces()
+	if err != nil {
+		return err
+	}
+	// The first line says what runs and with which policy.
+	policyLog(log.Info(), cfg.Policy()).Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
+		Strs("exclude_namespaces", nss.Exclude).
+		Str("state_dir", cfg.StateDir).Str("metrics", cfg.MetricsAddress).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -94,10 +102,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	nss, err := cfg.Namespaces()
-	if err != nil {
-		return err
-	}
 	// client.New does not dial: containerd may come later, and the Source
 	// retries until it does. No default namespace: every call names its own.
 	cl, err := client.New(cfg.ContainerdAddress, node.ClientOpts()...)
@@ -178,10 +182,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return fmt.Errorf("metrics address: %w", err)
 	}
 	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
-
-	policyLog(log.Info(), cfg.Policy()).Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
-		Strs("exclude_namespaces", nss.Exclude).
-		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
 	a.start(g, gctx, evs, srv, ln, boot, skew, clockFile)
 	err = g.Wait()
