@@ -63,11 +63,12 @@ func (f *fakeContainerRuntime) Calls() []string {
 	return slices.Clone(f.calls)
 }
 
-// Deletes returns the successful deletes so far, as "op id".
+// Deletes returns the successful deletes of containers so far, as "op
+// id" (reads and logs left out).
 func (f *fakeContainerRuntime) Deletes() []string {
 	var out []string
 	for _, c := range f.Calls() {
-		if !strings.Contains(c, "liveness") && !strings.HasSuffix(c, "!") {
+		if !strings.Contains(c, "liveness") && !strings.Contains(c, "-log") && !strings.HasSuffix(c, "!") {
 			out = append(out, c)
 		}
 	}
@@ -130,6 +131,17 @@ func (f *fakeContainerRuntime) DeleteNative(_ context.Context, _, id string) (Ow
 }
 func (f *fakeContainerRuntime) CRIContainerLiveness(_ context.Context, id string) (Liveness, error) {
 	return f.liveness("cri-liveness", id)
+}
+func (f *fakeContainerRuntime) CRIContainerLogPath(_ context.Context, id string) (string, error) {
+	if err := f.call("cri-log-path", id); err != nil {
+		return "", err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.live[id] == LiveGone {
+		return "", ErrContainerGone
+	}
+	return "/var/log/pods/default_pod_uid/" + id + "/0.log", nil
 }
 func (f *fakeContainerRuntime) RemoveCRIContainer(_ context.Context, id string) error {
 	return f.remove("cri-remove", id)

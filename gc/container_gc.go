@@ -60,6 +60,9 @@ type ContainerGCDeps struct {
 	// and went counts as deleted PodGrace after it went. nil: no pod counts
 	// as deleted.
 	PodLogDir PodLogDir
+	// Logs removes a CRI container's log files and legacy link with it
+	// (a *logs.ContainerLogs); nil: logs are left alone.
+	Logs containerLogFiles
 }
 
 // ContainerGC removes dead containers as soon as the policy allows, without
@@ -135,7 +138,7 @@ func NewContainerGC(d ContainerGCDeps, opts ContainerGCOptions) (*ContainerGC, e
 	if opts.MaxRetry <= 0 {
 		opts.MaxRetry = time.Minute
 	}
-	exec, err := NewContainerExecutor(ContainerExecutorDeps{Runtime: d.Runtime, Deletes: d.Deletes, Publisher: d.Publisher},
+	exec, err := NewContainerExecutor(ContainerExecutorDeps{Runtime: d.Runtime, Deletes: d.Deletes, Publisher: d.Publisher, Logs: d.Logs},
 		ContainerExecutorOptions{DryRun: opts.DryRun, Metrics: opts.Metrics, Log: opts.Log, Clock: opts.Clock})
 	if err != nil {
 		return nil, err

@@ -143,6 +143,9 @@ type ContainerItem struct {
 	EligibleAt time.Time `json:"eligibleAt,omitzero"`
 	// Containers are what keeps a sandbox (pod-has-containers).
 	Containers []string `json:"containers,omitempty"`
+	// Logs are, in a plan shown to an operator (ShowContainerLogs), the
+	// log files and link a CRI container's removal removes with it.
+	Logs *ContainerLogs `json:"logs,omitempty"`
 }
 
 // PlanContainers decides which dead containers to remove, with the kubelet's

@@ -48,9 +48,13 @@ func (a *agent) setupContainerGC() error {
 	if err != nil {
 		return err
 	}
+	files, err := logs.NewContainerLogs(a.cfg.LogsConfig())
+	if err != nil {
+		return err
+	}
 	cgc, err := gc.NewContainerGC(gc.ContainerGCDeps{
 		State: a.live, Changes: a.live.Subscribe(), Runtime: a.runtime, Deletes: a.deletes, Publisher: a.pub,
-		PodLogDir: a.podDirs,
+		PodLogDir: a.podDirs, Logs: files,
 	}, gc.ContainerGCOptions{
 		Policy:  a.cfg.ContainerPolicy(),
 		DryRun:  a.cfg.DryRun,

@@ -94,9 +94,14 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	return p, nil
 }
 
-// Plan returns the dry-run plan; it deletes nothing.
-func (h controlHandler) Plan(context.Context) (any, error) {
-	return h.plan()
+// Plan returns the dry-run plan, with the log files each CRI container's
+// removal removes; it deletes nothing.
+func (h controlHandler) Plan(ctx context.Context) (any, error) {
+	p, err := h.plan()
+	if err == nil {
+		err = showLogs(ctx, h.a.cfg, &p.Containers, h.a.runtime)
+	}
+	return p, err
 }
 
 // ControlExplanation is the data of an explain reply.

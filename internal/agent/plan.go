@@ -147,7 +147,24 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	if cfg.Kubelet != nil {
 		doc.KubeletNotes = cfg.Kubelet.Notes(cfg.ImageGCHighThreshold, disk.CapacityBytes)
 	}
-	return doc, doc.decide(cfg, states, criState, disk, p, podLogDir(nil, cfg, doc.At))
+	if err := doc.decide(cfg, states, criState, disk, p, podLogDir(nil, cfg, doc.At)); err != nil {
+		return doc, err
+	}
+	return doc, showLogs(ctx, cfg, &doc.Containers, &node.Runtime{CRI: cri})
+}
+
+// showLogs names in plan, for each CRI container it removes, the log
+// files and link that go with it.
+func showLogs(ctx context.Context, cfg Config, plan *gc.ContainerPlan, rt *node.Runtime) error {
+	if rt == nil || rt.CRI == nil {
+		return nil
+	}
+	files, err := logs.NewContainerLogs(cfg.LogsConfig())
+	if err != nil {
+		return err
+	}
+	gc.ShowContainerLogs(ctx, plan, rt, files)
+	return nil
 }
 
 // decide fills the plan's decisions from the projections: the one code
@@ -171,7 +188,7 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 // servePlan answers GET /plan with the running agent's own plan: what its
 // next passes would do now, from its live projection, measured disk and
 // learned sandbox images.
-func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
+func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
 	doc := Plan{At: a.clock.Now(), Containerd: a.cfg.ContainerdAddress, Namespace: a.cfg.Namespace,
 		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.policySettings(), KubeletNotes: a.kubeletNotes(),
 		HistoryNote: fmt.Sprintf("the running agent's own projection (pid %d)", os.Getpid())}
@@ -195,6 +212,9 @@ func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
 		}
 		err = doc.decide(a.cfg, states, criState, disk, p, podLogDir(a.podDirs, a.cfg, doc.At))
 	})
+	if err == nil {
+		err = showLogs(r.Context(), a.cfg, &doc.Containers, a.runtime)
+	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
