@@ -166,4 +166,3 @@ func sorted(s []string) []string {
 	slices.Sort(s)
 	return s
 }
-
