@@ -439,10 +439,19 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	var removed tally
 	if e.Kind == KindPodDir {
 		removed, err = removePodDir(root, dir, e.Name, false)
-	} else if err = removeLink(root, dir, e.Name, false); err == nil {
-		removed.entries = 1
+	} else {
+		var ok bool
+		if ok, err = removeLink(root, dir, e.Name, false); ok {
+			removed.entries = 1
+		}
 	}
 	switch {
+	case err == nil && removed.entries == 0:
+		// Gone since the re-check, by another hand (the removal of its
+		// container takes its link): not our removal.
+		_ = tx.Abort()
+		c.log.Debug().Str("path", path).Msg("gone before the removal")
+		return nil
 	case err == nil:
 	case removed.entries > 0:
 		// Part of the pod dir went: that is a removal, reported with what
