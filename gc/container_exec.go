@@ -534,6 +534,9 @@ func (e *ContainerExecutor) eligibleAt(plan ContainerPlan, policy ContainerPolic
 				at = later(at, newer[n-1].Add(policy.MinAge))
 			}
 		}
+		at = later(at, it.EligibleAt) // the kubelet moved on then
+	case ReasonGlobalCap:
+		at = later(at, it.EligibleAt) // the kubelet moved on then
 	case ReasonSandboxOrphaned, ReasonPodDeleted:
 		if t, ok := e.emptied[it.PodUID]; ok && it.PodUID != "" && it.CRIKind == projection.KindSandbox {
 			at = later(at, t)

@@ -199,8 +199,9 @@ func nodeState() *projection.State {
 }
 
 // allPolicy keeps one dead container per unit and two in all: n-dead, a
-// plain container, goes by its TTL, app-1 and app-2 by the per-unit cap.
-var allPolicy = ContainerPolicy{MinAge: 0, MaxPerEvictUnit: 1, MaxContainers: 2, Prune: PruneAll}
+// plain container, goes by its TTL, app-1 and app-2 by the per-unit cap
+// (the kubelet's status, lagging 10 s here, has moved on from app-2).
+var allPolicy = ContainerPolicy{MinAge: 0, MaxPerEvictUnit: 1, MaxContainers: 2, Prune: PruneAll, KubeletStatusLag: 10 * time.Second}
 
 func TestContainerExecutorApply(t *testing.T) {
 	plan := PlanContainers(nodeState(), allPolicy, at(time.Minute))
@@ -408,7 +409,7 @@ func TestContainerExecutorEligibility(t *testing.T) {
 		criDead(2*time.Second, 1*time.Second, "r3", "img", "u", "app", "sb"),
 		events.Synced{At: at(3 * time.Second)},
 	)...)
-	p := ContainerPolicy{MinAge: 10 * time.Second, MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll}
+	p := ContainerPolicy{MinAge: 10 * time.Second, MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll, KubeletStatusLag: time.Second}
 	plan := PlanContainers(s, p, at(20*time.Second))
 	f := newFakeContainerRuntime()
 	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{Clock: clock.System(func() time.Time { return at(20 * time.Second) })})
@@ -431,7 +432,7 @@ func TestContainerExecutorEligibility(t *testing.T) {
 // kept, an emptied pod's exited sandbox goes through CRI after its
 // containers, and a pod with a running container keeps its sandbox.
 func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
-	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
+	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll, KubeletStatusLag: time.Second}
 	s := nodeState()
 	// u2's log dir is gone and its sandbox stopped: it is deleted, and its
 	// sandbox goes in the same pass as its container, after it.
@@ -492,7 +493,7 @@ func TestContainerExecutorOwnerWon(t *testing.T) {
 // started (past NeverStartedGrace) is removed while CRI still calls it
 // created (nobody started it); a dead container CRI calls created is kept.
 func TestContainerExecutorNeverStarted(t *testing.T) {
-	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
+	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll, KubeletStatusLag: time.Second}
 	s := build(flat(
 		sandbox(0, "sb", "u"), start(0, "sb"),
 		criContainer(0, "stuck", "img", "u", "app", "sb"),

@@ -48,6 +48,15 @@ type ContainerPolicy struct {
 	// creates it, and one created a moment ago is about to start. Default
 	// (zero) 1m; tests that compare with the kubelet set 1ns.
 	NeverStartedGrace time.Duration
+	// KubeletStatusLag is how long the kubelet's pod status may still
+	// name a pod container's previous attempt after its successor died
+	// (KubeletShown): the agent's --kubelet-status-lag. Default (zero)
+	// DefaultKubeletStatusLag.
+	KubeletStatusLag time.Duration
+	// KubeletViewOff drops the KubeletShown rule: only for the
+	// differential against the kubelet's container GC (kubeletdiff/),
+	// which compares the rest; the agent never sets it.
+	KubeletViewOff bool
 }
 
 // PodRecheck is how often a sandbox kept only because its pod's log dir
@@ -99,6 +108,8 @@ func (p ContainerPolicy) Validate() error {
 		return fmt.Errorf("pod grace %s: must not be negative", p.PodGrace)
 	case p.NeverStartedGrace < 0:
 		return fmt.Errorf("never-started grace %s: must not be negative", p.NeverStartedGrace)
+	case p.KubeletStatusLag < 0:
+		return fmt.Errorf("kubelet status lag %s: must not be negative", p.KubeletStatusLag)
 	}
 	return nil
 }
@@ -138,8 +149,10 @@ type ContainerItem struct {
 	ExitedAt      time.Time                 `json:"exitedAt,omitzero"`
 	Reason        Reason                    `json:"reason"`
 	// EligibleAt is when a waiting container (too young, awaiting
-	// collection, owner active) becomes removable; for a plain container
-	// to remove, when it became removable (owner done + MinAge).
+	// collection, owner active, kubelet-may-show) becomes removable; for a
+	// plain container to remove, when it became removable (owner done +
+	// MinAge); for a CRI container to remove that the kubelet's status
+	// showed, when the kubelet moved on.
 	EligibleAt time.Time `json:"eligibleAt,omitzero"`
 	// Containers are what keeps a sandbox (pod-has-containers).
 	Containers []string `json:"containers,omitempty"`
@@ -320,6 +333,9 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, dir P
 				list[i].Reason = ReasonWithinCap
 			}
 		}
+	}
+	if p.Prune == PruneAll && !p.KubeletViewOff {
+		p.kubeletShown(s, &plan, list, ctrs, candidates)
 	}
 	if len(sandboxes) > 0 {
 		var settled []*projection.Container // kept, without an item

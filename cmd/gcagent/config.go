@@ -49,6 +49,7 @@ func runFlags(name string, cfg *agent.Config) *flag.FlagSet {
 	fs.StringVar(&cfg.PodLogDir, "pod-log-dir", cfg.PodLogDir, "pod log directory")
 	fs.StringVar(&cfg.HostPodLogDir, "host-pod-log-dir", cfg.HostPodLogDir, "the pod log directory's path on the host, which the kubelet's log links point into, when it is mounted at --pod-log-dir (default: the same)")
 	fs.Var(durationValue{&cfg.PodLogGrace}, "pod-log-grace", "how long a pod must be gone before its log dir is removed")
+	fs.Var(durationValue{&cfg.KubeletStatusLag}, "kubelet-status-lag", "how long a pod container's previous attempt is kept after the next one dies, while the kubelet's pod status may still name it (kubectl logs --previous), unless a newer attempt started")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "where the journal, snapshots and NATS outbox live")
 	fs.Var(durationValue{&cfg.ResyncInterval}, "resync-interval", "period of full listings of containerd")
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "node name in NATS subjects and events")

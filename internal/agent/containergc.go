@@ -19,6 +19,7 @@ func (c Config) ContainerPolicy() gc.ContainerPolicy {
 
 		UncollectedGrace: c.UncollectedExitGrace,
 		PodGrace:         c.PodLogGrace,
+		KubeletStatusLag: c.KubeletStatusLag,
 	}
 }
 
