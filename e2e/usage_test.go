@@ -43,6 +43,7 @@ var badRunValues = map[string]struct {
 	"image-maximum-gc-age":                  {value: "1m"},
 	"keep-image":                            {value: "[x"},
 	"kubelet-config":                        {value: "/nonexistent/kubelet/config.yaml"},
+	"kubelet-status-lag":                    {value: "-1s"},
 	"log-dir":                               {value: "var/log/containers"},
 	"log-format":                            {value: "xml"},
 	"log-level":                             {value: "loud"},
