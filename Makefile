@@ -31,17 +31,20 @@ export GCAGENT_TEST_CRICTL_DIR := $(CRICTL_DIR)
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
 
-.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz chart manifest
+.PHONY: help deps deps-apt build image test unit e2e bench demo lint tidy-check fuzz chart manifest
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr, crictl (go install), Go modules
+deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its ctr, runc, busybox-static, prometheus, systemd) and the Go modules: all `make demo` needs
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@$(GO) mod download
+
+deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its ctr, crictl (go install)
 	@if [ ! -x $(CONTAINERD2_DIR)/containerd ] || [ ! -x $(CONTAINERD2_DIR)/containerd-shim-runc-v2 ] || [ ! -x $(CONTAINERD2_DIR)/ctr ]; then \
 		echo "building containerd $(CONTAINERD2_VERSION) (daemon, shim, ctr) into $(CONTAINERD2_DIR)"; \
 		GOBIN=$(CONTAINERD2_DIR) GOFLAGS=-tags=no_btrfs $(GO) install \
@@ -53,7 +56,6 @@ deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-stat
 		echo "building crictl $(CRICTL_VERSION) into $(CRICTL_DIR)"; \
 		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
 	fi
-	@$(GO) mod download
 
 build: ## build bin/gcagent (version and commit stamped; TAGS=noembeddednats: without the embedded NATS server)
 	$(GO) build -tags "$(BUILD_TAGS)" -ldflags "$(LDFLAGS)" -o bin/gcagent ./cmd/gcagent
@@ -77,7 +79,7 @@ bench: deps ## run the benchmarks (reducer, reconcile over the real API, the age
 	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
 	$(GO) test -run '^$$' -bench BenchmarkFleetCluster -benchtime 1x -timeout 40m ./natsbus/
 
-demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
+demo: deps-apt ## Debian's containerd 1.6 on a small tmpfs + the agent as installed by default (embedded NATS) + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/
 
 FUZZTIME ?= 30s

@@ -193,7 +193,7 @@ func runFlagNames(t *testing.T, bin string) []string {
 		t.Fatalf("run -h: %v", err)
 	}
 	var names []string
-	for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
 		names = append(names, m[1])
 	}
 	if len(names) < 40 {

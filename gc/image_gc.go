@@ -15,6 +15,7 @@ import (
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/internal/promzero"
 	"github.com/gcagent/gcagent/internal/streak"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
@@ -91,7 +92,22 @@ type ImageGCOptions struct {
 	Clock      clock.Timers
 	Log        zerolog.Logger
 	Registerer prometheus.Registerer
+	// Namespaces are the managed namespaces known at start: their metric
+	// series exist from the start, at zero. Nil (--namespace=*): a
+	// namespace's series appear with its first count.
+	Namespaces []string
 }
+
+// The label values image GC's counters are created with at start.
+var (
+	imageTriggers    = []string{"disk", "max-age", "min-age", "retry", "change", "episode", "resume", "manual", "keep-list"}
+	imagePassResults = []string{"completed", "failed"}
+	imageRules       = []string{string(ReasonSpace), string(ReasonMaxAge)}
+	imageSkipReasons = []string{string(ReasonDryRun), string(ReasonChanged), string(ReasonGone), string(ReasonLowReached),
+		string(ReasonNotSynced), string(ReasonDeleteFailed), string(ReasonCanceled), string(ReasonInFlightPull), string(ReasonUnsettled),
+		string(ReasonInUse), string(ReasonInUseByID), string(ReasonInUseBySnap), string(ReasonImageVolume), string(ReasonPinned),
+		string(ReasonSandboxImage), string(ReasonKeepPattern)}
+)
 
 // ImagePass is the outcome of one image GC pass.
 type ImagePass struct {
@@ -245,19 +261,23 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 			Name: "gcagent_image_gc_images_removed_total", Help: "Images removed, by containerd namespace and reason (space, max-age).",
 		}, []string{"namespace", "reason"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_bytes_removed_total", Help: "Bytes of images removed, by containerd namespace, reason and measure (estimated: image sizes; measured: statfs).",
+			Name: "gcagent_image_gc_removed_bytes_total", Help: "Bytes of images removed, by containerd namespace, reason and measure (estimated: image sizes; measured: statfs).",
 		}, []string{"namespace", "reason", "measure"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_image_gc_images_skipped_total", Help: "Images a plan named but the executor did not remove, by reason.",
 		}, []string{"reason"}),
 		reaction: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "gcagent_image_gc_reaction_seconds", Help: "Time from usage reaching the high threshold to the first image removed.",
+			Name: "gcagent_image_gc_reaction_duration_seconds", Help: "Time from usage reaching the high threshold to the first image removed.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
 		}),
 		usage: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "gcagent_image_gc_disk_usage_percent", Help: "Image filesystem usage, rounded up like the kubelet's.",
+			Name: "gcagent_image_gc_disk_usage_ratio", Help: "Image filesystem usage (0-1), in whole percent rounded up like the kubelet's.",
 		}),
 	}
+	promzero.Labels(g.m.passes.WithLabelValues, imageTriggers, imagePassResults)
+	promzero.Labels(g.m.removed.WithLabelValues, o.Namespaces, imageRules)
+	promzero.Labels(g.m.bytes.WithLabelValues, o.Namespaces, imageRules, []string{"estimated", "measured"})
+	promzero.Labels(g.m.skipped.WithLabelValues, imageSkipReasons)
 	if o.Registerer != nil {
 		for _, c := range []prometheus.Collector{g.m.passes, g.m.removed, g.m.bytes, g.m.skipped, g.m.reaction, g.m.usage} {
 			if err := o.Registerer.Register(c); err != nil {

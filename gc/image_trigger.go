@@ -182,7 +182,7 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 
 func (g *ImageGC) noteDisk(now time.Time, d DiskStats) {
 	usage, _ := usagePercent(d)
-	g.m.usage.Set(float64(usage))
+	g.m.usage.Set(float64(usage) / 100)
 	g.mu.Lock()
 	g.status.Disk, g.status.Usage, g.status.SampledAt = d, usage, now
 	g.status.Above, g.status.CrossedAt, g.status.Episode = g.trig.above, g.trig.crossedAt, g.trig.episodeAt

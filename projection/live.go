@@ -136,6 +136,9 @@ func NewLive(opts LiveOptions) (*Live, error) {
 			Int("pods", len(l.state.Pods)).Int("replayed", res.Replayed).Uint64("seq", l.state.Seq).Msg("projection restored")
 	}
 	l.state.Namespace = opts.Namespace
+	for _, k := range events.Kinds { // the namespace's series exist at zero from its first sight
+		l.m.applied.WithLabelValues(opts.Namespace, string(k))
+	}
 	return l, nil
 }
 

@@ -129,6 +129,7 @@ func Checks(ctx context.Context, cfg Config) []CheckResult {
 		checkLogDir("log-dir", cfg.LogDir, "the kubelet's container log links", f),
 		checkLogDir("pod-log-dir", cfg.PodLogDir, "the pods' log dirs", f),
 		checkStateDir(cfg.StateDir, cfg.OutboxMaxBytes),
+		checkPlainContainers(ctx, cfg, f),
 	}
 	out = append(out, checkKubelet(cfg, f.disk.CapacityBytes)...)
 	out = append(out, checkNATS(cfg), checkClock(time.Now(), filepath.Join(cfg.StateDir, clock.File)))

@@ -137,6 +137,9 @@ type Config struct {
 	LogFormat string
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string
+	// ConfigFile is the settings file (--config, GCAGENT_CONFIG), one
+	// `flag-name = value` per line; cmd/gcagent reads it. Default empty: none.
+	ConfigFile string
 	// KubeletConfig is the node's KubeletConfiguration file: its image GC
 	// thresholds and ages become the defaults of the settings not given
 	// otherwise, and its image GC and eviction thresholds are checked

@@ -23,6 +23,7 @@ func (a *agent) setupImageGC() error {
 		Clock:        clock.System(a.clock.Now),
 		Log:          a.log.With().Str("component", "imagegc").Logger(),
 		Registerer:   a.reg,
+		Namespaces:   a.cfg.metricNamespaces(),
 	})
 	if err != nil {
 		return err
@@ -32,7 +33,7 @@ func (a *agent) setupImageGC() error {
 	// keeps goes in the next pass, not at the next retry.
 	a.keep.changed = func() { g.Nudge("keep-list") }
 	a.regrets, err = gc.NewRegretReporter(a.live, a.pub, a.record, a.clock.Now,
-		a.log.With().Str("component", "imagegc").Logger(), a.reg)
+		a.log.With().Str("component", "imagegc").Logger(), a.reg, a.cfg.metricNamespaces()...)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,6 +41,10 @@ type Plan struct {
 	// start sees it, every image and container first seen now).
 	History     string `json:"history"`
 	HistoryNote string `json:"historyNote,omitempty"`
+	// WhatIf names the settings a running agent planned by as they were
+	// given (GET /plan?name=value), not as it runs with; their sources in
+	// Policy say the agent's own values.
+	WhatIf []string `json:"whatIf,omitempty"`
 	// Policy is the settings in force and where each came from.
 	Policy []Setting `json:"policy"`
 	// KubeletNotes warn about the kubelet's config (--kubelet-config): its
@@ -187,10 +192,18 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 
 // servePlan answers GET /plan with the running agent's own plan: what its
 // next passes would do now, from its live projection, measured disk and
-// learned sandbox images.
+// learned sandbox images. Query parameters named after run's flags
+// (/plan?image-gc-high-threshold=70) plan by another policy from the same
+// history: a what-if that changes nothing in the agent (WithSettings says
+// which settings may differ; 400 for the others).
 func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
-	doc := Plan{At: a.clock.Now(), Containerd: a.cfg.ContainerdAddress, Namespace: a.cfg.Namespace,
-		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.policySettings(), KubeletNotes: a.kubeletNotes(),
+	cfg, changed, err := a.cfg.WithSettings(r.URL.Query())
+	if err != nil {
+		http.Error(w, "what-if: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	doc := Plan{At: a.clock.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace,
+		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.policyOf(cfg), KubeletNotes: a.kubeletNotes(),
 		HistoryNote: fmt.Sprintf("the running agent's own projection (pid %d)", os.Getpid())}
 	if !a.live.Synced() {
 		doc.HistoryNote += "; not yet synced with containerd"
@@ -201,6 +214,11 @@ func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := a.imagePolicy()
+	if len(changed) > 0 {
+		doc.WhatIf = changed
+		doc.HistoryNote += "; what if: " + strings.Join(changed, ", ") + " as given, not the agent's"
+		p = whatIfImagePolicy(p, a.cfg, cfg)
+	}
 	doc.SandboxImages = p.SandboxImages
 	a.live.ViewAll(func(states []*projection.State) {
 		criState := projection.New()
@@ -210,10 +228,10 @@ func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
 				criState = s
 			}
 		}
-		err = doc.decide(a.cfg, states, criState, disk, p, podLogDir(a.podDirs, a.cfg, doc.At))
+		err = doc.decide(cfg, states, criState, disk, p, podLogDir(a.podDirs, cfg, doc.At))
 	})
 	if err == nil {
-		err = showLogs(r.Context(), a.cfg, &doc.Containers, a.runtime)
+		err = showLogs(r.Context(), cfg, &doc.Containers, a.runtime)
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -221,6 +239,20 @@ func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(doc)
+}
+
+// whatIfImagePolicy is the live image policy p (with the sandbox images
+// learned and the fleet keep list) with the settings of cfg in place of
+// those of the agent's own config was. A what-if sandbox image is kept
+// besides those learned.
+func whatIfImagePolicy(p gc.ImagePolicy, was, cfg Config) gc.ImagePolicy {
+	np := cfg.ImagePolicy()
+	p.HighThresholdPercent, p.LowThresholdPercent = np.HighThresholdPercent, np.LowThresholdPercent
+	p.MinAge, p.MaxAge, p.KeepPatterns = np.MinAge, np.MaxAge, np.KeepPatterns
+	if cfg.SandboxImage != was.SandboxImage && cfg.SandboxImage != "" && !slices.Contains(p.SandboxImages, cfg.SandboxImage) {
+		p.SandboxImages = append(slices.Clone(p.SandboxImages), cfg.SandboxImage)
+	}
+	return p
 }
 
 // loadHistory restores the agent's persisted projections (by namespace)

@@ -52,8 +52,11 @@ func (c Config) Policy() []Setting {
 
 // policySettings are the settings in force (Config.Policy) plus the fleet
 // keep list the agent applies and how old it is.
-func (a *agent) policySettings() []Setting {
-	out := a.cfg.Policy()
+func (a *agent) policySettings() []Setting { return a.policyOf(a.cfg) }
+
+// policyOf is policySettings with the settings of cfg.
+func (a *agent) policyOf(cfg Config) []Setting {
+	out := cfg.Policy()
 	if a.keep != nil {
 		out = append(out, a.keep.Setting(a.clock.Now()))
 	}
