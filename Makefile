@@ -27,6 +27,15 @@ export GCAGENT_TEST_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 CRICTL_VERSION := v1.37.0
 CRICTL_DIR ?= $(HOME)/.cache/gcagent/crictl-$(CRICTL_VERSION)
 export GCAGENT_TEST_CRICTL_DIR := $(CRICTL_DIR)
+# The real kubelet the end-to-end tests run standalone (internal/testenv/kubelet.go),
+# built from a module of its own that requires k8s.io/kubernetes at this version
+# (its go.mod replaces each staging module by its tag). The version is stamped as
+# the release's own build would.
+KUBELET_VERSION := v1.37.2
+KUBELET_DIR ?= $(HOME)/.cache/gcagent/kubelet-$(KUBELET_VERSION)
+KUBELET_MODULE := internal/testenv/kubeletbuild
+KUBELET_LDFLAGS := $(foreach kv,gitVersion=$(KUBELET_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean,-X k8s.io/component-base/version.$(kv))
+export GCAGENT_TEST_KUBELET_DIR := $(KUBELET_DIR)
 # The Helm chart's tests are a module of their own: Helm's Go SDK would move
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
@@ -44,7 +53,7 @@ deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its 
 	fi
 	@$(GO) mod download
 
-deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its ctr, crictl (go install)
+deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its ctr, crictl (go install), the kubelet (go build, ~7 min cold)
 	@if [ ! -x $(CONTAINERD2_DIR)/containerd ] || [ ! -x $(CONTAINERD2_DIR)/containerd-shim-runc-v2 ] || [ ! -x $(CONTAINERD2_DIR)/ctr ]; then \
 		echo "building containerd $(CONTAINERD2_VERSION) (daemon, shim, ctr) into $(CONTAINERD2_DIR)"; \
 		GOBIN=$(CONTAINERD2_DIR) GOFLAGS=-tags=no_btrfs $(GO) install \
@@ -55,6 +64,12 @@ deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its
 	@if [ ! -x $(CRICTL_DIR)/crictl ]; then \
 		echo "building crictl $(CRICTL_VERSION) into $(CRICTL_DIR)"; \
 		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
+	fi
+	@if [ ! -x $(KUBELET_DIR)/kubelet ]; then \
+		echo "building kubelet $(KUBELET_VERSION) into $(KUBELET_DIR) (about 7 minutes on 2 cores when cold)"; \
+		mkdir -p $(KUBELET_DIR) && cd $(KUBELET_MODULE) && \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(KUBELET_LDFLAGS)" -o $(KUBELET_DIR)/kubelet.tmp k8s.io/kubernetes/cmd/kubelet && \
+		mv $(KUBELET_DIR)/kubelet.tmp $(KUBELET_DIR)/kubelet; \
 	fi
 
 build: ## build bin/gcagent (version and commit stamped; TAGS=noembeddednats: without the embedded NATS server)
@@ -111,8 +126,8 @@ manifest: ## regenerate deploy/kubernetes/gcagent.yaml: the chart rendered with 
 # The chart's module is outside ./..., so test runs it too.
 test: chart
 
-tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module and of kubeletdiff)
-	@for d in . kubeletdiff; do \
+tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module, of kubeletdiff and of the kubelet's build module)
+	@for d in . kubeletdiff $(KUBELET_MODULE); do \
 		cp $$d/go.mod /tmp/gcagent.go.mod.bak; cp $$d/go.sum /tmp/gcagent.go.sum.bak; \
 		(cd $$d && $(GO) mod tidy); \
 		if ! diff -q $$d/go.mod /tmp/gcagent.go.mod.bak >/dev/null || ! diff -q $$d/go.sum /tmp/gcagent.go.sum.bak >/dev/null; then \
