@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2_DIR ?= $(HOME)/.cache/gcagent/containerd-$(CONTAINERD2_VERSION)
-APT_PACKAGES := containerd runc busybox-static prometheus systemd
+APT_PACKAGES := containerd runc busybox-static prometheus systemd nats-server
 # VERSION is the release, read from the VERSION file: stamped into the binary
 # (`gcagent version`), the image's tag, the chart's appVersion and the
 # manifest's image (deploy/version_test.go fails when they differ). COMMIT is
@@ -45,11 +45,15 @@ HELM_MODULE := deploy/helm
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its ctr, runc, busybox-static, prometheus, systemd) and the Go modules: all `make demo` needs
+deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its ctr, runc, busybox-static, prometheus, systemd, nats-server 2.9.10: the oldest NATS server supported) and the Go modules: all `make demo` needs
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		case " $$missing " in *" nats-server "*) \
+			echo "nats-server: its service is disabled (tests start their own, on random ports)"; \
+			systemctl disable --now nats-server >/dev/null 2>&1 || true;; \
+		esac; \
 	fi
 	@$(GO) mod download
 
@@ -66,7 +70,7 @@ deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its
 		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
 	fi
 	@if [ ! -x $(KUBELET_DIR)/kubelet ]; then \
-		echo "building kubelet $(KUBELET_VERSION) into $(KUBELET_DIR) (about 7 minutes on 2 cores when cold)"; \
+		echo "building kubelet $(KUBELET_VERSION) into $(KUBELET_DIR) (about 7 minutes cold on 2 idle cores, far longer on a loaded machine)"; \
 		mkdir -p $(KUBELET_DIR) && cd $(KUBELET_MODULE) && \
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(KUBELET_LDFLAGS)" -o $(KUBELET_DIR)/kubelet.tmp k8s.io/kubernetes/cmd/kubelet && \
 		mv $(KUBELET_DIR)/kubelet.tmp $(KUBELET_DIR)/kubelet; \
@@ -84,13 +88,13 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 	cd kubeletdiff && $(GO) test -count=1 -v ./...
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/
 
 e2e: deps image ## run only the end-to-end tests
 	$(GO) test -count=1 -timeout 60m -v ./e2e/
 
-bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
-	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./e2e/ ./natsbus/ ./cmd/gcagent/
+bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
+	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
 	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
 	$(GO) test -run '^$$' -bench BenchmarkFleetCluster -benchtime 1x -timeout 40m ./natsbus/
 

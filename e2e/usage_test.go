@@ -42,6 +42,7 @@ var badRunValues = map[string]struct {
 	"image-gc-low-threshold":                {value: "-1"},
 	"image-maximum-gc-age":                  {value: "1m"},
 	"keep-image":                            {value: "[x"},
+	"keep-list-wait":                        {value: "-1s"},
 	"kubelet-config":                        {value: "/nonexistent/kubelet/config.yaml"},
 	"kubelet-status-lag":                    {value: "-1s"},
 	"log-dir":                               {value: "var/log/containers"},
@@ -77,6 +78,8 @@ var badRunValues = map[string]struct {
 	"resync-interval":                       {value: "10ms"},
 	"sandbox-image":                         {value: "Not A Reference"},
 	"state-dir":                             {value: " "},
+	"trace-max-age":                         {value: "-1h"},
+	"trace-max-bytes":                       {value: "1000"},
 	"uncollected-exit-grace":                {value: "0s"},
 }
 

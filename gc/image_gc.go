@@ -56,10 +56,24 @@ type ImageGCDeps struct {
 	// removed (not in a dry run), so that its return is noticed as a
 	// regret (RegretReporter).
 	Record Recorder
-	// FleetKeep, if set, returns the fleet keep list in force now: glob
-	// patterns added to Policy.KeepPatterns for each pass (the rule of an
-	// image they keep says so: FleetRule).
-	FleetKeep func() []string
+	// FleetKeep, if set, returns the fleet keep list now, with the state
+	// of its read: each pass plans with it (Policy.FleetKeep; the rule of
+	// an image its patterns keep says so: FleetRule), and the executor
+	// keeps what it names since the plan. Nil: no fleet keep list (nothing
+	// waits for one).
+	FleetKeep func() KeepList
+	// Trace, if set, records the disk measurements and the policy of the
+	// passes for the usage trace (package trace, through the agent).
+	Trace imageTracer
+}
+
+// imageTracer records what image GC saw, for replays: every disk
+// measurement (the tracer keeps what it needs), the one each pass planned
+// with (trigger set), and the policy of each pass (Policy: configured and
+// learned). It must not block.
+type imageTracer interface {
+	TraceDisk(at time.Time, d DiskStats, trigger string)
+	TracePolicy(at time.Time, p ImagePolicy)
 }
 
 // ImageGCOptions configure an ImageGC; all but Policy have defaults.
@@ -176,6 +190,7 @@ type ImageGC struct {
 	changes  <-chan struct{}
 	requests chan chan ImagePass // RunNow's requests, answered by Run
 	nudges   chan string         // Nudge's triggers
+	rethinks chan string         // Reconsider's triggers
 	exec     *imageExecutor
 	m        imageMetrics
 
@@ -187,6 +202,9 @@ type ImageGC struct {
 	sandboxSeen  map[string]struct{} // images sandboxes were created from
 	sandboxCache []string
 	lastOutcome  string // outcome of the last pass (see passOutcome) when it removed nothing; "" otherwise
+	// keepHeld says the last plan kept an image only because the fleet
+	// keep list was never read (keep-list-unread): Reconsider passes then.
+	keepHeld     bool
 	diskFailures streak.Streak
 
 	mu     sync.Mutex
@@ -236,7 +254,7 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 	if d.Publisher == nil {
 		d.Publisher = Discard{}
 	}
-	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), nudges: make(chan string, 1), sandboxSeen: map[string]struct{}{}}
+	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), nudges: make(chan string, 1), rethinks: make(chan string, 1), sandboxSeen: map[string]struct{}{}}
 	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
 		rt: d.Runtime, disk: d.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Clock.Now,
@@ -298,6 +316,9 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	g.learn(ctx, start)
 	gen := g.exec.generation() // before the measurement the plan trusts
 	disk, derr := g.d.Disk.Disk()
+	if derr != nil {
+		disk = DiskStats{} // a failed measurement is none, whatever came with it
+	}
 	var plan ImagePlan
 	var seq uint64
 	synced := g.d.Projection.Synced()
@@ -306,8 +327,15 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 		plan = PlanImages(states, disk, g.policy(), start)
 		seq = projection.SeqOf(states)
 	})
+	g.keepHeld = heldForKeepList(plan)
 	if derr != nil {
 		g.o.Log.Warn().Err(derr).Msg("image filesystem not measured: only max-age GC runs")
+	}
+	if g.d.Trace != nil {
+		g.d.Trace.TracePolicy(start, g.Policy())
+		if derr == nil {
+			g.d.Trace.TraceDisk(start, disk, trigger)
+		}
 	}
 	pass := ImagePass{Start: start, Trigger: trigger, DryRun: g.o.DryRun, Synced: synced, Disk: plan.Disk,
 		Usage: plan.Usage, Triggered: plan.Triggered, AmountToFree: plan.AmountToFree, Planned: len(plan.Delete),
@@ -528,7 +556,7 @@ func (g *ImageGC) policy() ImagePolicy {
 		p.SandboxImages = g.sandboxCache
 	}
 	if g.d.FleetKeep != nil {
-		p.FleetKeepPatterns = g.d.FleetKeep()
+		p.FleetKeep = g.d.FleetKeep()
 	}
 	return g.trig.passPolicy(p)
 }
@@ -544,7 +572,8 @@ func (g *ImageGC) Policy() ImagePolicy {
 	p.SandboxImages = slices.Clone(g.status.SandboxImages)
 	p.KeepPatterns = slices.Clone(p.KeepPatterns)
 	if g.d.FleetKeep != nil {
-		p.FleetKeepPatterns = slices.Clone(g.d.FleetKeep())
+		p.FleetKeep = g.d.FleetKeep()
+		p.FleetKeep.Patterns = slices.Clone(p.FleetKeep.Patterns)
 	}
 	return p
 }
@@ -563,4 +592,10 @@ func (g *ImageGC) Status() ImageGCStatus {
 		st.LastPass = &p
 	}
 	return st
+}
+
+// heldForKeepList reports whether plan keeps an image only because the
+// fleet keep list was never read.
+func heldForKeepList(plan ImagePlan) bool {
+	return slices.ContainsFunc(plan.Keep, func(it ImageItem) bool { return it.Reason == ReasonKeepListUnread })
 }

@@ -61,6 +61,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 	// wake this loop once per batch for nothing.
 	changes := g.changes
 	g.learn(ctx, g.now())
+	if g.d.Trace != nil {
+		// The policy in force from the start, also on a node that never
+		// reaches the high threshold (each pass records it again if it
+		// changed).
+		g.d.Trace.TracePolicy(g.now(), g.Policy())
+	}
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -74,6 +80,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 				d, ok := g.sample()
 				g.trig.observe(g.now(), d, ok)
 				g.Pass(ctx, trigger)
+			case trigger := <-g.rethinks:
+				if g.keepHeld {
+					d, ok := g.sample()
+					g.trig.observe(g.now(), d, ok)
+					g.Pass(ctx, trigger)
+				}
 			case <-tick.C():
 			case <-wake.C():
 			case <-changes:
@@ -106,6 +118,17 @@ func (g *ImageGC) Run(ctx context.Context) error {
 func (g *ImageGC) Nudge(trigger string) {
 	select {
 	case g.nudges <- trigger:
+	default:
+	}
+}
+
+// Reconsider asks Run for a pass soon with trigger if the last plan kept
+// an image only because the fleet keep list was never read (its first
+// read, or the end of the wait for it, changes that); otherwise Run only
+// evaluates its triggers. It never blocks, and calls coalesce.
+func (g *ImageGC) Reconsider(trigger string) {
+	select {
+	case g.rethinks <- trigger:
 	default:
 	}
 }
@@ -155,6 +178,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	disk, err := g.d.Disk.Disk()
 	g.noteDiskError(now, err)
 	g.trig.observe(now, disk, err == nil)
+	if err == nil && g.d.Trace != nil {
+		g.d.Trace.TraceDisk(now, disk, "")
+	}
 	g.noteDisk(now, disk)
 	var seq uint64
 	var synced bool
@@ -171,6 +197,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 			plan = PlanImages(states, disk, g.policy(), now)
 		}
 	})
+	if replan {
+		g.keepHeld = heldForKeepList(plan)
+	}
 	if replan {
 		g.trig.planned(seq, plan)
 		g.setNextAgeOut(plan.NextAgeOut)
@@ -409,7 +438,7 @@ func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p Imag
 	tr.nextEligible = time.Time{}
 	if tr.passShort {
 		for _, it := range plan.Keep {
-			if it.Reason == ReasonTooYoung {
+			if it.Reason == ReasonTooYoung || it.Reason == ReasonKeepListUnread {
 				earliest(&tr.nextEligible, it.EligibleAt)
 			}
 		}

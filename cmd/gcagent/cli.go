@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"strings"
 
@@ -38,6 +39,8 @@ type cli struct {
 	environ        []string
 	env            func(string) string
 	stdout, stderr io.Writer
+	// stdin is what --trace - reads: os.Stdin.
+	stdin io.Reader
 	// runAgent runs the agent with a settled config: agent.Run.
 	runAgent func(ctx context.Context, cfg agent.Config, logOut io.Writer) error
 }
@@ -45,7 +48,7 @@ type cli struct {
 // execute runs the command line args with the environment environ
 // (KEY=value). A usage error is one line and starts nothing.
 func execute(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
-	c := &cli{environ: environ, env: lookupIn(environ), stdout: stdout, stderr: stderr, runAgent: agent.Run}
+	c := &cli{environ: environ, env: lookupIn(environ), stdout: stdout, stderr: stderr, stdin: os.Stdin, runAgent: agent.Run}
 	return c.execute(ctx, args)
 }
 
@@ -80,7 +83,7 @@ func (c *cli) root() *cobra.Command {
 	root.SetErr(c.stderr)
 	root.SetFlagErrorFunc(flagError)
 	root.SetHelpFunc(func(cmd *cobra.Command, _ []string) { printHelp(cmd.OutOrStdout(), cmd) })
-	root.AddCommand(c.runCmd(), c.planCmd(), c.checkCmd(), c.statusCmd(), c.watchCmd(), c.ctlCmd(), versionCmd())
+	root.AddCommand(c.runCmd(), c.planCmd(), c.checkCmd(), c.statusCmd(), c.watchCmd(), c.ctlCmd(), c.replayCmd(), c.traceCmd(), versionCmd())
 	return root
 }
 

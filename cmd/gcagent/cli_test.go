@@ -51,6 +51,7 @@ var update = flag.Bool("update", false, "rewrite the golden help files in testda
 var helpCommands = map[string][]string{
 	"gcagent": nil, "run": {"run"}, "plan": {"plan"}, "check": {"check"}, "status": {"status"},
 	"watch": {"watch"}, "ctl": {"ctl"}, "ctl-keep": {"ctl", "keep"}, "version": {"version"},
+	"replay": {"replay"}, "trace-export": {"trace", "export"},
 }
 
 // TestHelpGolden: every command's help, as -h, --help and `gcagent help`

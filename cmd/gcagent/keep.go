@@ -32,7 +32,10 @@ func (c *cli) keepCmd() *cobra.Command {
 			"(--all-clusters), without a restart. The list is stored once in the NATS key-value\n" +
 			"bucket " + natsbus.KeepBucket + " (add creates it, with --replicas, when missing); every agent\n" +
 			"watches its cluster's key and the all-clusters key and applies a change within\n" +
-			"seconds. Writing needs credentials allowed to write the bucket. ls prints every list.",
+			"seconds. Writing needs credentials allowed to write the bucket. ls prints every list.\n" +
+			"A pattern REPO or REPO:* also keeps REPO's digest-pinned images (REPO@sha256:...);\n" +
+			"another tag glob (REPO:1.*) does not: a digest reference has no tag. add says what\n" +
+			"the pattern covers.",
 		ValidArgs: []string{"add", "rm", "ls"},
 		Args:      keepArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -102,7 +105,7 @@ func (c *cli) keep(cmd *cobra.Command, cfg *agent.Config, o keepOptions, args []
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := natsbus.NewJetStream(nc, cfg.NATSJSDomain)
 	if err != nil {
 		return err
 	}
@@ -140,6 +143,7 @@ func (c *cli) keep(cmd *cobra.Command, cfg *agent.Config, o keepOptions, args []
 			return err
 		}
 		fmt.Fprintf(stdout, "kept %s on %s (revision %d, %d patterns); agents apply it within seconds\n", pattern, scope, l.Revision, len(l.Patterns))
+		fmt.Fprintf(stdout, "%s covers %s\n", pattern, gc.DescribeKeepPattern(pattern))
 	case "rm":
 		l, err := natsbus.EditKeep(ctx, kv, key, cfg.NodeName, time.Now, func(p []string) ([]string, error) {
 			i := slices.Index(p, pattern)

@@ -66,12 +66,15 @@ var (
 		flagvalue.Add(fs, flagvalue.Percent{P: &c.ImageGCLowThreshold}, "image-gc-low-threshold", "disk usage percent image GC frees down to")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.MinimumImageTTL}, "minimum-image-ttl-duration", "minimum age of an image, from first seen, before GC may delete it")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.ImageMaximumGCAge}, "image-maximum-gc-age", "delete images unused for longer than this, whatever the disk (0 = off)")
-		flagvalue.Add(fs, flagvalue.Strings{P: &c.KeepImages}, "keep-image", "`glob` on image names never to delete (repeatable)")
+		flagvalue.Add(fs, flagvalue.Strings{P: &c.KeepImages}, "keep-image", "`glob` on image names never to delete (repeatable); REPO or REPO:* also keeps REPO's digest-pinned images (REPO@sha256:...), another tag glob does not")
+		flagvalue.Add(fs, flagvalue.Duration{P: &c.KeepListWait}, "keep-list-wait", "how long image deletes by threshold or maximum age wait at start for a fleet keep list this node never read (none saved, NATS not answering); then GC goes on with --keep-image only (0 = no wait)")
 		fs.StringVar(&c.SandboxImage, "sandbox-image", c.SandboxImage, "pause `image` never to delete (also learned from CRI)")
 		fs.StringVar(&c.ImageFS, "image-fs", c.ImageFS, "`dir` whose filesystem is measured for image GC (default: CRI's image filesystem, as the kubelet measures, else /var/lib/containerd)")
 		fs.StringVar(&c.KubeletConfig, "kubelet-config", c.KubeletConfig, "the node's KubeletConfiguration `file` (e.g. /var/lib/kubelet/config.yaml): its image GC thresholds and ages are the defaults here; its own image GC and eviction thresholds are checked")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.DiskInterval}, "disk-interval", "how often the image filesystem is sampled")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.RegretWindow}, "regret-window", "an image image GC deleted that comes back within this is reported as image.regretted")
+		flagvalue.Add(fs, flagvalue.Duration{P: &c.TraceMaxAge}, "trace-max-age", "how long the usage trace (what gcagent replay reads) keeps records; 0 turns it off")
+		flagvalue.Add(fs, flagvalue.Bytes{P: &c.TraceMaxBytes}, "trace-max-bytes", "bound of the usage trace in the state file (bytes, or 16MiB)")
 	}}
 
 	// ContainerGCFlags: which dead containers go, and when.

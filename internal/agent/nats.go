@@ -300,7 +300,7 @@ func (a *agent) imagePolicy() gc.ImagePolicy {
 func (c Config) ImagePolicy() gc.ImagePolicy {
 	p := gc.ImagePolicy{
 		HighThresholdPercent: c.ImageGCHighThreshold, LowThresholdPercent: c.ImageGCLowThreshold,
-		MinAge: c.MinimumImageTTL, MaxAge: c.ImageMaximumGCAge, KeepPatterns: c.KeepImages,
+		MinAge: c.MinimumImageTTL, MaxAge: c.ImageMaximumGCAge, KeepPatterns: c.KeepImages, FleetKeepWait: c.KeepListWait,
 	}
 	if c.SandboxImage != "" {
 		p.SandboxImages = []string{c.SandboxImage}

@@ -125,15 +125,9 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	}
 
 	p := cfg.ImagePolicy()
-	// The fleet keep list the agent saved last: what it keeps now, as far
-	// as a tool without its NATS can tell.
-	if kd, err := ReadKeepFile(cfg.StateDir); err == nil {
-		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: kd, now: time.Now, started: time.Now()}
-		p.FleetKeepPatterns = k.Patterns()
-		s := k.Setting(time.Now())
-		s.Source = "file " + filepath.Join(cfg.StateDir, KeepListFile) + " (" + strings.TrimPrefix(s.Source, "nats bucket "+natsbus.KeepBucket+", ") + ")"
-		doc.Policy = append(doc.Policy, s)
-	}
+	var s Setting
+	p.FleetKeep, s = firstStartKeepList(ctx, cfg, clk.Now)
+	doc.Policy = append(doc.Policy, s)
 	learned, err := (&node.Runtime{CRI: cri}).SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
@@ -273,4 +267,44 @@ func loadHistory(path, metricsAddress string) (map[string]projection.LoadResult,
 		return nil, "agent state " + path + " not readable (" + err.Error() + "): every image and container first seen now, as on the agent's first start", nil
 	}
 	return res, fmt.Sprintf("agent state %s plus a fresh listing", path), nil
+}
+
+// firstStartKeepList is the fleet keep list an agent starting now on cfg
+// would plan with, as `gcagent plan` without a running agent tells it:
+// the list the agent saved; without one, what NATS gives (the embedded
+// server, which run starts and creates the bucket on, gives none); when
+// NATS does not answer, a list never read, which the agent would wait for
+// (--keep-list-wait).
+func firstStartKeepList(ctx context.Context, cfg Config, now func() time.Time) (gc.KeepList, Setting) {
+	k := loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, now, zerolog.Nop())
+	l := k.KeepList()
+	s := k.Setting(now())
+	file := filepath.Join(cfg.StateDir, KeepListFile)
+	if l.State != gc.InputUnknown {
+		s.Source = "file " + file + ", " + strings.TrimPrefix(s.Source, "nats bucket "+natsbus.KeepBucket+", ")
+		return l, s
+	}
+	if cfg.NATSURL == "" {
+		s.Source = "none saved in " + file + "; the embedded server run starts holds none yet"
+		return gc.KeepList{Input: gc.KnownInput(now())}, s
+	}
+	o := cfg.ConnOptions()
+	o.FailFast = true
+	nc, err := natsbus.Connect(o)
+	var patterns []string
+	if err == nil {
+		defer nc.Close()
+		patterns, err = readKeepList(ctx, cfg, nc)
+	}
+	switch {
+	case err == nil:
+		s.Value, s.Source = strings.Join(patterns, ","), "nats bucket "+natsbus.KeepBucket+", read now (none saved in "+file+")"
+		return gc.KeepList{Input: gc.KnownInput(now()), Patterns: patterns}, s
+	case natsbus.KeepWatchCause(err) == natsbus.KeepCauseBucketNotFound:
+		s.Source = "nats: no bucket " + natsbus.KeepBucket + " (none saved in " + file + ")"
+		return gc.KeepList{Input: gc.KnownInput(now())}, s
+	}
+	l.Cause = natsbus.KeepWatchCause(err) + ": " + err.Error()
+	s.Source = "never read: none saved in " + file + ", NATS does not give it (" + l.Cause + "): an agent starting now waits for it up to --keep-list-wait"
+	return l, s
 }

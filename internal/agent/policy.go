@@ -26,6 +26,7 @@ func (c Config) Policy() []Setting {
 		{"minimum-image-ttl-duration", dur(c.MinimumImageTTL)},
 		{"image-maximum-gc-age", dur(c.ImageMaximumGCAge)},
 		{"keep-image", strings.Join(c.KeepImages, ",")},
+		{"keep-list-wait", dur(c.KeepListWait)},
 		{"sandbox-image", c.SandboxImage},
 		{"namespace", c.Namespace},
 		{"exclude-namespace", c.ExcludeNamespace},

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -56,27 +57,36 @@ func lockKubelet(t testing.TB) func() {
 
 // hostState is what a kubelet may change on the host, as it was before.
 type hostState struct {
-	links         map[string]bool // entries of hostLogLinkDir
-	linkDir       bool            // hostLogLinkDir existed
-	kubeletDir    bool            // hostKubeletDir existed
-	devicePlugins bool            // hostDevicePlugins existed
+	// before lists hostLogLinkDir, hostKubeletDir and hostDevicePlugins
+	// (nil: absent).
+	before map[string][]string
 	// madeShared: "/" was private and StartKubelet made it rshared, as
 	// systemd has it on a node (mountPropagation HostToContainer needs a
 	// shared or slave source); restore makes it private again.
 	madeShared bool
 }
 
+var hostDirs = []string{hostLogLinkDir, hostKubeletDir, hostDevicePlugins}
+
+// listDir returns the names in dir, nil if it is absent.
+func listDir(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	names := []string{}
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
 func saveHost(t testing.TB) *hostState {
 	t.Helper()
-	h := &hostState{links: map[string]bool{}}
-	if ents, err := os.ReadDir(hostLogLinkDir); err == nil {
-		h.linkDir = true
-		for _, e := range ents {
-			h.links[e.Name()] = true
-		}
+	h := &hostState{before: map[string][]string{}}
+	for _, d := range hostDirs {
+		h.before[d] = listDir(d)
 	}
-	h.kubeletDir = exists(hostKubeletDir)
-	h.devicePlugins = exists(hostDevicePlugins)
 	if !anyPropagation() {
 		if err := unix.Mount("", "/", "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
 			t.Fatalf("mount --make-rshared /: %v", err)
@@ -84,11 +94,6 @@ func saveHost(t testing.TB) *hostState {
 		h.madeShared = true
 	}
 	return h
-}
-
-func exists(path string) bool {
-	_, err := os.Lstat(path)
-	return err == nil
 }
 
 // anyPropagation reports whether any mount of this namespace is shared or
@@ -115,33 +120,34 @@ func anyPropagation() bool {
 	return false
 }
 
-// restore puts the host paths back: log links the kubelet made for pods
-// in podLogDir go, and dirs that were not there before.
+// restore puts the host back, still under the lock: the log links the
+// kubelet made for pods in podLogDir go, and the dirs that were not there
+// before; then each dir must list what it did before, or the test fails.
 func (h *hostState) restore(t testing.TB, podLogDir string) {
 	t.Helper()
-	if ents, err := os.ReadDir(hostLogLinkDir); err == nil {
-		for _, e := range ents {
-			p := filepath.Join(hostLogLinkDir, e.Name())
-			if h.links[e.Name()] {
-				continue
-			}
-			if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, podLogDir+"/") {
-				if err := os.Remove(p); err != nil {
-					t.Errorf("remove the kubelet's log link %s: %v", p, err)
-				}
+	had := func(dir, name string) bool { return slices.Contains(h.before[dir], name) }
+	for _, name := range listDir(hostLogLinkDir) {
+		p := filepath.Join(hostLogLinkDir, name)
+		if target, err := os.Readlink(p); err == nil && !had(hostLogLinkDir, name) && strings.HasPrefix(target, podLogDir+"/") {
+			if err := os.Remove(p); err != nil {
+				t.Errorf("remove the kubelet's log link %s: %v", p, err)
 			}
 		}
 	}
-	if !h.linkDir {
-		removeEmpty(t, hostLogLinkDir)
-	}
-	if !h.devicePlugins {
+	if h.before[hostDevicePlugins] == nil {
 		if err := os.RemoveAll(hostDevicePlugins); err != nil {
 			t.Errorf("remove %s: %v", hostDevicePlugins, err)
 		}
 	}
-	if !h.kubeletDir {
-		removeEmpty(t, hostKubeletDir)
+	for _, d := range []string{hostLogLinkDir, hostKubeletDir} {
+		if h.before[d] == nil {
+			_ = os.Remove(d) // only if empty
+		}
+	}
+	for _, d := range hostDirs {
+		if now := listDir(d); !slices.Equal(now, h.before[d]) {
+			t.Errorf("%s after the kubelet: %s; before: %s", d, describe(now), describe(h.before[d]))
+		}
 	}
 	if h.madeShared {
 		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
@@ -150,20 +156,11 @@ func (h *hostState) restore(t testing.TB, podLogDir string) {
 	}
 }
 
-// removeEmpty removes dir if it is there and empty; anything left in it
-// is reported.
-func removeEmpty(t testing.TB, dir string) {
-	t.Helper()
-	err := os.Remove(dir)
-	if err == nil || errors.Is(err, fs.ErrNotExist) {
-		return
+func describe(names []string) string {
+	if names == nil {
+		return "absent"
 	}
-	ents, _ := os.ReadDir(dir)
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	t.Errorf("%s was not there before the kubelet and is not empty: %v", dir, names)
+	return fmt.Sprint(names)
 }
 
 // removeCgroups removes root (a cgroupfs path) and everything below it in
