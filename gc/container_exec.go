@@ -49,11 +49,21 @@ type criContainers interface {
 	RemoveCRISandbox(ctx context.Context, id string) error
 }
 
+// containerIdentities reads what tells a container from another one made
+// since under its id, for the delete's intent.
+type containerIdentities interface {
+	// ContainerCreated returns the creation time containerd stamped on
+	// the container (CRI's included: each is a containerd container of
+	// CRI's namespace); ErrOwnerWon when it is gone.
+	ContainerCreated(ctx context.Context, ns, id string) (time.Time, error)
+}
+
 // containerRuntime is what the container executor needs; the node
 // adapter is the real one.
 type containerRuntime interface {
 	nativeContainers
 	criContainers
+	containerIdentities
 }
 
 // Container kinds as logged, published and used as metric labels.
@@ -326,9 +336,22 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		}
 		return e.dryRun(it, kind, key, removal, r), nil
 	}
+	// Its identity, read right before the intent: settling tells this
+	// container from one made again under its id.
+	created, err := e.rt.ContainerCreated(ctx, it.Namespace, it.ID)
+	if errors.Is(err, ErrOwnerWon) {
+		r.Outcome, r.At = ContainerGone, e.now()
+		return r, nil
+	}
+	if err != nil {
+		e.opts.Metrics.error("recheck")
+		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()
+		return r, fmt.Errorf("re-check %s %s: %w", kind, it.ID, err)
+	}
 	// The delete transaction: a crash or an unknown outcome after the
 	// delete still gets exactly its event, and nothing else's.
-	tx, err := e.deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal})
+	tx, err := e.deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal},
+		&deletion.Identity{Created: created})
 	if err != nil {
 		e.opts.Metrics.error("intent")
 		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()

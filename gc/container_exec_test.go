@@ -153,6 +153,20 @@ func (f *fakeContainerRuntime) RemoveCRISandbox(_ context.Context, id string) er
 	return f.remove("sandbox-remove", id)
 }
 
+// ContainerCreated is not a call the tests count: a fixed creation time,
+// or ErrOwnerWon for a container already gone.
+func (f *fakeContainerRuntime) ContainerCreated(_ context.Context, _, id string) (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.live[id] == LiveGone {
+		return time.Time{}, ErrOwnerWon
+	}
+	return fakeCreated, nil
+}
+
+// fakeCreated is every fake container's creation time.
+var fakeCreated = time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+
 // fakePublisher records actions, and signals each on published if set.
 type fakePublisher struct {
 	mu        sync.Mutex

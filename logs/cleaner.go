@@ -33,7 +33,8 @@ import (
 
 // deleteLog begins delete transactions; a *deletion.Manager is one.
 type deleteLog interface {
-	Begin(ctx context.Context, ns string, a schema.Action) (*deletion.Tx, error)
+	// Begin records the intent (a log's path is its identity: none other).
+	Begin(ctx context.Context, ns string, a schema.Action, id *deletion.Identity) (*deletion.Tx, error)
 }
 
 // Publisher hands to the fleet bus what is not a removal: a dry run's
@@ -431,7 +432,7 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	// event. The outbox makes the key unique to this removal.
 	subject := filepath.Join(dir, e.Name)
 	tx, err := c.deletes.Begin(ctx, "", schema.Action{Kind: schema.KindLog, Action: schema.ActionRemoved,
-		Subject: subject, Key: string(d.Kind) + ":" + subject, Data: r})
+		Subject: subject, Key: string(d.Kind) + ":" + subject, Data: r}, nil)
 	if err != nil {
 		c.metrics.error("intent")
 		return fmt.Errorf("remove %s: %w", path, err)

@@ -146,6 +146,10 @@ type Config struct {
 	MetricsAddress string
 	// DryRun plans, logs and publishes but deletes nothing. Default false.
 	DryRun bool
+	// TakeOver takes containerd's agent lock from the agent that holds it
+	// (that one stops at its next renewal); without it a second agent on
+	// one containerd refuses to start. Default false.
+	TakeOver bool
 	// LogFormat is json or console. Default json.
 	LogFormat string
 	// LogLevel is debug, info, warn or error. Default info.

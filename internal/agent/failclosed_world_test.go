@@ -189,12 +189,12 @@ type tableJournal struct {
 	seq uint64
 }
 
-func (j *tableJournal) Intend(ns string, a schema.Action) (deletion.Intent, error) {
+func (j *tableJournal) Intend(ns string, a schema.Action, id *deletion.Identity) (deletion.Intent, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.seq++
 	d, err := json.Marshal(a.Data)
-	return deletion.Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d}, err
+	return deletion.Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d, Identity: id}, err
 }
 func (j *tableJournal) Complete(deletion.Intent, any) error { return nil }
 func (j *tableJournal) Abandon(deletion.Intent) error       { return nil }
@@ -290,6 +290,10 @@ type tableContainers struct {
 	removed []string
 }
 
+// ContainerCreated: the table's containers all have one creation time.
+func (c *tableContainers) ContainerCreated(context.Context, string, string) (time.Time, error) {
+	return time.Unix(1, 0), nil
+}
 func (c *tableContainers) NativeLiveness(context.Context, string, string) (gc.Liveness, error) {
 	return gc.LiveUnknown, nil
 }

@@ -102,6 +102,7 @@ var (
 		fs.StringVar(&c.Namespace, "namespace", c.Namespace, "containerd namespaces to manage: comma-separated, or * for every one (also those created later)")
 		fs.StringVar(&c.ExcludeNamespace, "exclude-namespace", c.ExcludeNamespace, "containerd namespaces never to manage, comma-separated (Docker's by default)")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.ResyncInterval}, "resync-interval", "period of full listings of containerd")
+		flagvalue.Add(fs, flagvalue.Bool{P: &c.TakeOver}, "take-over", "take containerd over from the agent running on it, which stops (without it, a second agent on one containerd refuses to start)")
 	}}
 
 	// StateFlags: where the agent keeps its state.
