@@ -325,7 +325,9 @@ func TestDaemonSetAsCRIPod(t *testing.T) {
 		// not see (issue 27): kept, though its container is unknown.
 		hostLink := filepath.Join(c.LogDir, "shipper_default_app-fedcba9876543210.log")
 		mustSymlink(t, agentLog, hostLink)
-		link := danglingLog(t, c, "ghost", "0123456789abcdef")
+		// A dangling one: its file is missing from a dir the agent sees
+		// (the pod's own log dir, mounted in the agent's pod).
+		link := danglingLogIn(t, c, pod.LogDir, "ghost", "0123456789abcdef")
 		testenv.Eventually(t, 30*time.Second, func() string {
 			switch {
 			case !containerGone(t, c, "dead-job"):

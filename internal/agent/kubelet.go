@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/kubeletconfig"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -21,7 +22,8 @@ import (
 // container GC settings are not in KubeletConfiguration (only the
 // deprecated kubelet flags --minimum-container-ttl-duration,
 // --maximum-dead-containers-per-container, --maximum-dead-containers), so
-// there is nothing to take. An unreadable or invalid file (unknown field,
+// there is nothing to take; its syncFrequency sets --kubelet-status-lag
+// (twice it, at least 2m). An unreadable or invalid file (unknown field,
 // wrong kind) is an error naming the flag and the file.
 func (c *Config) AdoptKubelet() error {
 	if c.KubeletConfig == "" {
@@ -52,6 +54,9 @@ func (c *Config) AdoptKubelet() error {
 	}
 	adopt("minimum-image-ttl-duration", func() { c.MinimumImageTTL = k.MinAge })
 	adopt("image-maximum-gc-age", func() { c.ImageMaximumGCAge = k.MaxAge })
+	// Its pod status lags up to 1.5 syncFrequency (the pod workers'
+	// jitter); twice that, never less than the default.
+	adopt("kubelet-status-lag", func() { c.KubeletStatusLag = max(gc.DefaultKubeletStatusLag, 2*k.SyncFrequency) })
 	return nil
 }
 

@@ -66,8 +66,10 @@ type agent struct {
 	imageGC *gc.ImageGC
 	// containerGC removes dead containers (containergc.go).
 	containerGC *gc.ContainerGC
-	// logs cleans the log dirs (logs.go).
-	logs *logs.Cleaner
+	// logs cleans the log dirs (logs.go); podDirs is what it has seen of
+	// the pod log dir, the container GC's deleted-pod sign.
+	logs    *logs.Cleaner
+	podDirs *logs.PodDirs
 	// evs is the projection's input: the node's events, and the events
 	// the agent journals itself (record).
 	evs chan events.Scoped
@@ -273,6 +275,7 @@ func (a *agent) setupComponents() error {
 	if err := a.setupImageGC(); err != nil {
 		return err
 	}
+	a.loadPodDirs()
 	if err := a.setupContainerGC(); err != nil {
 		return err
 	}
