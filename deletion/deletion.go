@@ -46,14 +46,38 @@ type Intent struct {
 	// Data is the action's data as planned, published if the intent is
 	// committed after a crash or an unknown outcome.
 	Data json.RawMessage `json:"data,omitempty"`
+	// Identity is the object's identity as containerd reported it right
+	// before the delete; nil when none was recorded (a log, whose path is
+	// its identity; an intent of a version before identities), and then
+	// settling fails closed: an object found is not gone.
+	Identity *Identity `json:"identity,omitempty"`
+}
+
+// Identity tells the object a delete is about from another one made
+// since under the same key (a container id reused, an image name pulled
+// again): settling compares it with what containerd reports then, never
+// a wall-clock reading with another.
+type Identity struct {
+	// Created is a container's creation time as containerd stamped it.
+	Created time.Time `json:"created,omitzero"`
+	// Names are an image's names, each with its record's creation time,
+	// as the re-check right before the delete read them.
+	Names []Name `json:"names,omitempty"`
+}
+
+// Name is one image name and its record's creation time.
+type Name struct {
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
 }
 
 // Journal durably records intents and turns them into events; the outbox
 // (natsbus.Publisher) is one.
 type Journal interface {
 	// Intend records that the agent is about to do a to an object of
-	// namespace ns and returns the intent, with a key unique to it.
-	Intend(ns string, a schema.Action) (Intent, error)
+	// namespace ns, whose identity is id (nil: none), and returns the
+	// intent, with a key unique to it.
+	Intend(ns string, a schema.Action, id *Identity) (Intent, error)
 	// Complete drops the intent and stores its event (data d, or the
 	// recorded data when d is nil) in one write; completing an intent that
 	// is no longer pending stores nothing and returns nil.
@@ -71,8 +95,9 @@ type Journal interface {
 // Checker asks the node whether the object of an intent is gone.
 type Checker interface {
 	// Gone reports whether the object in was about to delete no longer
-	// exists as it did then (deleted, or deleted and made again after
-	// in.At); an error when the node cannot tell now.
+	// exists as it did then: deleted, or deleted and made again (another
+	// identity than in.Identity). Without a recorded identity an object
+	// found is not gone. An error when the node cannot tell now.
 	Gone(ctx context.Context, in Intent) (bool, error)
 }
 
@@ -92,6 +117,15 @@ type unsettled struct {
 type Deps struct {
 	Journal Journal
 	Checker Checker
+	// Lock, if set, must be held for a delete to begin (one agent per
+	// containerd): Begin fails with its error otherwise.
+	Lock Lock
+}
+
+// Lock says whether this agent may delete now: nil while it holds
+// containerd's agent lock.
+type Lock interface {
+	Held() error
 }
 
 // Options tune a Manager.
@@ -157,18 +191,25 @@ func New(d Deps, o Options) (*Manager, error) {
 	return &Manager{d: d, o: o, now: o.Clock.Now, wake: make(chan struct{}, 1)}, nil
 }
 
-// Begin records the intent of a, the delete of an object of namespace ns,
-// and returns its transaction. It first settles every delete whose outcome
+// Begin records the intent of a, the delete of an object of namespace ns
+// whose identity is id (as containerd reported it right before; nil for a
+// log), and returns its transaction. While Deps.Lock is not held it fails
+// with the lock's error and records nothing. It first settles every delete whose outcome
 // is unknown; while one cannot be settled it fails with ErrUnsettled and
 // records nothing. When the journal cannot be written (its disk is full,
 // often the very disk GC must free) the delete goes on without a durable
 // intent: its event is published on commit, and only a crash between the
 // delete and that commit could lose it. That is logged and counted.
-func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, error) {
+func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action, id *Identity) (*Tx, error) {
+	if m.d.Lock != nil {
+		if err := m.d.Lock.Held(); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.Settle(ctx); err != nil {
 		return nil, err
 	}
-	in, err := m.d.Journal.Intend(ns, a)
+	in, err := m.d.Journal.Intend(ns, a, id)
 	if err != nil {
 		m.mu.Lock()
 		m.unjournaled++
@@ -178,8 +219,8 @@ func (m *Manager) Begin(ctx context.Context, ns string, a schema.Action) (*Tx, e
 			m.o.Log.Warn().Err(err).Str("kind", a.Kind).Str("subject", a.Subject).Int("deletes_without_intent", n).
 				Msg("cannot record the delete intent; deleting without it")
 		}
-		return &Tx{m: m, in: Intent{At: m.now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key},
-			action: &a}, nil
+		return &Tx{m: m, in: Intent{At: m.now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key,
+			Identity: id}, action: &a}, nil
 	}
 	if m.o.AfterIntent != nil {
 		m.o.AfterIntent(in)

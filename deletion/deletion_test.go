@@ -22,14 +22,14 @@ type journal struct {
 	intendErr error
 }
 
-func (j *journal) Intend(ns string, a schema.Action) (Intent, error) {
+func (j *journal) Intend(ns string, a schema.Action, id *Identity) (Intent, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.intendErr != nil {
 		return Intent{}, j.intendErr
 	}
 	j.seq++
-	in := Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key}
+	in := Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Identity: id}
 	j.pending = append(j.pending, in)
 	j.log = append(j.log, "intend "+ns+"/"+a.Subject)
 	return in, nil
@@ -140,8 +140,8 @@ func TestCommitAndAbort(t *testing.T) {
 	j, c := &journal{}, &checker{}
 	m := newManager(t, j, c)
 	ctx := context.Background()
-	a, _ := m.Begin(ctx, "ns", removal("a"))
-	b, _ := m.Begin(ctx, "ns", removal("b"))
+	a, _ := m.Begin(ctx, "ns", removal("a"), nil)
+	b, _ := m.Begin(ctx, "ns", removal("b"), nil)
 	if err := b.Abort(); err != nil {
 		t.Fatal(err)
 	}
@@ -165,12 +165,12 @@ func TestSettleAfterFailedCall(t *testing.T) {
 	m := newManager(t, j, c)
 	ctx := context.Background()
 	c.set(map[string]bool{"ns/gone": true}, nil)
-	tx, _ := m.Begin(ctx, "ns", removal("gone"))
+	tx, _ := m.Begin(ctx, "ns", removal("gone"), nil)
 	if out, err := tx.Settle(ctx); out != Happened || err != nil {
 		t.Fatalf("gone: %v %v, want Happened", out, err)
 	}
 	_ = tx.Commit(nil)
-	tx, _ = m.Begin(ctx, "ns", removal("there"))
+	tx, _ = m.Begin(ctx, "ns", removal("there"), nil)
 	if out, err := tx.Settle(ctx); out != NotHappened || err != nil {
 		t.Fatalf("there: %v %v, want NotHappened", out, err)
 	}
@@ -187,12 +187,12 @@ func TestUnknownOutcomeBlocksBegin(t *testing.T) {
 	j, c := &journal{}, &checker{}
 	m := newManager(t, j, c)
 	ctx := context.Background()
-	tx, _ := m.Begin(ctx, "ns", removal("a"))
+	tx, _ := m.Begin(ctx, "ns", removal("a"), nil)
 	c.set(nil, errors.New("containerd is stopped"))
 	if out, err := tx.Settle(ctx); out != Unknown || err == nil {
 		t.Fatalf("got %v %v, want Unknown with the error", out, err)
 	}
-	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+	if _, err := m.Begin(ctx, "ns", removal("b"), nil); !errors.Is(err, ErrUnsettled) {
 		t.Fatalf("Begin while unsettled: %v, want ErrUnsettled", err)
 	}
 	if m.Unsettled() != 1 {
@@ -200,11 +200,11 @@ func TestUnknownOutcomeBlocksBegin(t *testing.T) {
 	}
 	c.set(map[string]bool{"ns/a": true}, nil)
 	// Within RetryGap of the failed check Begin fails fast, asking nothing.
-	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+	if _, err := m.Begin(ctx, "ns", removal("b"), nil); !errors.Is(err, ErrUnsettled) {
 		t.Fatalf("Begin right after the failed check: %v, want ErrUnsettled", err)
 	}
 	testClock.Step(2 * time.Second)
-	if _, err := m.Begin(ctx, "ns", removal("b")); err != nil {
+	if _, err := m.Begin(ctx, "ns", removal("b"), nil); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"intend ns/a", "event ns/a", "intend ns/b"}
@@ -222,7 +222,7 @@ func TestLeftoversSettledBeforeFirstDelete(t *testing.T) {
 	}, seq: 2}
 	c := &checker{gone: map[string]bool{"a/x": true}}
 	m := newManager(t, j, c)
-	if _, err := m.Begin(context.Background(), "a", removal("y")); err != nil {
+	if _, err := m.Begin(context.Background(), "a", removal("y"), nil); err != nil {
 		t.Fatal(err)
 	}
 	// The same id in two namespaces is settled by its own namespace.
@@ -238,7 +238,7 @@ func TestLeftoversSettledBeforeFirstDelete(t *testing.T) {
 func TestJournalFullDeletesWithoutIntent(t *testing.T) {
 	j, c := &journal{intendErr: errors.New("no space left on device")}, &checker{}
 	m := newManager(t, j, c)
-	tx, err := m.Begin(context.Background(), "ns", removal("a"))
+	tx, err := m.Begin(context.Background(), "ns", removal("a"), nil)
 	if err != nil {
 		t.Fatalf("Begin with a full journal: %v, want a transaction without intent", err)
 	}
@@ -261,14 +261,14 @@ func TestNoBeginWhileAFailedDeleteIsChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	a, _ := m.Begin(ctx, "ns", removal("a"))
+	a, _ := m.Begin(ctx, "ns", removal("a"), nil)
 	done := make(chan Outcome)
 	go func() {
 		out, _ := a.Settle(ctx)
 		done <- out
 	}()
 	<-c.entered
-	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+	if _, err := m.Begin(ctx, "ns", removal("b"), nil); !errors.Is(err, ErrUnsettled) {
 		t.Errorf("Begin while a failed delete is checked: %v, want ErrUnsettled", err)
 	}
 	close(c.release)
@@ -276,7 +276,7 @@ func TestNoBeginWhileAFailedDeleteIsChecked(t *testing.T) {
 		t.Fatalf("a: %v, want Happened", out)
 	}
 	_ = a.Commit(nil)
-	if _, err := m.Begin(ctx, "ns", removal("b")); err != nil {
+	if _, err := m.Begin(ctx, "ns", removal("b"), nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -304,12 +304,12 @@ func TestUnknownWithoutIntentIsRemembered(t *testing.T) {
 	j, c := &journal{intendErr: errors.New("no space left on device")}, &checker{}
 	m := newManager(t, j, c)
 	ctx := context.Background()
-	tx, _ := m.Begin(ctx, "ns", removal("a"))
+	tx, _ := m.Begin(ctx, "ns", removal("a"), nil)
 	c.set(nil, errors.New("containerd is stopped"))
 	if out, _ := tx.Settle(ctx); out != Unknown {
 		t.Fatalf("got %v, want Unknown", out)
 	}
-	if _, err := m.Begin(ctx, "ns", removal("b")); !errors.Is(err, ErrUnsettled) {
+	if _, err := m.Begin(ctx, "ns", removal("b"), nil); !errors.Is(err, ErrUnsettled) {
 		t.Fatalf("Begin: %v, want ErrUnsettled", err)
 	}
 	c.set(map[string]bool{"ns/a": true}, nil)
@@ -344,7 +344,7 @@ func TestRunSettlesAnUnknownOutcomeAlone(t *testing.T) {
 			return false
 		}
 	})
-	tx, _ := m.Begin(ctx, "ns", removal("a"))
+	tx, _ := m.Begin(ctx, "ns", removal("a"), nil)
 	c.set(nil, errors.New("containerd is stopped"))
 	if out, _ := tx.Settle(ctx); out != Unknown {
 		t.Fatalf("got %v, want Unknown", out)
@@ -379,7 +379,7 @@ func TestFullJournalStillSettles(t *testing.T) {
 	if m.Unsettled() != 0 || m.Generation() != 1 {
 		t.Errorf("unsettled %d, generation %d: want 0 and 1", m.Unsettled(), m.Generation())
 	}
-	if _, err := m.Begin(context.Background(), "ns", removal("c2")); err != nil {
+	if _, err := m.Begin(context.Background(), "ns", removal("c2"), nil); err != nil {
 		t.Errorf("Begin after: %v", err)
 	}
 }
@@ -414,11 +414,60 @@ func TestCountsDoNotWaitForTheNode(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Unsettled and Generation waited for the node")
 	}
-	if _, err := m.Begin(context.Background(), "ns", removal("c2")); !errors.Is(err, ErrUnsettled) {
+	if _, err := m.Begin(context.Background(), "ns", removal("c2"), nil); !errors.Is(err, ErrUnsettled) {
 		t.Errorf("Begin while the node is asked: %v, want ErrUnsettled at once", err)
 	}
 	close(c.release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBeginRecordsIdentity: the identity given to Begin is in the intent,
+// also when the journal cannot record it and the delete goes on without.
+func TestBeginRecordsIdentity(t *testing.T) {
+	id := &Identity{Created: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)}
+	j := &journal{}
+	m := newManager(t, j, &checker{})
+	tx, err := m.Begin(context.Background(), "ns", removal("a"), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tx.Intent().Identity; got != id || len(j.pending) != 1 || j.pending[0].Identity != id {
+		t.Errorf("intent identity %+v (journal %+v), want %+v", got, j.pending, id)
+	}
+	j.intendErr = errors.New("disk full")
+	tx, err = m.Begin(context.Background(), "ns", removal("b"), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tx.Intent().Identity; got != id {
+		t.Errorf("identity of a delete without a durable intent %+v, want %+v", got, id)
+	}
+}
+
+// notHeld is a Lock this agent does not hold.
+type notHeld struct{ err error }
+
+func (l notHeld) Held() error { return l.err }
+
+// TestBeginNeedsTheLock: while the agent does not hold containerd's agent
+// lock, no delete begins and no intent is recorded.
+func TestBeginNeedsTheLock(t *testing.T) {
+	j := &journal{}
+	lock := &notHeld{err: errors.New("another agent holds it")}
+	m, err := New(Deps{Journal: j, Checker: &checker{}, Lock: lock}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Begin(context.Background(), "ns", removal("a"), nil); err == nil || err.Error() != "another agent holds it" {
+		t.Errorf("Begin without the lock: %v, want the lock's error", err)
+	}
+	if len(j.pending) != 0 {
+		t.Errorf("intents recorded without the lock: %+v", j.pending)
+	}
+	lock.err = nil
+	if _, err := m.Begin(context.Background(), "ns", removal("a"), nil); err != nil {
+		t.Errorf("Begin with the lock: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -114,7 +115,9 @@ func chartCollects(t *testing.T, c *testenv.Containerd, k *testenv.Kubelet, m de
 	// see (issue 27): kept, though its container is unknown.
 	hostLink := c.LogDir + "/shipper_default_app-fedcba9876543210.log"
 	mustSymlink(t, agentLog, hostLink)
-	link := danglingLog(t, c, "ghost", "0123456789abcdef")
+	// A dangling one: its file is missing from a dir the agent sees (the
+	// pod's own log dir, mounted in the agent's pod).
+	link := danglingLogIn(t, c, filepath.Dir(filepath.Dir(agentLog)), "ghost", "0123456789abcdef")
 	testenv.Eventually(t, 30*time.Second, func() string {
 		switch {
 		case !containerGone(t, c, "dead-job"):

@@ -345,7 +345,8 @@ func TestContainerGCCRIPods(t *testing.T) {
 		rt, _ := c.CRI(t)
 		c.Import(t, testenv.Runnable(gcImage), testenv.Pause(c.SandboxImage))
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
-			"--prune-containers=all", "--maximum-dead-containers-per-container=1", "--pod-log-grace=1s")
+			"--prune-containers=all", "--maximum-dead-containers-per-container=1", "--pod-log-grace=1s",
+			"--kubelet-status-lag=1s") // no kubelet shows the previous attempts
 		waitSynced(t, a)
 
 		web := c.RunPod(t, rt, "web", "default", "7a0c3f6e-web")

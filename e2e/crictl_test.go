@@ -249,7 +249,8 @@ func TestCrictlPodAndAgentGC(t *testing.T) {
 		// (1m by default): 1s here, so that its sandbox goes within the wait.
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--prune-containers=all",
 			"--maximum-dead-containers-per-container=1", "--image-gc-high-threshold=100",
-			"--minimum-image-ttl-duration=0s", "--image-maximum-gc-age=3s", "--pod-log-grace=1s")
+			"--minimum-image-ttl-duration=0s", "--image-maximum-gc-age=3s", "--pod-log-grace=1s",
+			"--kubelet-status-lag=1s") // no kubelet shows the previous attempts
 		waitSynced(t, a)
 
 		testenv.Eventually(t, 60*time.Second, func() string {

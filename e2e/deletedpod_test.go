@@ -33,7 +33,8 @@ func TestContainerGCDeletedPod(t *testing.T) {
 		l.waitActive(t)
 		const grace = 3 * time.Second
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"),
-			"--prune-containers=all", "--maximum-dead-containers-per-container=1", "--pod-log-grace="+grace.String())
+			"--prune-containers=all", "--maximum-dead-containers-per-container=1", "--pod-log-grace="+grace.String(),
+			"--kubelet-status-lag=1s") // no kubelet shows the previous attempts
 		waitSynced(t, a)
 		ctx := c.Ctx()
 

@@ -251,8 +251,8 @@ func benchThroughput(b *testing.B, c *testenv.Containerd) {
 // memJournal keeps no intents: a benchmark has no crash to survive.
 type memJournal struct{}
 
-func (memJournal) Intend(ns string, a schema.Action) (deletion.Intent, error) {
-	return deletion.Intent{Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key}, nil
+func (memJournal) Intend(ns string, a schema.Action, id *deletion.Identity) (deletion.Intent, error) {
+	return deletion.Intent{Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Identity: id}, nil
 }
 func (memJournal) Complete(deletion.Intent, any) error { return nil }
 func (memJournal) Abandon(deletion.Intent) error       { return nil }

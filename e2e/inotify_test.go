@@ -44,6 +44,11 @@ func TestLogsInotifyOverflow(t *testing.T) {
 	restore() // only the agent's watcher has the tiny queue
 	waitSynced(t, a)
 
+	// The links' targets go missing from a directory the agent sees (a
+	// target in a directory never seen is no sign that it is gone).
+	if err := os.MkdirAll(filepath.Join(c.PodLogDir, "gone"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	// Frozen, the agent reads nothing: the kernel queue of 16 overflows
 	// for certain, however fast the agent would have drained it.
 	a.Freeze()

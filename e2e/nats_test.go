@@ -163,11 +163,32 @@ func metricSum(text, name string) float64 {
 }
 
 // danglingLog creates a kubelet-style log symlink for container id (which
-// does not exist) pointing at a file that does not exist.
+// does not exist) pointing at a file that does not exist, in a directory
+// that does: the agent judges a target gone only in a directory it sees
+// (issue 34 item 2). That directory is reached through
+// <pod-log-dir>/gone_<name>, a symlink to a directory elsewhere, so that
+// it is not a pod dir the agent would remove too. (An agent in a pod does
+// not see elsewhere: danglingLogIn.)
 func danglingLog(t *testing.T, c *testenv.Containerd, name, id string) string {
 	t.Helper()
+	holder := t.TempDir()
+	podDir := filepath.Join(c.PodLogDir, "gone_"+name)
+	if _, err := os.Lstat(podDir); os.IsNotExist(err) {
+		if err := os.Symlink(holder, podDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return danglingLogIn(t, c, podDir, name, id)
+}
+
+// danglingLogIn is danglingLog with the missing file in podDir/app.
+func danglingLogIn(t *testing.T, c *testenv.Containerd, podDir, name, id string) string {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(podDir, "app"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	link := filepath.Join(c.LogDir, fmt.Sprintf("%s_default_app-%s.log", name, id))
-	if err := os.Symlink(filepath.Join(c.PodLogDir, "gone_"+name, "app", "0.log"), link); err != nil {
+	if err := os.Symlink(filepath.Join(podDir, "app", "0.log"), link); err != nil {
 		t.Fatal(err)
 	}
 	return link

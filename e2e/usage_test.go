@@ -44,6 +44,7 @@ var badRunValues = map[string]struct {
 	"keep-image":                            {value: "[x"},
 	"keep-list-wait":                        {value: "-1s"},
 	"kubelet-config":                        {value: "/"}, // a dir; an absent file is a warning: it may come
+	"kubelet-status-lag":                    {value: "-1s"},
 	"log-dir":                               {value: "var/log/containers"},
 	"log-format":                            {value: "xml"},
 	"log-level":                             {value: "loud"},

@@ -113,6 +113,10 @@ type TaskExited struct {
 	// Collected says the task was deleted (/tasks/delete, or a listing
 	// found the task gone): its owner has read the exit status.
 	Collected bool `json:"collected,omitempty"`
+	// Amend says a listing found the container exited with other exit
+	// facts than the projection holds (a status it could only guess when
+	// the task went away unseen, a run it missed): they replace them.
+	Amend bool `json:"amend,omitempty"`
 }
 
 // Synced marks the end of a full reconcile with containerd.

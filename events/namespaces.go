@@ -14,6 +14,10 @@ import (
 // CRI.
 const CRINamespace = "k8s.io"
 
+// AgentNamespace holds the agents' own lock (one agent per containerd: a
+// lease, no image or container): never managed, whatever --namespace says.
+const AgentNamespace = "gcagent.lock"
+
 // DefaultExcluded are the namespaces never managed unless listed by name:
 // Docker's (moby) and its plugins' keep their own state about their
 // containers and images, so nothing outside Docker may delete them.
@@ -74,6 +78,9 @@ func ParseNamespaces(list, exclude string) (Namespaces, error) {
 		if slices.Contains(n.Exclude, name) {
 			return n, fmt.Errorf("--namespace %s is also in --exclude-namespace", name)
 		}
+		if name == AgentNamespace {
+			return n, fmt.Errorf("--namespace %s holds the agents' own lock, no image or container: it is never managed", name)
+		}
 	}
 	return n, nil
 }
@@ -98,9 +105,9 @@ func validIdentifier(s string) error {
 	return nil
 }
 
-// Match reports whether ns is managed.
+// Match reports whether ns is managed: never AgentNamespace.
 func (n Namespaces) Match(ns string) bool {
-	if slices.Contains(n.Exclude, ns) {
+	if ns == AgentNamespace || slices.Contains(n.Exclude, ns) {
 		return false
 	}
 	return n.All || slices.Contains(n.Names, ns)

@@ -24,6 +24,7 @@ func TestParseNamespaces(t *testing.T) {
 		{"bad/ns", "", Namespaces{}, `--namespace "bad/ns"`},
 		{"*", "ok,-bad", Namespaces{}, `--exclude-namespace "-bad"`},
 		{"a*", "", Namespaces{}, `--namespace "a*"`},
+		{"k8s.io,gcagent.lock", "", Namespaces{}, "--namespace gcagent.lock holds the agents' own lock"},
 	}
 	for _, tc := range cases {
 		got, err := ParseNamespaces(tc.list, tc.exclude)
@@ -49,6 +50,7 @@ func TestNamespacesMatch(t *testing.T) {
 	}{
 		{all, "k8s.io", true}, {all, "buildkit", true}, {all, "moby", false}, {all, "plugins.moby", false},
 		{list, "default", true}, {list, "buildkit", false}, {list, "moby", false},
+		{all, AgentNamespace, false}, {Namespaces{All: true}, AgentNamespace, false},
 	} {
 		if got := tc.n.Match(tc.ns); got != tc.want {
 			t.Errorf("%v.Match(%q) = %v, want %v", tc.n, tc.ns, got, tc.want)

@@ -41,6 +41,7 @@ type criContainers interface {
 	CRIContainerLiveness(ctx context.Context, id string) (Liveness, error)
 	// RemoveCRIContainer removes an exited container; NotFound is success.
 	RemoveCRIContainer(ctx context.Context, id string) error
+	criLogPaths
 	// CRISandboxLiveness is LiveDead only for a sandbox that is not ready
 	// and holds no container.
 	CRISandboxLiveness(ctx context.Context, id string) (Liveness, error)
@@ -48,11 +49,21 @@ type criContainers interface {
 	RemoveCRISandbox(ctx context.Context, id string) error
 }
 
+// containerIdentities reads what tells a container from another one made
+// since under its id, for the delete's intent.
+type containerIdentities interface {
+	// ContainerCreated returns the creation time containerd stamped on
+	// the container (CRI's included: each is a containerd container of
+	// CRI's namespace); ErrOwnerWon when it is gone.
+	ContainerCreated(ctx context.Context, ns, id string) (time.Time, error)
+}
+
 // containerRuntime is what the container executor needs; the node
 // adapter is the real one.
 type containerRuntime interface {
 	nativeContainers
 	criContainers
+	containerIdentities
 }
 
 // Container kinds as logged, published and used as metric labels.
@@ -117,6 +128,10 @@ type ContainerExecutorDeps struct {
 	Runtime   containerRuntime
 	Deletes   deleteLog // a *deletion.Manager
 	Publisher Publisher // what is not a removal (a dry run's skips); nil: nothing published
+	// Logs removes a CRI container's log files and legacy link before the
+	// container, in its delete transaction, as the kubelet's removal does
+	// (a *logs.ContainerLogs); nil: logs are left alone.
+	Logs containerLogFiles
 }
 
 // ContainerExecutorOptions carries the executor's collaborators; all are
@@ -140,6 +155,7 @@ type ContainerExecutorOptions struct {
 // use: one goroutine (ContainerGC.Run) applies plans.
 type ContainerExecutor struct {
 	rt      containerRuntime
+	logs    containerLogFiles
 	deletes deleteLog
 	pub     Publisher
 	now     func() time.Time
@@ -170,7 +186,7 @@ func NewContainerExecutor(d ContainerExecutorDeps, opts ContainerExecutorOptions
 		opts.Parallelism = 4
 	}
 	return &ContainerExecutor{
-		rt: d.Runtime, deletes: d.Deletes, pub: d.Publisher, opts: opts, now: opts.Clock.Now,
+		rt: d.Runtime, logs: d.Logs, deletes: d.Deletes, pub: d.Publisher, opts: opts, now: opts.Clock.Now,
 		log:     opts.Log.With().Str("component", "containergc").Logger(),
 		dryRuns: map[string]bool{},
 		noted:   map[string]Liveness{},
@@ -293,12 +309,49 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		PodNamespace: it.PodNamespace, ContainerName: it.ContainerName, Image: it.Image, ExitedAt: it.ExitedAt,
 		EligibleAt: r.EligibleAt, Reason: it.Reason, Rule: containerRule(it.Reason, policy), At: e.now(),
 	}
+	var ref ContainerLogRef
+	if kind == ContainerKindContainer && e.logs != nil {
+		// The kubelet's order: the log goes first, found by the path CRI
+		// gives (which the container's removal takes along).
+		path, err := e.rt.CRIContainerLogPath(ctx, it.ID)
+		if errors.Is(err, ErrContainerGone) {
+			r.Outcome, r.At = ContainerGone, e.now()
+			return r, nil
+		}
+		if err != nil {
+			e.opts.Metrics.error("recheck")
+			r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()
+			return r, fmt.Errorf("log path of %s %s: %w", kind, it.ID, err)
+		}
+		ref = logRef(it, path)
+		removal.Logs = &ContainerLogs{Path: path}
+	}
 	if e.opts.DryRun {
+		if removal.Logs != nil {
+			found, err := e.logs.FindContainerLogs(ref)
+			if err != nil {
+				found.Kept = err.Error()
+			}
+			removal.Logs = &found
+		}
 		return e.dryRun(it, kind, key, removal, r), nil
+	}
+	// Its identity, read right before the intent: settling tells this
+	// container from one made again under its id.
+	created, err := e.rt.ContainerCreated(ctx, it.Namespace, it.ID)
+	if errors.Is(err, ErrOwnerWon) {
+		r.Outcome, r.At = ContainerGone, e.now()
+		return r, nil
+	}
+	if err != nil {
+		e.opts.Metrics.error("recheck")
+		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()
+		return r, fmt.Errorf("re-check %s %s: %w", kind, it.ID, err)
 	}
 	// The delete transaction: a crash or an unknown outcome after the
 	// delete still gets exactly its event, and nothing else's.
-	tx, err := e.deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal})
+	tx, err := e.deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal},
+		&deletion.Identity{Created: created})
 	if err != nil {
 		e.opts.Metrics.error("intent")
 		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()
@@ -311,6 +364,18 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	case ContainerKindSandbox:
 		err = e.rt.RemoveCRISandbox(ctx, it.ID)
 	default:
+		if removal.Logs != nil {
+			removed, lerr := e.logs.RemoveContainerLogs(ref)
+			removal.Logs = &removed
+			if lerr != nil {
+				// As the kubelet: the container stays, for a retry.
+				_ = tx.Abort()
+				e.opts.Metrics.error("remove")
+				e.event(e.log.Warn(), it, kind).Strs("removed", removed.Files).Err(lerr).Msg("log not removed: the container stays")
+				r.Outcome, r.Error, r.At = ContainerFailed, lerr.Error(), e.now()
+				return r, fmt.Errorf("remove the log of %s %s: %w", kind, it.ID, lerr)
+			}
+		}
 		err = e.rt.RemoveCRIContainer(ctx, it.ID)
 	}
 	r.At = e.now()
@@ -352,7 +417,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			m.latency.WithLabelValues(kind).Observe(max(latency, 0).Seconds())
 		}
 	}
-	e.event(e.log.Info(), it, kind).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).Msg("removed")
+	logsEvent(e.event(e.log.Info(), it, kind), removal.Logs).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).Msg("removed")
 	removal.At, removal.LatencySecs = r.At, latency.Seconds()
 	if owner.Owner != "" {
 		removal.OwnerState = &owner
@@ -383,7 +448,7 @@ func (e *ContainerExecutor) dryRun(it ContainerItem, kind, key string, removal C
 		return r
 	}
 	latency := r.At.Sub(r.EligibleAt)
-	e.event(e.log.Info(), it, kind).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).
+	logsEvent(e.event(e.log.Info(), it, kind), removal.Logs).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).
 		Bool("dry_run", true).Msg("would remove")
 	removal.At, removal.LatencySecs, removal.DryRun = r.At, latency.Seconds(), true
 	if err := e.pub.Publish(Action{Kind: "container", Action: ActionSkipped, Subject: it.ID, Key: key,
@@ -417,6 +482,21 @@ func (e *ContainerExecutor) event(ev *zerolog.Event, it ContainerItem, kind stri
 	}
 	if it.ContainerName != "" {
 		ev = ev.Str("name", it.ContainerName)
+	}
+	return ev
+}
+
+// logsEvent adds what went (or goes) with a CRI container to a log line.
+func logsEvent(ev *zerolog.Event, l *ContainerLogs) *zerolog.Event {
+	if l == nil {
+		return ev
+	}
+	ev = ev.Strs("log_files", l.Files).Int64("log_bytes", l.Bytes)
+	if l.Link != "" {
+		ev = ev.Str("log_link", l.Link)
+	}
+	if l.Kept != "" {
+		ev = ev.Str("log_kept", l.Kept)
 	}
 	return ev
 }
@@ -477,6 +557,9 @@ func (e *ContainerExecutor) eligibleAt(plan ContainerPlan, policy ContainerPolic
 				at = later(at, newer[n-1].Add(policy.MinAge))
 			}
 		}
+		at = later(at, it.EligibleAt) // the kubelet moved on then
+	case ReasonGlobalCap:
+		at = later(at, it.EligibleAt) // the kubelet moved on then
 	case ReasonSandboxOrphaned, ReasonPodDeleted:
 		if t, ok := e.emptied[it.PodUID]; ok && it.PodUID != "" && it.CRIKind == projection.KindSandbox {
 			at = later(at, t)

@@ -63,11 +63,12 @@ func (f *fakeContainerRuntime) Calls() []string {
 	return slices.Clone(f.calls)
 }
 
-// Deletes returns the successful deletes so far, as "op id".
+// Deletes returns the successful deletes of containers so far, as "op
+// id" (reads and logs left out).
 func (f *fakeContainerRuntime) Deletes() []string {
 	var out []string
 	for _, c := range f.Calls() {
-		if !strings.Contains(c, "liveness") && !strings.HasSuffix(c, "!") {
+		if !strings.Contains(c, "liveness") && !strings.Contains(c, "-log") && !strings.HasSuffix(c, "!") {
 			out = append(out, c)
 		}
 	}
@@ -131,6 +132,17 @@ func (f *fakeContainerRuntime) DeleteNative(_ context.Context, _, id string) (Ow
 func (f *fakeContainerRuntime) CRIContainerLiveness(_ context.Context, id string) (Liveness, error) {
 	return f.liveness("cri-liveness", id)
 }
+func (f *fakeContainerRuntime) CRIContainerLogPath(_ context.Context, id string) (string, error) {
+	if err := f.call("cri-log-path", id); err != nil {
+		return "", err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.live[id] == LiveGone {
+		return "", ErrContainerGone
+	}
+	return "/var/log/pods/default_pod_uid/" + id + "/0.log", nil
+}
 func (f *fakeContainerRuntime) RemoveCRIContainer(_ context.Context, id string) error {
 	return f.remove("cri-remove", id)
 }
@@ -140,6 +152,20 @@ func (f *fakeContainerRuntime) CRISandboxLiveness(_ context.Context, id string) 
 func (f *fakeContainerRuntime) RemoveCRISandbox(_ context.Context, id string) error {
 	return f.remove("sandbox-remove", id)
 }
+
+// ContainerCreated is not a call the tests count: a fixed creation time,
+// or ErrOwnerWon for a container already gone.
+func (f *fakeContainerRuntime) ContainerCreated(_ context.Context, _, id string) (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.live[id] == LiveGone {
+		return time.Time{}, ErrOwnerWon
+	}
+	return fakeCreated, nil
+}
+
+// fakeCreated is every fake container's creation time.
+var fakeCreated = time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 
 // fakePublisher records actions, and signals each on published if set.
 type fakePublisher struct {
@@ -187,8 +213,9 @@ func nodeState() *projection.State {
 }
 
 // allPolicy keeps one dead container per unit and two in all: n-dead, a
-// plain container, goes by its TTL, app-1 and app-2 by the per-unit cap.
-var allPolicy = ContainerPolicy{MinAge: 0, MaxPerEvictUnit: 1, MaxContainers: 2, Prune: PruneAll}
+// plain container, goes by its TTL, app-1 and app-2 by the per-unit cap
+// (the kubelet's status, lagging 10 s here, has moved on from app-2).
+var allPolicy = ContainerPolicy{MinAge: 0, MaxPerEvictUnit: 1, MaxContainers: 2, Prune: PruneAll, KubeletStatusLag: 10 * time.Second}
 
 func TestContainerExecutorApply(t *testing.T) {
 	plan := PlanContainers(nodeState(), allPolicy, at(time.Minute))
@@ -396,7 +423,7 @@ func TestContainerExecutorEligibility(t *testing.T) {
 		criDead(2*time.Second, 1*time.Second, "r3", "img", "u", "app", "sb"),
 		events.Synced{At: at(3 * time.Second)},
 	)...)
-	p := ContainerPolicy{MinAge: 10 * time.Second, MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll}
+	p := ContainerPolicy{MinAge: 10 * time.Second, MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll, KubeletStatusLag: time.Second}
 	plan := PlanContainers(s, p, at(20*time.Second))
 	f := newFakeContainerRuntime()
 	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{Clock: clock.System(func() time.Time { return at(20 * time.Second) })})
@@ -419,11 +446,13 @@ func TestContainerExecutorEligibility(t *testing.T) {
 // kept, an emptied pod's exited sandbox goes through CRI after its
 // containers, and a pod with a running container keeps its sandbox.
 func TestContainerExecutorSandboxAfterItsContainers(t *testing.T) {
-	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
+	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll, KubeletStatusLag: time.Second}
 	s := nodeState()
 	// u2's log dir is gone and its sandbox stopped: it is deleted, and its
 	// sandbox goes in the same pass as its container, after it.
-	plan := PlanContainersWith(s, p, at(time.Minute), func(uid, _, _ string) bool { return uid != "u2" })
+	plan := PlanContainersWith(s, p, at(time.Minute), PodLogDirView{In: KnownInput(at(time.Minute)), GoneFn: func(uid, _, _ string) (time.Time, bool) {
+		return at(0), uid == "u2"
+	}})
 	f := newFakeContainerRuntime()
 	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: testDeletes1(t, nil, f)}, ContainerExecutorOptions{})
 	if _, err := e.Apply(context.Background(), plan, p); err != nil {
@@ -478,7 +507,7 @@ func TestContainerExecutorOwnerWon(t *testing.T) {
 // started (past NeverStartedGrace) is removed while CRI still calls it
 // created (nobody started it); a dead container CRI calls created is kept.
 func TestContainerExecutorNeverStarted(t *testing.T) {
-	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
+	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll, KubeletStatusLag: time.Second}
 	s := build(flat(
 		sandbox(0, "sb", "u"), start(0, "sb"),
 		criContainer(0, "stuck", "img", "u", "app", "sb"),

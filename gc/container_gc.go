@@ -55,11 +55,14 @@ type ContainerGCDeps struct {
 	// Publisher receives what is not a removal (a dry run's skips); nil:
 	// nothing published.
 	Publisher Publisher
-	// PodKept says whether a pod is still there (its log dir exists): the
-	// kubelet removes a pod's log dir only once the pod is deleted. A pod
-	// it says is not, with no sandbox ready, counts as deleted PodGrace
-	// after the first pass that saw so; nil: every pod is there.
-	PodKept func(uid, namespace, name string) bool
+	// PodLogDir is the pod log dir as the agent has seen it
+	// (*logs.PodDirs): a pod with no sandbox ready whose log dir was seen
+	// and went counts as deleted PodGrace after it went. nil: no pod counts
+	// as deleted.
+	PodLogDir PodLogDir
+	// Logs removes a CRI container's log files and legacy link with it
+	// (a *logs.ContainerLogs); nil: logs are left alone.
+	Logs containerLogFiles
 }
 
 // ContainerGC removes dead containers as soon as the policy allows, without
@@ -73,7 +76,7 @@ type ContainerGCDeps struct {
 type ContainerGC struct {
 	st      containerState
 	changes <-chan struct{}
-	podKept func(uid, namespace, name string) bool
+	podDir  PodLogDir
 	exec    *ContainerExecutor
 	opts    ContainerGCOptions
 	log     zerolog.Logger
@@ -81,12 +84,11 @@ type ContainerGC struct {
 	mu    sync.Mutex // serializes passes; guards retry
 	retry map[string]containerRetry
 
-	gmu sync.Mutex // guards gone, so a Plan never waits for a pass
-	// blind: the last pass found a running pod without its log dir (the
-	// deleted-pod sign cannot be read).
-	blind bool
-	// gone is when a pass first saw each pod (by uid) gone by PodKept.
-	gone map[string]time.Time
+	// blind: the last pass found a running pod whose log dir went (the
+	// deleted-pod sign cannot be read); dirState the pod log dir's state
+	// the last pass logged. Pass's goroutine only.
+	blind    bool
+	dirState InputState
 
 	smu    sync.Mutex // guards status, so /status never waits for a pass
 	status ContainerGCStatus
@@ -136,16 +138,15 @@ func NewContainerGC(d ContainerGCDeps, opts ContainerGCOptions) (*ContainerGC, e
 	if opts.MaxRetry <= 0 {
 		opts.MaxRetry = time.Minute
 	}
-	exec, err := NewContainerExecutor(ContainerExecutorDeps{Runtime: d.Runtime, Deletes: d.Deletes, Publisher: d.Publisher},
+	exec, err := NewContainerExecutor(ContainerExecutorDeps{Runtime: d.Runtime, Deletes: d.Deletes, Publisher: d.Publisher, Logs: d.Logs},
 		ContainerExecutorOptions{DryRun: opts.DryRun, Metrics: opts.Metrics, Log: opts.Log, Clock: opts.Clock})
 	if err != nil {
 		return nil, err
 	}
 	return &ContainerGC{
-		st: d.State, changes: d.Changes, podKept: d.PodKept, exec: exec, opts: opts,
+		st: d.State, changes: d.Changes, podDir: d.PodLogDir, exec: exec, opts: opts,
 		log:    opts.Log.With().Str("component", "containergc").Logger(),
 		retry:  map[string]containerRetry{},
-		gone:   map[string]time.Time{},
 		status: ContainerGCStatus{Policy: opts.Policy, DryRun: opts.DryRun, Plan: emptyContainerPlan(), Results: []ContainerResult{}},
 	}, nil
 }
@@ -220,29 +221,14 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 	defer g.mu.Unlock()
 	now := g.opts.Clock.Now()
 	var plan ContainerPlan
-	podGone, asked := g.podGone(now, true)
 	g.st.View(func(s *projection.State) {
 		if s.Synced { // re-read under the same lock as the plan
 			// Keep leaves out what is plainly not dead: /status shows why
 			// dead containers stay, `gcagent plan` shows everything.
-			plan.merge(planContainers(s, g.opts.Policy, now, podGone, false))
+			plan.merge(planContainers(s, g.opts.Policy, now, g.podDir, false))
 		}
 	})
-	g.gmu.Lock()
-	for uid := range g.gone {
-		if !asked[uid] {
-			delete(g.gone, uid) // nothing of it is left to decide
-		}
-	}
-	g.gmu.Unlock()
-	if plan.PodSignalBlind != g.blind {
-		g.blind = plan.PodSignalBlind
-		if g.blind {
-			g.log.Warn().Str("pod_log_dir_sign", "unreadable").Msg("a running pod has no log dir where the agent looks (--pod-log-dir is not the kubelet's podLogsDir?): no pod counts as deleted until it has")
-		} else {
-			g.log.Info().Str("pod_log_dir_sign", "readable").Msg("running pods have their log dirs again: deleted pods are told by theirs")
-		}
-	}
+	g.sayPodSign(plan)
 	if plan.Remove == nil {
 		return time.Time{}, nil
 	}
@@ -314,45 +300,37 @@ func (g *ContainerGC) Pass(ctx context.Context) (next time.Time, err error) {
 // `gcagent plan`). Before the projection is synced it returns ok false.
 func (g *ContainerGC) Plan() (plan ContainerPlan, ok bool) {
 	now := g.opts.Clock.Now()
-	podGone, _ := g.podGone(now, false)
 	g.st.View(func(s *projection.State) {
 		if s.Synced {
 			ok = true
-			plan.merge(planContainers(s, g.opts.Policy, now, podGone, true))
+			plan.merge(planContainers(s, g.opts.Policy, now, g.podDir, true))
 		}
 	})
 	return plan, ok
 }
 
-// podGone dates each pod that PodKept says is gone from the first pass that
-// saw so (record false: from now, remembering nothing), and forgets a pod
-// whose log dir is back; asked collects the uids looked at (by one plan:
-// it is not safe for concurrent use).
-func (g *ContainerGC) podGone(now time.Time, record bool) (PodGoneFunc, map[string]bool) {
-	asked := map[string]bool{}
-	if g.podKept == nil {
-		return nil, asked
+// sayPodSign logs when the deleted-pod sign becomes readable or not: the
+// pod log dir's state as an input, and whether a running pod's dir went.
+func (g *ContainerGC) sayPodSign(plan ContainerPlan) {
+	if g.podDir == nil || g.opts.Policy.Prune != PruneAll {
+		return
 	}
-	return func(uid, namespace, name string) (time.Time, bool) {
-		asked[uid] = true
-		kept := g.podKept(uid, namespace, name)
-		g.gmu.Lock()
-		defer g.gmu.Unlock()
-		if kept {
-			if record {
-				delete(g.gone, uid)
-			}
-			return time.Time{}, false
+	if in := plan.PodLogDir; in.State != g.dirState && plan.Remove != nil {
+		g.dirState = in.State
+		if in.Known() {
+			g.log.Info().Str("pod_log_dir", in.State.String()).Msg("pod log dir read: a pod whose dir is seen to go counts as deleted")
+		} else {
+			g.log.Warn().Str("pod_log_dir", in.State.String()).Str("cause", in.Cause).Msg("pod log dir not read: no pod counts as deleted until it is")
 		}
-		since, ok := g.gone[uid]
-		if !ok {
-			since = now
-			if record {
-				g.gone[uid] = now
-			}
+	}
+	if plan.PodSignalBlind != g.blind {
+		g.blind = plan.PodSignalBlind
+		if g.blind {
+			g.log.Warn().Str("pod_log_dir_sign", "unreadable").Msg("a running pod's log dir went where the agent looks (--pod-log-dir is not the kubelet's podLogsDir?): no pod counts as deleted")
+		} else {
+			g.log.Info().Str("pod_log_dir_sign", "readable").Msg("no running pod's log dir is gone: deleted pods are told by theirs")
 		}
-		return since, true
-	}, asked
+	}
 }
 
 // Status returns a copy of what the last pass did.

@@ -87,19 +87,20 @@ func startGCWith(t *testing.T, opts ContainerGCOptions, evs ...events.Event) *gc
 	return startGCPods(t, opts, nil, evs...)
 }
 
-// podLogDirGone is a PodKept for which every pod's log dir is gone.
-func podLogDirGone(_, _, _ string) bool { return false }
-
-// podLogDirs is a PodKept whose pods keep their log dirs until remove:
-// the kubelet makes a pod's dir before its sandbox runs (a running pod
-// without one makes the deleted-pod sign unreadable).
+// podLogDirs is a PodLogDir, read (known), whose pods' dirs were seen
+// and stay until remove: the kubelet makes a pod's dir before its sandbox
+// runs (a running pod whose dir goes makes the deleted-pod sign
+// unreadable).
 type podLogDirs struct{ removed atomic.Bool }
 
-func (d *podLogDirs) kept(_, _, _ string) bool { return !d.removed.Load() }
-func (d *podLogDirs) remove()                  { d.removed.Store(true) }
+func (d *podLogDirs) Input(time.Time) Input { return KnownInput(t0) }
+func (d *podLogDirs) Gone(_, _, _ string) (time.Time, bool) {
+	return t0, d.removed.Load()
+}
+func (d *podLogDirs) remove() { d.removed.Store(true) }
 
-// startGCPods is startGCWith whose pods are there while podKept says so.
-func startGCPods(t *testing.T, opts ContainerGCOptions, podKept func(uid, namespace, name string) bool, evs ...events.Event) *gcHarness {
+// startGCPods is startGCWith reading the pod log dir dir.
+func startGCPods(t *testing.T, opts ContainerGCOptions, dir PodLogDir, evs ...events.Event) *gcHarness {
 	t.Helper()
 	h := &gcHarness{clock: clock.NewFake(t0), rt: newFakeContainerRuntime(), pub: &fakePublisher{published: make(chan Action, 100)}}
 	live, err := projection.NewLive(projection.LiveOptions{Now: h.clock.Now})
@@ -110,7 +111,7 @@ func startGCPods(t *testing.T, opts ContainerGCOptions, podKept func(uid, namesp
 	changes := live.Subscribe()
 	live.Apply(evs...)
 	opts.Clock = h.clock
-	d := ContainerGCDeps{State: live, Changes: changes, Runtime: h.rt, Publisher: h.pub, PodKept: podKept}
+	d := ContainerGCDeps{State: live, Changes: changes, Runtime: h.rt, Publisher: h.pub, PodLogDir: dir}
 	if !opts.DryRun {
 		d.Deletes = testDeletes1(t, h.pub, h.rt)
 	}
@@ -263,7 +264,7 @@ func TestContainerGCCRIOnlyUnderAll(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: mode}
 			dirs := &podLogDirs{}
-			h := startGCPods(t, ContainerGCOptions{Policy: p}, dirs.kept, evs...)
+			h := startGCPods(t, ContainerGCOptions{Policy: p}, dirs, evs...)
 			waitArmed(t, h.clock, time.Time{})
 			if mode == PruneNative {
 				if c := h.rt.Calls(); len(c) != 0 {
@@ -289,7 +290,7 @@ func TestContainerGCCRIOnlyUnderAll(t *testing.T) {
 func TestContainerGCRechecksWhenTheRuntimeLags(t *testing.T) {
 	p := ContainerPolicy{MaxPerEvictUnit: 0, MaxContainers: -1, Prune: PruneAll}
 	dirs := &podLogDirs{}
-	h := startGCPods(t, ContainerGCOptions{Policy: p}, dirs.kept, flat(sandbox(0, "sb", "u"), start(0, "sb"), events.Synced{At: t0})...)
+	h := startGCPods(t, ContainerGCOptions{Policy: p}, dirs, flat(sandbox(0, "sb", "u"), start(0, "sb"), events.Synced{At: t0})...)
 	waitArmed(t, h.clock, time.Time{})
 	h.rt.Set("sb", LiveRunning)
 	dirs.remove()

@@ -48,6 +48,15 @@ type ContainerPolicy struct {
 	// creates it, and one created a moment ago is about to start. Default
 	// (zero) 1m; tests that compare with the kubelet set 1ns.
 	NeverStartedGrace time.Duration
+	// KubeletStatusLag is how long the kubelet's pod status may still
+	// name a pod container's previous attempt after its successor died
+	// (KubeletShown): the agent's --kubelet-status-lag. Default (zero)
+	// DefaultKubeletStatusLag.
+	KubeletStatusLag time.Duration
+	// KubeletViewOff drops the KubeletShown rule: only for the
+	// differential against the kubelet's container GC (kubeletdiff/),
+	// which compares the rest; the agent never sets it.
+	KubeletViewOff bool
 }
 
 // PodRecheck is how often a sandbox kept only because its pod's log dir
@@ -99,6 +108,8 @@ func (p ContainerPolicy) Validate() error {
 		return fmt.Errorf("pod grace %s: must not be negative", p.PodGrace)
 	case p.NeverStartedGrace < 0:
 		return fmt.Errorf("never-started grace %s: must not be negative", p.NeverStartedGrace)
+	case p.KubeletStatusLag < 0:
+		return fmt.Errorf("kubelet status lag %s: must not be negative", p.KubeletStatusLag)
 	}
 	return nil
 }
@@ -110,8 +121,11 @@ type ContainerPlan struct {
 	// NextEligible is the earliest future instant at which a dead container
 	// kept as too young passes MinAge; zero if none.
 	NextEligible time.Time `json:"nextEligible,omitzero"`
-	// PodSignalBlind says a pod that runs has no pod log dir: the dir read
-	// is not the kubelet's, so no pod counted as deleted.
+	// PodLogDir is the state of the pod log dir, the deleted-pod sign, as
+	// an input: unless it is known, no pod counted as deleted.
+	PodLogDir Input `json:"podLogDir"`
+	// PodSignalBlind says a pod that runs has had its pod log dir seen go:
+	// the dir read is not the kubelet's, so no pod counted as deleted.
 	PodSignalBlind bool `json:"podSignalBlind,omitempty"`
 	// Remove is oldest first: containers, then sandboxes.
 	Remove []ContainerItem `json:"remove"`
@@ -135,11 +149,16 @@ type ContainerItem struct {
 	ExitedAt      time.Time                 `json:"exitedAt,omitzero"`
 	Reason        Reason                    `json:"reason"`
 	// EligibleAt is when a waiting container (too young, awaiting
-	// collection, owner active) becomes removable; for a plain container
-	// to remove, when it became removable (owner done + MinAge).
+	// collection, owner active, kubelet-may-show) becomes removable; for a
+	// plain container to remove, when it became removable (owner done +
+	// MinAge); for a CRI container to remove that the kubelet's status
+	// showed, when the kubelet moved on.
 	EligibleAt time.Time `json:"eligibleAt,omitzero"`
 	// Containers are what keeps a sandbox (pod-has-containers).
 	Containers []string `json:"containers,omitempty"`
+	// Logs are, in a plan shown to an operator (ShowContainerLogs), the
+	// log files and link a CRI container's removal removes with it.
+	Logs *ContainerLogs `json:"logs,omitempty"`
 }
 
 // PlanContainers decides which dead containers to remove, with the kubelet's
@@ -160,9 +179,10 @@ type ContainerItem struct {
 // this plan is in it, and it is not the newest sandbox of a pod that is
 // still there; a deleted pod's exited sandboxes all go. Neither caps nor
 // MinAge apply to sandboxes (as in the kubelet). A pod is deleted when no
-// sandbox of it is ready, nothing of it runs, and podGone has said it is
-// gone (its log dir is) for PodGrace, counted from the later of that and
-// its last sandbox's exit. It does no I/O and does not modify s.
+// sandbox of it is ready, nothing of it runs, and its pod log dir, a known
+// input (PodLogDir), was seen and went PodGrace ago, counted from the later
+// of that and its last sandbox's exit. It does no I/O and does not modify
+// s.
 //
 // Plain containers (no CRI kind) have no restarts, so no per-unit cap: one
 // goes once its owner is done with it and MinAge has passed since. The owner
@@ -174,27 +194,44 @@ func PlanContainers(s *projection.State, p ContainerPolicy, now time.Time) Conta
 	return PlanContainersWith(s, p, now, nil)
 }
 
-// PlanContainersWith is PlanContainers with podKept (nil: always) saying
-// whether a pod, by uid, namespace and name, is still there (its log dir
-// exists). A pod it says is gone counts as gone since now: a one-shot plan
-// shows its removals as due PodGrace from now.
-func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
-	return planContainers(s, p, now, goneSince(podKept, now), true)
+// PlanContainersWith is PlanContainers reading the pod log dir (nil: not
+// read, no pod counts as deleted).
+func PlanContainersWith(s *projection.State, p ContainerPolicy, now time.Time, dir PodLogDir) ContainerPlan {
+	return planContainers(s, p, now, dir, true)
 }
 
-// PodGoneFunc says whether a pod, by uid, namespace and name, is gone by its
-// own sign (the kubelet removed its pod log dir) and since when the agent
-// knows it; gone is false while the pod is there. Nil: no pod is gone.
-type PodGoneFunc func(uid, namespace, name string) (since time.Time, gone bool)
+// PodLogDir is the pod log dir as a container plan reads it: the kubelet
+// makes a pod's log dir before its sandbox and removes it only once the
+// pod is deleted, so a dir the agent saw and then saw go is the pod's
+// deletion (logs.PodDirs). Absence alone is no sign: a dir that is not the
+// kubelet's holds no pod dir.
+type PodLogDir interface {
+	// Input is the state of the dir as an input at now: unless it is
+	// known, no pod counts as deleted.
+	Input(now time.Time) Input
+	// Gone reports whether the log dir of the pod (uid, namespace, name)
+	// was seen and then went, and since when; false while it is there or
+	// was never seen.
+	Gone(uid, namespace, name string) (since time.Time, gone bool)
+}
 
-// goneSince turns podKept into a PodGoneFunc that dates every gone pod now.
-func goneSince(podKept func(uid, namespace, name string) bool, now time.Time) PodGoneFunc {
-	if podKept == nil {
-		return nil
+// PodLogDirView is a PodLogDir made of its parts (for tools and tests):
+// In is its state, GoneFn says which pods' dirs were seen and went (nil:
+// none).
+type PodLogDirView struct {
+	In     Input
+	GoneFn func(uid, namespace, name string) (since time.Time, gone bool)
+}
+
+// Input returns v.In.
+func (v PodLogDirView) Input(time.Time) Input { return v.In }
+
+// Gone asks v.GoneFn.
+func (v PodLogDirView) Gone(uid, namespace, name string) (time.Time, bool) {
+	if v.GoneFn == nil {
+		return time.Time{}, false
 	}
-	return func(uid, namespace, name string) (time.Time, bool) {
-		return now, !podKept(uid, namespace, name)
-	}
+	return v.GoneFn(uid, namespace, name)
 }
 
 // planContainers plans; without all, Keep leaves out the containers that
@@ -204,8 +241,11 @@ func goneSince(podKept func(uid, namespace, name string) bool, now time.Time) Po
 // PruneAll, whose never-started CRI containers may be dead), and gives each
 // an item only when the prune mode may remove it. Remove and NextEligible
 // are the same either way.
-func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podGone PodGoneFunc, all bool) ContainerPlan {
+func planContainers(s *projection.State, p ContainerPolicy, now time.Time, dir PodLogDir, all bool) ContainerPlan {
 	plan := ContainerPlan{Now: now}
+	if dir != nil {
+		plan.PodLogDir = dir.Input(now)
+	}
 	// Items live in one slice beside their containers and are reached by
 	// index: no map and no allocation per container.
 	size := len(s.Containers)
@@ -251,7 +291,7 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podGo
 	})
 	var pods map[string]*podFacts
 	if p.Prune == PruneAll {
-		pods = p.podsOf(s, &plan, list, ctrs, candidates, sandboxes, podGone)
+		pods = p.podsOf(s, &plan, list, ctrs, candidates, sandboxes, dir)
 	}
 	// The dead containers of a deleted pod all go; the rest fall in units.
 	var units [][]int          // indexes into list, by evict unit
@@ -293,6 +333,9 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, podGo
 				list[i].Reason = ReasonWithinCap
 			}
 		}
+	}
+	if p.Prune == PruneAll && !p.KubeletViewOff {
+		p.kubeletShown(s, &plan, list, ctrs, candidates)
 	}
 	if len(sandboxes) > 0 {
 		var settled []*projection.Container // kept, without an item
@@ -348,10 +391,13 @@ func permute(list []ContainerItem, order []int) {
 
 // PlanContainersAcross plans each namespace's state on its own, with the
 // same rules, and joins the plans (for tools that show them all).
-func PlanContainersAcross(states []*projection.State, p ContainerPolicy, now time.Time, podKept func(uid, namespace, name string) bool) ContainerPlan {
+func PlanContainersAcross(states []*projection.State, p ContainerPolicy, now time.Time, dir PodLogDir) ContainerPlan {
 	plan := ContainerPlan{Now: now, Remove: []ContainerItem{}, Keep: []ContainerItem{}}
+	if dir != nil {
+		plan.PodLogDir = dir.Input(now)
+	}
 	for _, s := range states {
-		plan.merge(PlanContainersWith(s, p, now, podKept))
+		plan.merge(PlanContainersWith(s, p, now, dir))
 	}
 	return plan
 }

@@ -17,20 +17,21 @@ type podFacts struct {
 	lastExit time.Time
 	// newest is its newest sandbox, by creation, whatever its state.
 	newest *projection.Container
-	// deleted: stopped, and gone by its own sign for PodGrace.
+	// deleted: stopped, and its log dir seen and gone for PodGrace.
 	deleted bool
 }
 
 // podsOf gathers the pods of s and decides which of those with a candidate
 // (indices into list and ctrs) or an exited sandbox are deleted: every
-// sandbox stopped, nothing running, and podGone saying the pod is gone
-// since a time at least PodGrace before now, the grace counted from its
-// last sandbox's exit if that is later. A pod that is stopped but not yet
-// deleted makes the plan look again (NextEligible): when its grace ends,
-// or, while its log dir is there, PodRecheck from now, since the kubelet
-// removes that dir without any containerd event.
+// sandbox stopped, nothing running, the pod log dir a known input, and
+// the pod's dir seen there and gone since a time at least PodGrace before
+// now, the grace counted from its last sandbox's exit if that is later. A
+// pod that is stopped but not yet deleted makes the plan look again
+// (NextEligible): when its grace ends, or, while its log dir is there or
+// the dir is not known, PodRecheck from now, since the kubelet removes
+// that dir without any containerd event.
 func (p ContainerPolicy) podsOf(s *projection.State, plan *ContainerPlan, list []ContainerItem, ctrs []*projection.Container,
-	candidates, sandboxes []int, podGone PodGoneFunc) map[string]*podFacts {
+	candidates, sandboxes []int, dir PodLogDir) map[string]*podFacts {
 	if len(candidates) == 0 && len(sandboxes) == 0 {
 		return nil
 	}
@@ -62,10 +63,17 @@ func (p ContainerPolicy) podsOf(s *projection.State, plan *ContainerPlan, list [
 			}
 		}
 	}
-	if podGone != nil && podSignalBlind(pods, podGone) {
-		// A pod that runs has no log dir: the dir the agent reads is not
-		// the kubelet's (another podLogsDir, an empty dir a hostPath
-		// created), and every stopped pod would look deleted. None is.
+	switch {
+	case dir == nil:
+		return pods
+	case !plan.PodLogDir.Known():
+		// Not read yet, or its reads fail: no sign of any pod.
+		earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
+		return pods
+	case podSignalBlind(pods, dir):
+		// A pod that runs has had its log dir go: the dir the agent reads
+		// is not the kubelet's (another podLogsDir, a dir swapped), and
+		// its signs are none. No pod counts as deleted.
 		plan.PodSignalBlind = true
 		earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
 		return pods
@@ -78,10 +86,10 @@ func (p ContainerPolicy) podsOf(s *projection.State, plan *ContainerPlan, list [
 			continue
 		}
 		decided[uid] = true
-		if !pd.stopped || podGone == nil {
+		if !pd.stopped {
 			continue
 		}
-		since, gone := podGone(uid, pd.namespace, pd.name)
+		since, gone := dir.Gone(uid, pd.namespace, pd.name)
 		if !gone {
 			// Its log dir may go at any time, without an event.
 			earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
@@ -152,14 +160,14 @@ func planSandboxes(list []ContainerItem, ctrs, settled []*projection.Container, 
 }
 
 // podSignalBlind reports whether a pod that is not stopped (a sandbox ready
-// or a container running) is gone by podGone: the kubelet makes a pod's
-// log dir before its sandbox runs, so the sign cannot be read.
-func podSignalBlind(pods map[string]*podFacts, podGone PodGoneFunc) bool {
+// or a container running) has had its log dir go: the kubelet removes a
+// pod's log dir only once the pod is deleted, so the sign cannot be read.
+func podSignalBlind(pods map[string]*podFacts, dir PodLogDir) bool {
 	for uid, pd := range pods {
 		if pd.stopped {
 			continue
 		}
-		if _, gone := podGone(uid, pd.namespace, pd.name); gone {
+		if _, gone := dir.Gone(uid, pd.namespace, pd.name); gone {
 			return true
 		}
 	}

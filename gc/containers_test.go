@@ -443,12 +443,12 @@ func TestPlanContainers(t *testing.T) {
 			}
 			s := build(tt.evs...)
 			before := s.Clone()
-			var gone PodGoneFunc
+			var gone PodLogDir
 			if tt.gone != nil {
-				gone = func(uid, _, _ string) (time.Time, bool) {
+				gone = PodLogDirView{In: KnownInput(at(0)), GoneFn: func(uid, _, _ string) (time.Time, bool) {
 					d, ok := tt.gone[uid]
 					return at(d), ok
-				}
+				}}
 			}
 			plan := planContainers(s, p, at(cmp.Or(tt.now, 10*h)), gone, true)
 

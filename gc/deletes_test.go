@@ -20,13 +20,14 @@ type memJournal struct {
 	seq     uint64
 	pending map[uint64]deletion.Intent
 	log     []string
+	intents []deletion.Intent // every intent recorded, in order
 	// failIntend, when set, fails every Intend.
 	failIntend error
 }
 
 var _ deletion.Journal = (*memJournal)(nil)
 
-func (j *memJournal) Intend(ns string, a schema.Action) (deletion.Intent, error) {
+func (j *memJournal) Intend(ns string, a schema.Action, id *deletion.Identity) (deletion.Intent, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.failIntend != nil {
@@ -38,11 +39,12 @@ func (j *memJournal) Intend(ns string, a schema.Action) (deletion.Intent, error)
 		return deletion.Intent{}, err
 	}
 	in := deletion.Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject,
-		Key: a.Key, Data: d} // the outbox makes it unique; tests assert the caller's key
+		Key: a.Key, Data: d, Identity: id} // the outbox makes it unique; tests assert the caller's key
 	if j.pending == nil {
 		j.pending = map[uint64]deletion.Intent{}
 	}
 	j.pending[in.Seq] = in
+	j.intents = append(j.intents, in)
 	j.log = append(j.log, "intend "+a.Subject)
 	return in, nil
 }

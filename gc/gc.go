@@ -53,6 +53,7 @@ const (
 	ReasonPodHasContainers Reason = "pod-has-containers" // a sandbox that still holds a container (CRI's sandbox id)
 	ReasonNewestSandbox    Reason = "newest-sandbox"     // the newest sandbox of a pod that is still there
 	ReasonStarting         Reason = "starting"           // a CRI container created, not started, within NeverStartedGrace
+	ReasonKubeletShown     Reason = "kubelet-may-show"   // an attempt the kubelet's pod status may still show (lastState): kubectl logs --previous reads it
 	// Plain containers: the client that owns one may still be using it.
 	ReasonRestartManaged     Reason = "restart-managed"     // a restart policy wants it running
 	ReasonAwaitingCollection Reason = "awaiting-collection" // exited; its client may still read the exit status

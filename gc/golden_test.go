@@ -189,10 +189,10 @@ func plan(t *testing.T, sc scenario, s *projection.State) []byte {
 		if err := policy.Validate(); err != nil {
 			t.Fatalf("container policy: %v", err)
 		}
-		gone := func(uid, _, _ string) (time.Time, bool) {
+		gone := PodLogDirView{In: KnownInput(sc.Now), GoneFn: func(uid, _, _ string) (time.Time, bool) {
 			since, ok := sc.PodsGone[uid]
 			return since, ok
-		}
+		}}
 		plan := planContainers(s, policy, sc.Now, gone, true)
 		checkContainerPlan(t, s, policy, plan)
 		if light := planContainers(s, policy, sc.Now, gone, false); !slices.Equal(containerSummary(light.Remove), containerSummary(plan.Remove)) ||

@@ -231,7 +231,7 @@ func (s skipped) Error() string { return string(s.reason) + ": " + s.detail }
 func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageName, rule Reason, gen uint64, res *imageExecResult) (o ImageOutcome, afterError bool, err error) {
 	o = x.outcome(it, rule, ActionRemoved, rule, "")
 	tx, err := x.deletes.Begin(ctx, it.Namespace, Action{Kind: "image", Action: ActionRemoved, Subject: it.Digest,
-		Key: imageRemovalKey(it.Namespace, it.Digest, it.FirstSeen), Data: imageData{ImageOutcome: o}})
+		Key: imageRemovalKey(it.Namespace, it.Digest, it.FirstSeen), Data: imageData{ImageOutcome: o}}, imageIdentity(names))
 	if err != nil {
 		return o, false, err
 	}
@@ -285,6 +285,16 @@ func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageN
 		x.log.Warn().Err(err).Str("digest", it.Digest).Msg("store the removal's event")
 	}
 	return o, afterError, nil
+}
+
+// imageIdentity is what the delete of names is about: each name with its
+// record's creation time, as the re-check read them.
+func imageIdentity(names []ImageName) *deletion.Identity {
+	id := &deletion.Identity{Names: make([]deletion.Name, len(names))}
+	for i, n := range names {
+		id.Names[i] = deletion.Name{Name: n.Name, Created: n.Created}
+	}
+	return id
 }
 
 func (res *imageExecResult) add(x *imageExecutor, o ImageOutcome) {

@@ -60,7 +60,7 @@ func (f *fakeRuntime) Add(digest string, frees uint64, names ...string) {
 			k, v, _ := strings.Cut(kv, "=")
 			labels[k] = v
 		}
-		f.names[digest] = append(f.names[digest], ImageName{Name: name, Labels: labels})
+		f.names[digest] = append(f.names[digest], ImageName{Name: name, Labels: labels, Created: fakeCreated})
 	}
 	slices.SortFunc(f.names[digest], func(a, b ImageName) int { return strings.Compare(a.Name, b.Name) })
 	f.frees[digest] = frees

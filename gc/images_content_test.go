@@ -164,10 +164,10 @@ func TestNewestSandboxKeptWhilePodLogDirExists(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var asked []string
-			plan := PlanContainersWith(s, p, at(time.Hour), func(uid, ns, name string) bool {
+			plan := PlanContainersWith(s, p, at(time.Hour), PodLogDirView{In: KnownInput(at(time.Hour)), GoneFn: func(uid, ns, name string) (time.Time, bool) {
 				asked = append(asked, ns+"/"+name+"/"+uid)
-				return tt.kept
-			})
+				return at(0), !tt.kept
+			}})
 			if got := containerSummary(plan.Remove); !slices.Equal(got, tt.remove) {
 				t.Errorf("remove %q, want %q", got, tt.remove)
 			}

@@ -39,6 +39,17 @@ func (s InputState) String() string {
 // MarshalText makes an InputState its name in JSON.
 func (s InputState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
+// UnmarshalText reads an InputState's name (a plan or status read back).
+func (s *InputState) UnmarshalText(b []byte) error {
+	for _, v := range []InputState{InputUnknown, InputKnown, InputStale} {
+		if string(b) == v.String() {
+			*s = v
+			return nil
+		}
+	}
+	return fmt.Errorf("input state %q: want unknown, known or stale", b)
+}
+
 // Input is one input with its state: Since is when it was last read
 // (known, stale) or when the agent began to wait for it (unknown), on the
 // agent's clock; Cause says, for unknown and stale, why (the error of the

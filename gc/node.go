@@ -3,6 +3,7 @@ package gc
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/schema"
@@ -12,9 +13,13 @@ import (
 // adapter implements it) and from the delete transaction.
 
 // ImageName is one name of an image as containerd holds it right now.
+// Created is the record's creation time as containerd stamped it: with the
+// name, the record's identity (a name deleted and made again by a pull is
+// another record, with another creation time).
 type ImageName struct {
-	Name   string
-	Labels map[string]string
+	Name    string
+	Labels  map[string]string
+	Created time.Time
 }
 
 // ImageRef names one image for the in-use question: its target digest,
@@ -46,10 +51,11 @@ const (
 	HolderLease     = "lease"
 )
 
-// ErrImageChanged says a name moved to another target between the
-// re-check and the delete: the image was not deleted, and the next pass
-// decides anew.
-var ErrImageChanged = errors.New("image name points at another target now")
+// ErrImageChanged says the image's names changed between the re-check and
+// the delete: a name moved to another target, or a name the re-check did
+// not see points at it (a pull made it during the call). Such a name is
+// never deleted; the next pass decides anew.
+var ErrImageChanged = errors.New("image names changed since the re-check")
 
 // ErrOwnerWon says the container's owner deleted it (or its task) between
 // the re-check and our delete: not an error, the owner was first, and not
@@ -67,9 +73,11 @@ type imageNode interface {
 	// indexes with.
 	ImageHolders(ctx context.Context, ns string, img ImageRef) ([]Holder, error)
 	// RemoveImage deletes all names (of one digest) in namespace ns,
-	// synchronously, and says how (cri or native). ErrImageChanged when a
-	// name moved: nothing more was deleted. Any other error leaves the
-	// outcome unknown.
+	// synchronously, and says how (cri or native). It deletes only these
+	// names, each as the re-check saw it (its creation time): a name made
+	// since (a pull during the call) is kept. ErrImageChanged when a name
+	// moved or was made since: nothing more was deleted. Any other error
+	// leaves the outcome unknown.
 	RemoveImage(ctx context.Context, ns, digest string, names []ImageName) (string, error)
 }
 
@@ -112,7 +120,8 @@ func (k *Kept) Error() string { return "kept (" + string(k.Live) + "): " + k.Why
 
 // deleteLog begins delete transactions (*deletion.Manager).
 type deleteLog interface {
-	Begin(ctx context.Context, ns string, a schema.Action) (*deletion.Tx, error)
+	// Begin records the intent of a with the object's identity id.
+	Begin(ctx context.Context, ns string, a schema.Action, id *deletion.Identity) (*deletion.Tx, error)
 	// Generation changes whenever a delete whose outcome was unknown has
 	// been settled: a disk measurement from before is stale.
 	Generation() uint64

@@ -65,6 +65,53 @@ func TestContainerExecutorTransactions(t *testing.T) {
 	}
 }
 
+// TestIntentsRecordIdentities: each intent records the identity of what
+// it deletes as the node reported it right before: a container's creation
+// time, an image's names with theirs (issue 34, item 4).
+func TestIntentsRecordIdentities(t *testing.T) {
+	plan := PlanContainers(nodeState(), allPolicy, at(time.Minute))
+	f := newFakeContainerRuntime()
+	d, j := testDeletes(t, &fakePublisher{}, f)
+	e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: d, Publisher: &fakePublisher{}}, ContainerExecutorOptions{Parallelism: 1, Clock: clock.System(func() time.Time { return at(time.Minute) })})
+	if _, err := e.Apply(context.Background(), plan, allPolicy); err != nil {
+		t.Fatal(err)
+	}
+	if len(j.intents) == 0 {
+		t.Fatal("no container intent recorded")
+	}
+	for _, in := range j.intents {
+		if in.Identity == nil || !in.Identity.Created.Equal(fakeCreated) || len(in.Identity.Names) != 0 {
+			t.Errorf("container %s intent identity %+v, want its creation time %v", in.Subject, in.Identity, fakeCreated)
+		}
+	}
+
+	n := newNode()
+	x := n.executor(policy8070)
+	ij := &memJournal{}
+	x.deletes, _ = deletion.New(deletion.Deps{Journal: ij, Checker: n.rt}, deletion.Options{RetryGap: time.Nanosecond})
+	before := map[string][]ImageName{}
+	for d, names := range n.rt.names {
+		before[d] = slices.Clone(names)
+	}
+	if res := x.execute(context.Background(), n.plan(policy8070, at(time.Hour))); res.Removed == 0 {
+		t.Fatal("nothing removed")
+	}
+	if len(ij.intents) == 0 {
+		t.Fatal("no image intent recorded")
+	}
+	for _, in := range ij.intents {
+		want := &deletion.Identity{}
+		for _, name := range before[in.Subject] {
+			want.Names = append(want.Names, deletion.Name{Name: name.Name, Created: name.Created})
+		}
+		if in.Identity == nil || len(want.Names) == 0 || !slices.EqualFunc(in.Identity.Names, want.Names, func(a, b deletion.Name) bool {
+			return a.Name == b.Name && a.Created.Equal(b.Created)
+		}) {
+			t.Errorf("image %s intent identity %+v, want %+v", in.Subject, in.Identity, want)
+		}
+	}
+}
+
 // TestContainerExecutorErrorButDeleted: a delete that reports an error
 // although containerd committed it (the object is gone) is settled at
 // once: exactly one removal event, not a failure (issue 25, finding 3).

@@ -28,6 +28,11 @@ type mask struct {
 	// only 1m (NeverStartedGrace) after its creation, for the kubelet at
 	// MinAge. Masked by a grace of 1ns.
 	noStartGrace bool
+	// kubeletViewOff: gcagent keeps a pod container's previous attempt
+	// while the kubelet's pod status may still name it (lastState, issue
+	// 34 item 8); the kubelet's GC does not look. Masked by turning the
+	// rule off.
+	kubeletViewOff bool
 }
 
 // masks are tried one by one, then together; a world counts under the
@@ -35,7 +40,11 @@ type mask struct {
 var masks = []mask{
 	{name: "container-ttl-from-exit", ttlFromCreation: true},
 	{name: "never-started-grace", noStartGrace: true},
+	{name: "kubelet-status-lag", kubeletViewOff: true},
 	{name: "container-ttl-from-exit+never-started-grace", ttlFromCreation: true, noStartGrace: true},
+	{name: "container-ttl-from-exit+kubelet-status-lag", ttlFromCreation: true, kubeletViewOff: true},
+	{name: "never-started-grace+kubelet-status-lag", noStartGrace: true, kubeletViewOff: true},
+	{name: "container-ttl-from-exit+never-started-grace+kubelet-status-lag", ttlFromCreation: true, noStartGrace: true, kubeletViewOff: true},
 }
 
 // gcagentDecide builds gcagent's projection of w through its real reducer
@@ -78,10 +87,15 @@ func gcagentDecide(w *world, m mask) []string {
 	if m.noStartGrace {
 		p.NeverStartedGrace = time.Nanosecond
 	}
+	p.KubeletViewOff = m.kubeletViewOff
 	if err := p.Validate(); err != nil {
 		panic(err)
 	}
-	plan := gc.PlanContainersWith(s, p, w.now, func(uid, _, _ string) bool { return !deleted[uid] })
+	// A deleted pod's log dir was seen and went long ago.
+	dir := gc.PodLogDirView{In: gc.KnownInput(w.now), GoneFn: func(uid, _, _ string) (time.Time, bool) {
+		return time.Time{}, deleted[uid]
+	}}
+	plan := gc.PlanContainersWith(s, p, w.now, dir)
 	var removed []string
 	for _, it := range plan.Remove {
 		removed = append(removed, it.ID)

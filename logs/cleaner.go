@@ -33,7 +33,8 @@ import (
 
 // deleteLog begins delete transactions; a *deletion.Manager is one.
 type deleteLog interface {
-	Begin(ctx context.Context, ns string, a schema.Action) (*deletion.Tx, error)
+	// Begin records the intent (a log's path is its identity: none other).
+	Begin(ctx context.Context, ns string, a schema.Action, id *deletion.Identity) (*deletion.Tx, error)
 }
 
 // Publisher hands to the fleet bus what is not a removal: a dry run's
@@ -66,6 +67,11 @@ type Deps struct {
 	// Publisher receives what is not a removal (a dry run's skips); nil:
 	// nothing published.
 	Publisher Publisher
+	// PodDirs records the pod dirs each full read of PodLogDir sees (the
+	// deleted-pod sign: a dir seen, then gone), and saves them after each
+	// pass. nil: a new one, kept nowhere. A Cleaner that only plans
+	// (Plan) reads into a copy and changes nothing.
+	PodDirs *PodDirs
 }
 
 // Options configure a Cleaner.
@@ -106,6 +112,10 @@ type Cleaner struct {
 
 	mu   sync.Mutex // serializes passes; guards seen
 	seen map[key]*tracked
+
+	dirs     *PodDirs
+	dirsSaid string // the last pod dir read problem logged; guarded by mu
+	saveSaid bool   // a failed save of dirs was logged; guarded by mu
 }
 
 type key struct {
@@ -137,7 +147,10 @@ func New(d Deps, o Options) (*Cleaner, error) {
 	if o.Clock == nil {
 		o.Clock = clock.System(nil)
 	}
-	return &Cleaner{
+	if d.PodDirs == nil {
+		d.PodDirs = NewPodDirs("")
+	}
+	return &Cleaner{dirs: d.PodDirs,
 		cfg: o.Config, state: d.State, changes: d.Changes, minGap: o.MinGap, deletes: d.Deletes, pub: d.Publisher, metrics: o.Metrics, now: o.Clock.Now, clock: o.Clock,
 		log:  o.Log.With().Str("component", "logs").Logger(),
 		kick: make(chan struct{}, 1),
@@ -186,7 +199,11 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.now()
-	roots, entries, scanErr := c.scan()
+	dirs := c.dirs
+	if !apply {
+		dirs = dirs.Clone() // a plan changes nothing
+	}
+	roots, entries, scanErr := c.scan(dirs, now, apply)
 	defer func() {
 		for _, fd := range roots {
 			unix.Close(fd)
@@ -241,33 +258,96 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 }
 
 // scan opens both configured directories (the caller closes the fds in
-// roots; a missing directory has none) and scans them. Errors are joined;
-// what could be scanned is returned.
-func (c *Cleaner) scan() (roots map[Kind]int, entries []Entry, err error) {
+// roots; a missing directory has none) and scans them: the pod log dir
+// first, whose full read goes to dirs (and, with save, to its file), then
+// the links, judged by it. Errors are joined; what could be scanned is
+// returned.
+func (c *Cleaner) scan(dirs *PodDirs, now time.Time, save bool) (roots map[Kind]int, entries []Entry, err error) {
 	roots = map[Kind]int{}
 	var errs []error
-	for kind, dir := range map[Kind]string{KindSymlink: c.cfg.LogDir, KindPodDir: c.cfg.PodLogDir} {
-		fd, err := openRoot(dir)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+	for _, kind := range []Kind{KindPodDir, KindSymlink} {
+		dir := c.cfg.LogDir
+		if kind == KindPodDir {
+			dir = c.cfg.PodLogDir
 		}
+		fd, err := openRoot(dir)
+		errs = append(errs, err)
 		if fd < 0 {
+			if kind == KindPodDir {
+				cause := "missing"
+				if err != nil {
+					cause = err.Error()
+				}
+				c.dirsFailed(dirs, cause, now, save)
+			}
 			continue
 		}
 		roots[kind] = fd
-		es, err := scanDir(c.cfg, fd, dir, kind)
-		errs = append(errs, err)
+		es, unsure, read, serr := scanDir(c.cfg, fd, dir, kind)
+		errs = append(errs, serr)
 		if kind == KindPodDir {
 			mounted, err := mountedNames(fd)
 			errs = append(errs, err)
 			for i := range es {
 				es[i].Mounted = mounted[es[i].Name]
 			}
+			id, ierr := dirID(fd)
+			switch {
+			case !read:
+				c.dirsFailed(dirs, serr.Error(), now, save)
+			case ierr != nil:
+				errs = append(errs, ierr)
+				c.dirsFailed(dirs, ierr.Error(), now, save)
+			default:
+				c.dirsRead(dirs, id, es, unsure, now, save)
+			}
+		} else {
+			for i := range es {
+				if es[i].TargetPodDir != "" {
+					_, es[i].TargetPodDirGone = dirs.dirGone(es[i].TargetPodDir)
+				}
+			}
 		}
 		entries = append(entries, es...)
 	}
 	return roots, entries, errors.Join(errs...)
+}
+
+// dirsRead gives dirs a full read of the pod log dir (identified as id)
+// and, with save, saves it; what an operator must hear is logged once.
+func (c *Cleaner) dirsRead(dirs *PodDirs, id DirID, es []Entry, unsure []string, now time.Time, save bool) {
+	restarted, was := dirs.observe(id, podDirNames(es), unsure, now)
+	if !save {
+		return
+	}
+	if restarted {
+		c.log.Warn().Str("path", c.cfg.PodLogDir).Str("dir_id", id.String()).Str("was_dir_id", was.String()).
+			Msg("the pod log dir is another directory than the one its pod dirs were seen in: no pod counts as deleted until its dir is seen here and goes")
+	}
+	if c.dirsSaid != "" {
+		c.dirsSaid = ""
+		c.log.Info().Str("path", c.cfg.PodLogDir).Msg("pod log dir read again")
+	}
+	if err := dirs.Save(); err != nil {
+		c.metrics.error("state")
+		if !c.saveSaid {
+			c.saveSaid = true
+			c.log.Warn().Err(err).Msg("pod dirs seen not saved: after a restart, pods deleted meanwhile are not told")
+		}
+	} else {
+		c.saveSaid = false
+	}
+}
+
+// dirsFailed records a failed read of the pod log dir, logged once per
+// cause.
+func (c *Cleaner) dirsFailed(dirs *PodDirs, cause string, now time.Time, save bool) {
+	dirs.failed(cause, now)
+	if save && c.dirsSaid != cause {
+		c.dirsSaid = cause
+		c.log.Warn().Str("path", c.cfg.PodLogDir).Str("cause", cause).
+			Msg("pod log dir not read: no pod counts as deleted by it, and no log link as dangling, until it is")
+	}
 }
 
 // track fills in FirstSeen and, when apply, remembers new entries and
@@ -329,6 +409,9 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		return nil
 	}
 	fresh.Mounted, fresh.FirstSeen = e.Mounted, e.FirstSeen
+	if fresh.TargetPodDir != "" {
+		_, fresh.TargetPodDirGone = c.dirs.dirGone(fresh.TargetPodDir)
+	}
 	d := decide(fresh, c.state, c.cfg.PodLogGrace, c.now())
 	if d.Action != ActionRemove {
 		c.log.Info().Str("path", path).Str("reason", string(d.Reason)).Msg("kept on re-check")
@@ -349,7 +432,7 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	// event. The outbox makes the key unique to this removal.
 	subject := filepath.Join(dir, e.Name)
 	tx, err := c.deletes.Begin(ctx, "", schema.Action{Kind: schema.KindLog, Action: schema.ActionRemoved,
-		Subject: subject, Key: string(d.Kind) + ":" + subject, Data: r})
+		Subject: subject, Key: string(d.Kind) + ":" + subject, Data: r}, nil)
 	if err != nil {
 		c.metrics.error("intent")
 		return fmt.Errorf("remove %s: %w", path, err)
@@ -357,10 +440,19 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	var removed tally
 	if e.Kind == KindPodDir {
 		removed, err = removePodDir(root, dir, e.Name, false)
-	} else if err = removeLink(root, dir, e.Name, false); err == nil {
-		removed.entries = 1
+	} else {
+		var ok bool
+		if ok, err = removeLink(root, dir, e.Name, false); ok {
+			removed.entries = 1
+		}
 	}
 	switch {
+	case err == nil && removed.entries == 0:
+		// Gone since the re-check, by another hand (the removal of its
+		// container takes its link): not our removal.
+		_ = tx.Abort()
+		c.log.Debug().Str("path", path).Msg("gone before the removal")
+		return nil
 	case err == nil:
 	case removed.entries > 0:
 		// Part of the pod dir went: that is a removal, reported with what
@@ -383,6 +475,9 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	}
 
 	at := c.now()
+	if e.Kind == KindPodDir && !r.Partial {
+		c.dirs.went(e.Name, at)
+	}
 	r.Bytes, r.Entries, r.At = removed.bytes, removed.entries, at
 	latency := at.Sub(planned.EligibleAt)
 	c.metrics.removal(d, latency.Seconds())

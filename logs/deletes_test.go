@@ -201,7 +201,7 @@ func TestFailedRemovalIsAbortedOrSettled(t *testing.T) {
 			writeFile(t, filepath.Join(cfg.PodLogDir, "ns_q_uid2", "app", "0.log"), "live pod\n")
 			st.setPod("uid2", fakePod{alive: true})
 			link := filepath.Join(cfg.LogDir, "p_ns_app-"+cid("e")+".log")
-			symlink(t, filepath.Join(cfg.PodLogDir, "gone.log"), link)
+			symlink(t, filepath.Join(cfg.PodLogDir, "ns_q_uid2", "app", "gone.log"), link)
 			setImmutable(t, cfg.LogDir, true)
 			bus := &fakeBus{}
 			deletes, err := deletion.New(deletion.Deps{Journal: bus, Checker: tc.checker}, deletion.Options{RetryGap: time.Nanosecond})

@@ -115,7 +115,7 @@ type fakeBus struct {
 	actions []schema.Action
 }
 
-func (b *fakeBus) Intend(ns string, a schema.Action) (deletion.Intent, error) {
+func (b *fakeBus) Intend(ns string, a schema.Action, id *deletion.Identity) (deletion.Intent, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	d, err := json.Marshal(a.Data)
@@ -123,7 +123,7 @@ func (b *fakeBus) Intend(ns string, a schema.Action) (deletion.Intent, error) {
 		return deletion.Intent{}, err
 	}
 	b.seq++
-	in := deletion.Intent{Seq: b.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d}
+	in := deletion.Intent{Seq: b.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d, Identity: id}
 	if b.pending == nil {
 		b.pending = map[uint64]deletion.Intent{}
 	}

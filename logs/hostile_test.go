@@ -115,14 +115,14 @@ func newHostile(t *testing.T) *hostile {
 
 	// Links.
 	symlink(t, p(podOrphan+"/app/missing.log"), p(linkExited))
-	symlink(t, p("pods/nowhere/app/0.log"), p(linkUnknown))
+	symlink(t, p(podLive+"/app/9.log"), p(linkUnknown)) // gone from a dir that is there
 	symlink(t, p("pods/rotating/app/0.log"), p(linkRunning))
 	symlink(t, p(podLive+"/app/0.log"), p(linkTargetOK))
 	symlink(t, filepath.Join(h.outside, "secret.txt"), p(linkOutside))
 	symlink(t, filepath.Base(linkLoopB), p(linkLoopA))
 	symlink(t, filepath.Base(linkLoopA), p(linkLoopB))
 	writeFile(t, p(fileRegular), "regular file\n")
-	symlink(t, p("pods/nowhere/0.log"), p(linkWeird))
+	symlink(t, p(podLive+"/app/8.log"), p(linkWeird))
 	mkdirAll(t, p(dirDotLog))
 	symlink(t, p("pods/nowhere/0.log"), p(linkNotLog))
 	symlink(t, p("pods/nowhere/0.log"), p(linkShortID))

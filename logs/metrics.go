@@ -40,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"kind", "reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_logs_errors_total",
-			Help: "Errors, by operation: scan, remove, publish, watch.",
+			Help: "Errors, by operation: scan, remove, publish, watch, state (the pod dirs seen not saved).",
 		}, []string{"op"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gcagent_logs_removal_duration_seconds",

@@ -87,6 +87,11 @@ const (
 	// target lies outside the pod log dir the agent sees
 	// (Config.TargetInView): the file may exist on the host.
 	ReasonTargetUnverifiable Reason = "target-unverifiable"
+	// ReasonTargetUnseen: the target is not found, but neither does the
+	// directory meant to hold it exist nor was its pod dir seen to go: the
+	// pod log dir the agent reads may not be the kubelet's, and absence
+	// there is no sign that the file is gone.
+	ReasonTargetUnseen Reason = "target-unseen"
 )
 
 // Entry is one scanned directory entry, the planner's whole view of it.
@@ -105,8 +110,18 @@ type Entry struct {
 	TargetInView bool
 	// TargetErr is, for a *.log symlink of LogDir, the error of stat of
 	// the target where the agent sees it: nil when the target exists;
-	// ENOENT means dangling if TargetInView.
+	// ENOENT means dangling if TargetInView and either TargetDirExists or
+	// TargetPodDirGone.
 	TargetErr error
+	// TargetDirExists is, for a target not found, whether the directory
+	// meant to hold it (below the pod log dir) exists: the file is gone
+	// from a directory that is there.
+	TargetDirExists bool
+	// TargetPodDir is, for a target not found, the name of the pod dir it
+	// lies in; TargetPodDirGone whether the agent saw that dir and saw it go
+	// (PodDirs).
+	TargetPodDir     string
+	TargetPodDirGone bool
 	// Mounted is, for a pod dir, whether a mount point is at or under it.
 	Mounted bool
 	// FirstSeen is when the agent first saw the entry; the grace of objects
@@ -160,7 +175,7 @@ func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Pla
 	})
 	for _, e := range entries {
 		d := decide(e, st, grace, now)
-		if e.Kind == KindSymlink && (d.Action != ActionKeep || d.Reason == ReasonTargetUnverifiable) && blind() {
+		if e.Kind == KindSymlink && (d.Action != ActionKeep || d.Reason == ReasonTargetUnverifiable || d.Reason == ReasonTargetUnseen) && blind() {
 			d.Action, d.Reason, d.EligibleAt = ActionKeep, ReasonNoPodLogDir, time.Time{}
 		}
 		if d.Action == ActionWait && (p.Next.IsZero() || d.EligibleAt.Before(p.Next)) {
@@ -220,6 +235,10 @@ func decideLink(e Entry, st State, grace time.Duration, now time.Time) Decision 
 	switch {
 	case running:
 		d.Reason = ReasonContainerRunning
+	case !e.TargetDirExists && !e.TargetPodDirGone:
+		// Absence is a sign only where the agent saw the file's directory:
+		// the pod log dir it reads may not be the kubelet's.
+		d.Reason, d.Detail = ReasonTargetUnseen, "neither the directory of target "+strconv.Quote(e.Target)+" exists nor was its pod dir seen going"
 	case known:
 		d.Action, d.Reason, d.EligibleAt = ActionRemove, ReasonContainerExited, now
 	case len(e.Name) >= maxNameLen:

@@ -24,7 +24,7 @@ func TestPlanLogs(t *testing.T) {
 	st.setPod("nosince", fakePod{})
 
 	link := func(name string, target error) Entry {
-		return Entry{Kind: KindSymlink, Name: name, Type: fs.ModeSymlink, TargetInView: true, TargetErr: target, FirstSeen: now}
+		return Entry{Kind: KindSymlink, Name: name, Type: fs.ModeSymlink, TargetInView: true, TargetDirExists: true, TargetErr: target, FirstSeen: now}
 	}
 	pod := func(name string) Entry {
 		return Entry{Kind: KindPodDir, Name: name, Type: fs.ModeDir, FirstSeen: now}
@@ -133,7 +133,7 @@ func TestPlanLogsNextIsEarliestAndSorted(t *testing.T) {
 	st.setPod("young", fakePod{goneSince: now.Add(-50 * time.Second)})
 	entries := []Entry{
 		{Kind: KindPodDir, Name: "ns_b_never", Type: fs.ModeDir, FirstSeen: now},
-		{Kind: KindSymlink, Name: "x_ns_c-" + cid("f") + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetErr: syscall.ENOENT, FirstSeen: now.Add(-30 * time.Second)},
+		{Kind: KindSymlink, Name: "x_ns_c-" + cid("f") + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetDirExists: true, TargetErr: syscall.ENOENT, FirstSeen: now.Add(-30 * time.Second)},
 		{Kind: KindPodDir, Name: "ns_a_young", Type: fs.ModeDir, FirstSeen: now},
 	}
 	p := PlanLogs(entries, st, time.Minute, now)
@@ -237,7 +237,7 @@ func TestParseMountinfo(t *testing.T) {
 func TestPlanLogsBlindWithoutPodLogDir(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	exited := cid("e1")
-	dangling := Entry{Kind: KindSymlink, Name: "p_ns_c-" + exited + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetErr: syscall.ENOENT, FirstSeen: now}
+	dangling := Entry{Kind: KindSymlink, Name: "p_ns_c-" + exited + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetDirExists: true, TargetErr: syscall.ENOENT, FirstSeen: now}
 	podDir := Entry{Kind: KindPodDir, Name: "ns_p_" + "alive", Type: fs.ModeDir, FirstSeen: now}
 	elsewhere := dangling
 	elsewhere.TargetInView = false
@@ -276,7 +276,7 @@ func TestPlanLogsAsksRunningOnlyForALinkToRemove(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	running, exited := cid("r1"), cid("e1")
 	link := func(id string) Entry {
-		return Entry{Kind: KindSymlink, Name: "p_ns_c-" + id + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetErr: syscall.ENOENT, FirstSeen: now}
+		return Entry{Kind: KindSymlink, Name: "p_ns_c-" + id + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetDirExists: true, TargetErr: syscall.ENOENT, FirstSeen: now}
 	}
 	st := newFakeState()
 	st.criRunning = true

@@ -177,12 +177,14 @@ func removePodDir(root int, rootPath, name string, dryRun bool) (tally, error) {
 	return removed, err
 }
 
-// removeLink unlinks the symlink name of the directory open as root. The
-// caller has just re-checked that it is a dangling symlink; unlinkat never
-// follows it. An entry already gone is no error.
-func removeLink(root int, rootPath, name string, dryRun bool) error {
-	if err := unlink(root, name, display(rootPath, name), !dryRun, 0); !errors.Is(err, errGone) {
-		return err
+// removeLink unlinks the symlink name of the directory open as root and
+// says whether it did. The caller has just re-checked that it is a
+// dangling symlink; unlinkat never follows it. An entry already gone (its
+// container's removal took it) is no error, and not removed.
+func removeLink(root int, rootPath, name string, dryRun bool) (bool, error) {
+	err := unlink(root, name, display(rootPath, name), !dryRun, 0)
+	if errors.Is(err, errGone) {
+		return false, nil
 	}
-	return nil
+	return err == nil, err
 }

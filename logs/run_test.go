@@ -153,7 +153,8 @@ func TestRunRearmsRecreatedDir(t *testing.T) {
 		link := filepath.Join(cfg.LogDir, "p_ns_app-"+id+".log")
 		// Created before the watch may be armed: the pass after arming finds
 		// it; created after, the event brings a pass.
-		symlink(t, filepath.Join(cfg.PodLogDir, "missing.log"), link)
+		mkdirAll(t, filepath.Join(cfg.PodLogDir, "ns_p_uid1", "app"))
+		symlink(t, filepath.Join(cfg.PodLogDir, "ns_p_uid1", "app", "missing.log"), link)
 		wait.Until(t, 10*time.Second, "link removed in the (re)created dir", func() bool { return !exists(link) })
 		if round == 0 {
 			if err := os.RemoveAll(cfg.LogDir); err != nil {

@@ -84,35 +84,49 @@ func scanEntry(cfg Config, root int, kind Kind, name string) (e Entry, gone bool
 	}
 	e = Entry{Kind: kind, Name: name, Type: fileType(st.Mode)}
 	if kind == KindSymlink && e.Type == fs.ModeSymlink && strings.HasSuffix(name, ".log") {
-		e.Target, e.TargetInView, e.TargetErr = statTarget(cfg, root, name)
+		statTarget(cfg, root, &e)
 	}
 	return e, false, nil
 }
 
-// statTarget reads the target of the symlink name of root, says whether it
-// lies in the pod log dir the agent sees, and returns the error of stat
-// there (nil: it exists). Following is a read: it tells dangling from not.
-// No automount. A target mapped from the host's pod log dir is stat'ed
-// both where it maps to and through the link: ENOENT only when neither
-// finds it.
-func statTarget(cfg Config, root int, name string) (target string, inView bool, err error) {
+// statTarget reads the target of the symlink e.Name of root, says whether
+// it lies in the pod log dir the agent sees, and sets e.TargetErr to the
+// error of stat there (nil: it exists). Following is a read: it tells
+// dangling from not. No automount. A target mapped from the host's pod log
+// dir is stat'ed both where it maps to and through the link: ENOENT only
+// when neither finds it. For a target that is not found it also says
+// whether the directory meant to hold it exists, and which pod dir it is
+// in: a file missing from a directory that is there is gone; one whose
+// directory is missing may be in a pod log dir the agent does not see.
+func statTarget(cfg Config, root int, e *Entry) {
 	var st unix.Stat_t
-	through := func() error { return unix.Fstatat(root, name, &st, unix.AT_NO_AUTOMOUNT) }
-	target, rerr := readlinkat(root, name)
+	through := func() error { return unix.Fstatat(root, e.Name, &st, unix.AT_NO_AUTOMOUNT) }
+	target, rerr := readlinkat(root, e.Name)
 	if rerr != nil {
 		// Unreadable: no path to judge; the stat through the link still
 		// tells whether it exists.
-		return "", false, through()
+		e.TargetErr = through()
+		return
 	}
+	e.Target = target
 	path, inView := cfg.TargetInView(target)
+	e.TargetInView = inView
 	if !inView || path == filepath.Join(cfg.LogDir, target) || path == filepath.Clean(target) {
-		return target, inView, through() // the kernel resolves it to path (or it is not in view)
+		e.TargetErr = through() // the kernel resolves it to path (or it is not in view)
+	} else {
+		e.TargetErr = unix.Fstatat(unix.AT_FDCWD, path, &st, unix.AT_NO_AUTOMOUNT)
+		if errors.Is(e.TargetErr, unix.ENOENT) && through() == nil {
+			e.TargetErr = nil
+		}
 	}
-	err = unix.Fstatat(unix.AT_FDCWD, path, &st, unix.AT_NO_AUTOMOUNT)
-	if errors.Is(err, unix.ENOENT) && through() == nil {
-		err = nil
+	if !inView || !errors.Is(e.TargetErr, unix.ENOENT) {
+		return
 	}
-	return target, inView, err
+	rel := strings.TrimPrefix(path, cfg.PodLogDir+"/")
+	e.TargetPodDir, _, _ = strings.Cut(rel, "/")
+	var dir unix.Stat_t
+	err := unix.Fstatat(unix.AT_FDCWD, filepath.Dir(path), &dir, unix.AT_NO_AUTOMOUNT)
+	e.TargetDirExists = err == nil && dir.Mode&unix.S_IFMT == unix.S_IFDIR && filepath.Dir(path) != cfg.PodLogDir
 }
 
 // readlinkat reads the target of the symlink name of the directory open as
@@ -135,25 +149,28 @@ func readlinkat(dirfd int, name string) (string, error) {
 }
 
 // scanDir scans every entry of root. Per-entry errors are collected and the
-// scan goes on; path is for messages only.
-func scanDir(cfg Config, root int, path string, kind Kind) ([]Entry, error) {
+// scan goes on; unsure are the names whose entry could not be looked at.
+// An error reading the directory itself returns no entries and read false.
+// path is for messages only.
+func scanDir(cfg Config, root int, path string, kind Kind) (entries []Entry, unsure []string, read bool, err error) {
 	names, err := readNames(root)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+		return nil, nil, false, fmt.Errorf("read %s: %w", path, err)
 	}
-	entries := make([]Entry, 0, len(names))
+	entries = make([]Entry, 0, len(names))
 	var errs []error
 	for _, name := range names {
 		e, gone, err := scanEntry(cfg, root, kind, name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("lstat %s: %w", display(path, name), err))
+			unsure = append(unsure, name)
 			continue
 		}
 		if !gone {
 			entries = append(entries, e)
 		}
 	}
-	return entries, errors.Join(errs...)
+	return entries, unsure, true, errors.Join(errs...)
 }
 
 // mountedNames returns the names of the entries of the directory open as

@@ -38,13 +38,14 @@ func intentAction(in Intent, d any) Action {
 var _ deletion.Journal = (*Publisher)(nil)
 
 // Intend records that the agent is about to do a (a delete of an object of
-// containerd namespace ns) and returns the intent. The event key becomes a.Key + "/" + the outbox's epoch + "." + a
+// containerd namespace ns, whose identity id, if any, is recorded with it)
+// and returns the intent. The event key becomes a.Key + "/" + the outbox's epoch + "." + a
 // sequence number persisted with the intent: unique per action even when
 // the caller's key repeats (an image re-pulled and deleted again, a
 // container id reused), and the same for the event of this action however
 // often it is retried. It fails when the action is invalid or the outbox
 // cannot be written; the caller may then delete without an intent.
-func (p *Publisher) Intend(ns string, a Action) (Intent, error) {
+func (p *Publisher) Intend(ns string, a Action, id *deletion.Identity) (Intent, error) {
 	select {
 	case <-p.closing:
 		return Intent{}, ErrClosed
@@ -53,7 +54,7 @@ func (p *Publisher) Intend(ns string, a Action) (Intent, error) {
 	if a.Kind == "" || a.Action == "" || a.Key == "" {
 		return Intent{}, errors.New("natsbus: an intent needs a kind, an action and a key")
 	}
-	in := Intent{At: p.opts.Now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject}
+	in := Intent{At: p.opts.Now().UTC(), Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Identity: id}
 	if a.Data != nil {
 		d, err := json.Marshal(a.Data)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/internal/wait"
 )
 
@@ -39,7 +40,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// C: intent, delete, complete, all before the crash.
-	inC, err := p1.Intend("k8s.io", removal(objC))
+	inC, err := p1.Intend("k8s.io", removal(objC), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,15 +51,18 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A: intent and delete, then the crash.
-	inA, err := p1.Intend("k8s.io", removal(objA))
+	inA, err := p1.Intend("k8s.io", removal(objA), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(objA); err != nil {
 		t.Fatal(err)
 	}
-	// B: intent, then the crash before the delete.
-	inB, err := p1.Intend("k8s.io", removal(objB))
+	// B: intent, then the crash before the delete. It records the
+	// identity of what it deletes, which settling compares.
+	idB := &deletion.Identity{Created: time.Date(2026, 3, 4, 5, 6, 7, 891, time.UTC),
+		Names: []deletion.Name{{Name: "example.test/b:1", Created: time.Date(2026, 3, 4, 5, 6, 7, 892, time.UTC)}}}
+	inB, err := p1.Intend("k8s.io", removal(objB), idB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +81,13 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 	}
 	if len(pending) != 2 || pending[0].Key != inA.Key || pending[1].Key != inB.Key {
 		t.Fatalf("pending after restart: %+v, want A and B", pending)
+	}
+	if pending[0].Identity != nil {
+		t.Errorf("A recorded no identity, but has %+v after the restart", pending[0].Identity)
+	}
+	if got := pending[1].Identity; got == nil || !got.Created.Equal(idB.Created) || len(got.Names) != 1 ||
+		got.Names[0].Name != idB.Names[0].Name || !got.Names[0].Created.Equal(idB.Names[0].Created) {
+		t.Errorf("B's identity after the restart: %+v, want %+v", got, idB)
 	}
 	for range 2 { // resolving twice (a second restart) must not store a second event
 		for _, in := range pending {
@@ -101,7 +112,7 @@ func TestIntentSurvivesCrashBetweenDeleteAndEvent(t *testing.T) {
 	assertExactlyOnce(t, nc, []string{idC, idA})
 
 	// The epoch and sequence persist: a new intent after the restart gets a new key.
-	inD, err := p2.Intend("k8s.io", removal(objB))
+	inD, err := p2.Intend("k8s.io", removal(objB), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

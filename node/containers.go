@@ -222,6 +222,21 @@ func (r *Runtime) CRIContainerLiveness(ctx context.Context, id string) (gc.Liven
 	return gc.LiveUnknown, nil
 }
 
+// CRIContainerLogPath is container id's log path in CRI's status (its
+// sandbox's log directory joined with its own log path; empty when it has
+// none); gc.ErrContainerGone when CRI does not know it.
+func (r *Runtime) CRIContainerLogPath(ctx context.Context, id string) (string, error) {
+	ctx = in(ctx, events.CRINamespace)
+	resp, err := r.CRI.ContainerStatus(ctx, &runtime.ContainerStatusRequest{ContainerId: id})
+	if ctrNotFound(err) {
+		return "", gc.ErrContainerGone
+	}
+	if err != nil {
+		return "", fmt.Errorf("cri container status %q: %w", id, err)
+	}
+	return resp.GetStatus().GetLogPath(), nil
+}
+
 // RemoveCRIContainer removes container id through CRI, so that CRI keeps no
 // stale entry. Call it only for an exited container: CRI force-stops a
 // running one. NotFound is success (CRI itself answers a remove of a

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/errdefs"
@@ -33,7 +34,8 @@ var _ interface {
 } = (*Runtime)(nil)
 
 // ImageNames returns every name of namespace ns that points at target
-// digest now, sorted by name; none when the image is gone.
+// digest now, sorted by name, each with its labels and its record's
+// creation time; none when the image is gone.
 func (r *Runtime) ImageNames(ctx context.Context, ns, digest string) ([]gc.ImageName, error) {
 	imgs, err := r.Client.ImageService().List(in(ctx, ns), "target.digest=="+strconv.Quote(digest))
 	if err != nil {
@@ -44,23 +46,28 @@ func (r *Runtime) ImageNames(ctx context.Context, ns, digest string) ([]gc.Image
 		if img.Target.Digest.String() != digest { // the filter is the daemon's; trust but verify
 			continue
 		}
-		out = append(out, gc.ImageName{Name: img.Name, Labels: img.Labels})
+		out = append(out, gc.ImageName{Name: img.Name, Labels: img.Labels, Created: img.CreatedAt})
 	}
 	slices.SortFunc(out, func(a, b gc.ImageName) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
-// RemoveImage deletes every name of one image (names all point at digest)
-// and reports how: "cri" when CRI manages the image and knows exactly these
-// names (CRI RemoveImage by image id deletes all its references, the last
-// synchronously, and keeps CRI's cache right), "native" otherwise (each name
-// guarded by its target, the last one synchronously, so containerd's GC has
-// freed the blobs and snapshots when it returns). Names already gone are
-// skipped; when every name was already gone, someone else deleted the
-// image: gc.ErrOwnerWon, not our removal. It returns an error wrapping
-// gc.ErrImageChanged when a name was re-pointed at another target meanwhile
-// (nothing more was deleted); any other error leaves the outcome for the
-// delete transaction to settle.
+// RemoveImage deletes every name of one image (names all point at digest,
+// as the re-check right before saw them) and reports how: "cri" when CRI
+// manages the image and knows exactly these names (CRI RemoveImage by image
+// id deletes all its references, the last synchronously, and keeps CRI's
+// cache right), "native" otherwise (each name guarded by its target and its
+// creation time, the last one synchronously, so containerd's GC has freed
+// the blobs and snapshots when it returns). Only names the re-check saw are
+// deleted natively: after CRI's removal, a name on the digest that the
+// re-check did not see (a pull made it during the call, also under a name
+// the re-check saw but deleted meanwhile) is kept, and the error wraps
+// gc.ErrImageChanged. Names already gone are skipped; when every name was
+// already gone, someone else deleted the image: gc.ErrOwnerWon, not our
+// removal. It returns an error wrapping gc.ErrImageChanged when a name was
+// re-pointed at another target or made again meanwhile (nothing more was
+// deleted); any other error leaves the outcome for the delete transaction
+// to settle.
 func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc.ImageName) (string, error) {
 	ctx = in(ctx, ns)
 	if len(names) == 0 {
@@ -68,6 +75,7 @@ func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc
 	}
 	via := viaNative
 	ours := false
+	var made []string // names on the digest after CRI's removal that the re-check did not see
 	if r.CRIImages != nil && criIn(ns) && criManaged(names) {
 		ok, err := r.removeImageCRI(ctx, names)
 		if err != nil {
@@ -76,12 +84,14 @@ func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc
 		if ok {
 			ours = true
 			via = viaCRI
-			// Names CRI did not know (a name created natively since) remain.
+			// Names CRI did not know remain: those the re-check saw (a
+			// name created natively) go natively; any other was made
+			// during the call and is not ours.
 			left, err := r.ImageNames(ctx, ns, digest)
 			if err != nil {
 				return via, err
 			}
-			names = left
+			names, made = rechecked(left, names)
 		}
 	}
 	deleted, err := r.removeImageNative(ctx, digest, names)
@@ -93,8 +103,30 @@ func (r *Runtime) RemoveImage(ctx context.Context, ns, digest string, names []gc
 		// deleted anything: not ours, and no outcome to settle (the
 		// digest may well have no name left now).
 		return via, fmt.Errorf("%w: %w", gc.ErrOwnerWon, err)
+	case err == nil && len(made) > 0:
+		return via, fmt.Errorf("%w: %s made during the removal, kept", gc.ErrImageChanged, strings.Join(made, ", "))
 	}
 	return via, err
+}
+
+// rechecked splits left, the names on a digest now, into those the
+// re-check saw (the same name and creation time) and the names of the
+// others.
+func rechecked(left, seen []gc.ImageName) (same []gc.ImageName, others []string) {
+	for _, n := range left {
+		if slices.ContainsFunc(seen, func(s gc.ImageName) bool { return sameName(s, n.Name, n.Created) }) {
+			same = append(same, n)
+		} else {
+			others = append(others, n.Name)
+		}
+	}
+	return same, others
+}
+
+// sameName reports whether record (name, created) is the one n was read
+// from: a name deleted and made again since is another record.
+func sameName(n gc.ImageName, name string, created time.Time) bool {
+	return n.Name == name && n.Created.Equal(created)
 }
 
 func criManaged(names []gc.ImageName) bool {
@@ -146,7 +178,9 @@ func (r *Runtime) removeImageCRI(ctx context.Context, names []gc.ImageName) (boo
 
 // removeImageNative deletes each name guarded by the target: a 2.x daemon
 // honours DeleteTarget; a 1.x daemon ignores it, so each name is read back
-// first and compared (a window of one round trip remains there).
+// first and compared (a window of one round trip remains there). A name
+// whose record is not the one the re-check read (another creation time: a
+// pull deleted and made it again) is another image's now: ErrImageChanged.
 func (r *Runtime) removeImageNative(ctx context.Context, digest string, names []gc.ImageName) (deleted int, err error) {
 	is := r.Client.ImageService()
 	for i, n := range names {
@@ -159,6 +193,9 @@ func (r *Runtime) removeImageNative(ctx context.Context, digest string, names []
 		}
 		if cur.Target.Digest.String() != digest {
 			return deleted, fmt.Errorf("image %q: %w (%s)", n.Name, gc.ErrImageChanged, cur.Target.Digest)
+		}
+		if !sameName(n, cur.Name, cur.CreatedAt) {
+			return deleted, fmt.Errorf("image %q: %w (made again at %s)", n.Name, gc.ErrImageChanged, cur.CreatedAt.UTC().Format(time.RFC3339Nano))
 		}
 		target := cur.Target
 		opts := []images.DeleteOpt{images.DeleteTarget(&target)}

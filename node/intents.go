@@ -4,24 +4,32 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/gc"
 )
 
 var _ deletion.Checker = (*Runtime)(nil)
 
 // Gone reports whether the object of a delete intent no longer exists as
-// it did when the intent was recorded: an image none of whose names is
-// older than the intent; a container not found, or made again after the
-// intent; a log path not found. It is how a delete whose outcome is
-// unknown (a crash, a call that failed) is settled.
+// it did when the intent was recorded, by its identity (never by a clock):
+// an image none of whose recorded names is there with its recorded
+// creation time; a container not found, or found with another creation
+// time (made again under its id); a log path not found. An intent without
+// an identity (recorded by an earlier version) fails closed: an image with
+// any name on its digest, a container found, is not gone. It is how a
+// delete whose outcome is unknown (a crash, a call that failed) is
+// settled.
 func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 	ctx = in(ctx, intentNamespace(it))
 	switch it.Kind {
@@ -30,9 +38,15 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		if err != nil {
 			return false, err
 		}
+		known := it.Identity != nil && len(it.Identity.Names) > 0
 		for _, img := range imgs {
-			if !img.CreatedAt.After(it.At) {
-				return false, nil // a name older than the intent survived: not deleted
+			if img.Target.Digest.String() != it.Subject { // the filter is the daemon's; trust but verify
+				continue
+			}
+			if !known || slices.ContainsFunc(it.Identity.Names, func(n deletion.Name) bool {
+				return n.Name == img.Name && n.Created.Equal(img.CreatedAt)
+			}) {
+				return false, nil // a name the delete was about survived: not deleted
 			}
 		}
 		return true, nil
@@ -44,7 +58,7 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return c.CreatedAt.After(it.At), nil
+		return it.Identity != nil && !it.Identity.Created.IsZero() && !c.CreatedAt.Equal(it.Identity.Created), nil
 	case "log":
 		// A log's fate is known from the file system alone: gone when
 		// its path is (ENOTDIR: a parent is no dir any more), else there,
@@ -56,6 +70,20 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 	// A kind this version does not know (left by a newer one) cannot be
 	// settled: it is dropped, never holding every delete for ever.
 	return false, nil
+}
+
+// ContainerCreated returns the creation time containerd stamped on
+// container id of namespace ns, the identity its delete intent records;
+// gc.ErrOwnerWon when it is gone.
+func (r *Runtime) ContainerCreated(ctx context.Context, ns, id string) (time.Time, error) {
+	c, err := r.Client.ContainerService().Get(in(ctx, ns), id)
+	if errdefs.IsNotFound(err) {
+		return time.Time{}, fmt.Errorf("container %q: %w", id, gc.ErrOwnerWon)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read container %q: %w", id, err)
+	}
+	return c.CreatedAt, nil
 }
 
 // intentNamespace is the containerd namespace of the object an intent is

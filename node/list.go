@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -25,10 +26,14 @@ import (
 // List takes a full picture of namespace ns, as a listing after a start
 // does (it takes what KnownContainer knows).
 func (s *Source) List(ctx context.Context, ns string) (events.Listing, error) {
-	return s.list(ctx, ns, true)
+	l, _, err := s.list(ctx, ns, true)
+	return l, err
 }
 
-func (s *Source) list(ctx context.Context, ns string, useKnown bool) (events.Listing, error) {
+// list lists namespace ns. unsure counts the CRI containers and sandboxes
+// it found without a task whose state CRI could not tell yet (criStates):
+// their state is left as it is, and another listing must follow.
+func (s *Source) list(ctx context.Context, ns string, useKnown bool) (l events.Listing, unsure int, err error) {
 	ctx = namespaces.WithNamespace(ctx, ns)
 	began := time.Now()
 	defer func() { s.m.listSeconds.Observe(time.Since(began).Seconds()) }()
@@ -77,23 +82,11 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (events.Lis
 		}
 		return nil
 	})
-	// What CRI reports exited, for criExits: CRI deletes an exited
-	// container's task, so the tasks do not tell.
-	var (
-		exited  map[string]bool
-		askEach bool
-	)
-	if ns == events.CRINamespace && s.o.CRI != nil {
-		lists.Go(func() error {
-			exited, askEach = s.criExited(lctx)
-			return nil
-		})
-	}
 	if err := lists.Wait(); err != nil {
-		return events.Listing{}, err
+		return events.Listing{}, 0, err
 	}
 
-	l := events.Listing{At: at, Images: make([]events.ImageUpserted, len(imgs))}
+	l = events.Listing{At: at, Images: make([]events.ImageUpserted, len(imgs))}
 	digests := make(map[string]string, len(imgs))
 	byName := make(map[string]images.Image, len(imgs))
 	// Facts the projection holds (a restart) cost nothing; the others come
@@ -168,10 +161,13 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (events.Lis
 		}
 		l.Tasks = append(l.Tasks, t)
 	}
-	if exited != nil {
-		s.criExits(ctx, &l, exited, askEach)
+	if ns == events.CRINamespace && s.o.CRI != nil {
+		// CRI deletes an exited container's task and keeps the exit in its
+		// own store: the tasks do not tell, CRI does. Asked after the
+		// tasks were listed, so its answer is at least as new.
+		unsure = s.criStates(ctx, &l)
 	}
-	return l, nil
+	return l, unsure, nil
 }
 
 // listedContainer is what a listing holds of a container record until the
@@ -261,89 +257,135 @@ func (s *Source) streamContainers(ctx context.Context, bodies func(*containers.C
 // facts it must read, exit statuses it asks CRI.
 const listingLookups = 8
 
-// criExited lists what CRI reports exited: containers and sandboxes. CRI
-// errors give none: such containers then count as never started, which
-// keeps them. Only a missing CRI plugin goes unsaid. A list of exited
-// containers over the runtime's send limit (CRIContainers) sets askEach
-// instead: criExits then asks each CRI container without a task.
-func (s *Source) criExited(ctx context.Context) (exited map[string]bool, askEach bool) {
-	exited = map[string]bool{}
-	failed := func(what string, err error) bool {
-		if err != nil && status.Code(err) != codes.Unimplemented {
-			s.o.Log.Warn().Err(err).Str("list", what).Msg("CRI list failed: exited containers without a task are kept until it works")
-		}
-		return err != nil
-	}
-	ctrs, err := CRIContainers(ctx, s.o.CRI, &runtime.ContainerFilter{State: &runtime.ContainerStateValue{State: runtime.ContainerState_CONTAINER_EXITED}})
-	switch {
-	case status.Code(err) == codes.ResourceExhausted:
-		s.o.Log.Info().Err(err).Msg("CRI's list of exited containers is over its send limit: each container without a task is asked instead")
-		askEach = true
-	case !failed("exited containers", err):
-		for _, c := range ctrs {
-			exited[c.Id] = true
-		}
-	}
-	sbs, err := s.o.CRI.ListPodSandbox(ctx, &runtime.ListPodSandboxRequest{
-		Filter: &runtime.PodSandboxFilter{State: &runtime.PodSandboxStateValue{State: runtime.PodSandboxState_SANDBOX_NOTREADY}},
-	})
-	if !failed("not-ready sandboxes", err) {
-		for _, p := range sbs.Items {
-			exited[p.Id] = true
-		}
-	}
-	return exited, askEach
-}
-
-// criExits adds a stopped Task for each CRI container or sandbox of the
-// listing that exited (criExited) and has no task left, with the exit code
-// and time CRI keeps for a container (asked listingLookups at a time).
-// With askEach, every CRI container without a task is asked, and stopped
-// when CRI says it exited.
-func (s *Source) criExits(ctx context.Context, l *events.Listing, exited map[string]bool, askEach bool) {
+// criStates adds to l, for each CRI container and sandbox it lists without
+// a task, what CRI knows of it: exited (a stopped Task, with the exit code
+// and time CRI keeps for a container), never started (nothing: created),
+// or neither. Neither is CRI's own window (its exit handler deletes the
+// task before it records the exit) or a CRI that cannot answer now: the
+// listing then holds a Task of unknown status, which keeps whatever state
+// the projection holds (never an exit status guessed), and the count of
+// them is returned so that another listing follows. A container or
+// sandbox CRI does not know (not loaded, being created, no CRI plugin)
+// gets nothing. Containers are asked one at a time (listingLookups in
+// flight): a list of exited ones may be over the runtime's send limit,
+// and only a container's status has its exit code.
+func (s *Source) criStates(ctx context.Context, l *events.Listing) (unsure int) {
 	hasTask := make(map[string]bool, len(l.Tasks))
 	for _, t := range l.Tasks {
 		hasTask[t.ContainerID] = true
 	}
-	type exit struct {
-		events.Task
-		confirmed bool // exited per the list, or per its status when asked
-	}
-	var (
-		stopped []exit
-		ask     []int // the containers' (not sandboxes') among them
-	)
+	var ctrs, sbs []string
 	for _, c := range l.Containers {
-		if c.CRIKind == "" || hasTask[c.ID] || !(exited[c.ID] || askEach && c.CRIKind == "container") {
-			continue
+		switch {
+		case hasTask[c.ID]:
+		case c.CRIKind == "container":
+			ctrs = append(ctrs, c.ID)
+		case c.CRIKind == "sandbox":
+			sbs = append(sbs, c.ID)
 		}
-		if c.CRIKind == "container" {
-			ask = append(ask, len(stopped))
-		}
-		stopped = append(stopped, exit{events.Task{ContainerID: c.ID, Status: events.TaskStopped, ExitedAt: l.At}, exited[c.ID]})
 	}
+	tasks := make([]events.Task, len(ctrs))
+	errs := make([]error, len(ctrs))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(listingLookups)
-	for _, i := range ask {
-		t := &stopped[i]
+	for i, id := range ctrs {
 		g.Go(func() error {
-			st, err := s.o.CRI.ContainerStatus(gctx, &runtime.ContainerStatusRequest{ContainerId: t.ContainerID})
-			if err == nil && st.Status != nil {
-				t.confirmed = t.confirmed || st.Status.State == runtime.ContainerState_CONTAINER_EXITED
-				t.ExitStatus = uint32(st.Status.ExitCode)
-				if st.Status.FinishedAt > 0 {
-					t.ExitedAt = notAfter(s.skewed(time.Unix(0, st.Status.FinishedAt)), l.At)
-				}
-			}
+			tasks[i], errs[i] = s.criContainerTask(gctx, id, l.At)
 			return nil
 		})
 	}
 	_ = g.Wait()
-	for _, t := range stopped {
-		if t.confirmed {
-			l.Tasks = append(l.Tasks, t.Task)
+	var failed int
+	var first error
+	for _, err := range errs {
+		if err != nil {
+			failed++
+			first = cmp.Or(first, err)
 		}
 	}
+	if failed > 0 {
+		s.o.Log.Warn().Err(first).Int("containers", failed).
+			Msg("CRI cannot tell the state of containers without a task: their state is kept until it can")
+	}
+	if len(sbs) > 0 {
+		sbTasks, err := s.criSandboxTasks(ctx, sbs, l.At)
+		if err != nil {
+			s.o.Log.Warn().Err(err).Int("sandboxes", len(sbs)).
+				Msg("CRI cannot tell the state of sandboxes without a task: their state is kept until it can")
+		}
+		tasks = append(tasks, sbTasks...)
+	}
+	for _, t := range tasks {
+		switch t.Status {
+		case "":
+			continue // CRI does not know it, or never started it
+		case events.TaskUnknown:
+			unsure++
+		}
+		l.Tasks = append(l.Tasks, t)
+	}
+	return unsure
+}
+
+// criContainerTask is what CRI says of container id, which has no task:
+// stopped (exited, with its code and time), none ("" status: never
+// started, or not known to CRI), or unknown (CRI says it runs, or cannot
+// answer: then with the error).
+func (s *Source) criContainerTask(ctx context.Context, id string, at time.Time) (events.Task, error) {
+	none, unknown := events.Task{ContainerID: id}, events.Task{ContainerID: id, Status: events.TaskUnknown}
+	st, err := s.o.CRI.ContainerStatus(ctx, &runtime.ContainerStatusRequest{ContainerId: id})
+	switch {
+	case ctrNotFound(err) || status.Code(err) == codes.Unimplemented:
+		return none, nil
+	case err != nil:
+		return unknown, fmt.Errorf("cri container status %q: %w", id, err)
+	case st.GetStatus() == nil:
+		return unknown, fmt.Errorf("cri container status %q: no status", id)
+	}
+	switch st.Status.State {
+	case runtime.ContainerState_CONTAINER_CREATED:
+		return none, nil
+	case runtime.ContainerState_CONTAINER_EXITED:
+		t := events.Task{ContainerID: id, Status: events.TaskStopped, ExitStatus: uint32(st.Status.ExitCode), ExitedAt: at}
+		if st.Status.FinishedAt > 0 {
+			t.ExitedAt = notAfter(s.skewed(time.Unix(0, st.Status.FinishedAt)), at)
+		}
+		return t, nil
+	}
+	return unknown, nil
+}
+
+// criSandboxTasks is what CRI says of sandboxes ids, which have no task,
+// in their order: stopped when not ready, none when CRI does not know one,
+// unknown when CRI says it is ready (its exit handler deletes the task
+// first) or cannot answer (then with the error).
+func (s *Source) criSandboxTasks(ctx context.Context, ids []string, at time.Time) ([]events.Task, error) {
+	out := make([]events.Task, len(ids))
+	resp, err := s.o.CRI.ListPodSandbox(ctx, &runtime.ListPodSandboxRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		resp, err = &runtime.ListPodSandboxResponse{}, nil
+	}
+	state := make(map[string]runtime.PodSandboxState, len(resp.GetItems()))
+	for _, p := range resp.GetItems() {
+		state[p.Id] = p.State
+	}
+	for i, id := range ids {
+		st, known := state[id]
+		switch {
+		case err != nil:
+			out[i] = events.Task{ContainerID: id, Status: events.TaskUnknown}
+		case !known:
+			out[i] = events.Task{ContainerID: id}
+		case st == runtime.PodSandboxState_SANDBOX_NOTREADY:
+			out[i] = events.Task{ContainerID: id, Status: events.TaskStopped, ExitedAt: at}
+		default:
+			out[i] = events.Task{ContainerID: id, Status: events.TaskUnknown}
+		}
+	}
+	if err != nil {
+		return out, fmt.Errorf("cri sandboxes: %w", err)
+	}
+	return out, nil
 }
 
 func taskStatus(st tasktypes.Status) events.TaskStatus {

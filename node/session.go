@@ -30,6 +30,11 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
+// repairFirst is how soon a listing that left CRI containers unsure is
+// followed by another: CRI records an exit right after it deletes the
+// task, a few milliseconds on a quiet node.
+const repairFirst = 500 * time.Millisecond
+
 // Run follows containerd until ctx ends, sending events to out. Sending
 // blocks on out, but the receive loop never does: envelopes queue (bounded)
 // behind it, so a slow consumer cannot make containerd buffer without limit.
@@ -119,6 +124,7 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 		if err != nil {
 			return err
 		}
+		clear(s.unsure)
 		listed := make(map[string]bool, len(names))
 		known := reason == "start" || reason == "reconnect"
 		for _, ns := range names {
@@ -143,14 +149,39 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 	ev.Msg("following containerd")
 	resync := time.NewTimer(jitter(s.o.ResyncInterval))
 	defer resync.Stop()
+	// A listing that left containers unsure (CRI could not tell their
+	// state yet) is followed by another soon: after repairFirst, doubling
+	// up to ResyncInterval while they stay unsure.
+	repair := time.NewTimer(repairFirst)
+	repair.Stop()
+	defer repair.Stop()
+	repairWait, repairArmed := repairFirst, false
+	scheduleRepair := func() {
+		switch {
+		case len(s.unsure) == 0:
+			repair.Stop()
+			repairArmed, repairWait = false, repairFirst
+		case !repairArmed:
+			repair.Reset(repairWait)
+			repairArmed, repairWait = true, min(2*repairWait, s.o.ResyncInterval)
+		}
+	}
+	scheduleRepair()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-repair.C:
+			repairArmed = false
+			if err := relist("repair"); err != nil {
+				return err
+			}
+			scheduleRepair()
 		case <-resync.C:
 			if err := relist("periodic"); err != nil {
 				return err
 			}
+			scheduleRepair()
 			resync.Reset(jitter(s.o.ResyncInterval))
 		case <-q.ready:
 			batch, overflowed, done, qerr := q.take()
@@ -215,6 +246,7 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 					return err
 				}
 			}
+			scheduleRepair()
 		}
 	}
 }
@@ -302,11 +334,19 @@ func (s *Source) Managed(ctx context.Context) ([]string, error) {
 }
 
 // listInto lists namespace ns and sends the listing; known says whether
-// it takes what the projection knows of containers (KnownContainer).
+// it takes what the projection knows of containers (KnownContainer). It
+// notes how many containers the listing left unsure (Source.unsure).
 func (s *Source) listInto(ctx context.Context, out chan<- events.Scoped, ns string, known bool) error {
-	l, err := s.list(ctx, ns, known)
+	l, unsure, err := s.list(ctx, ns, known)
 	if err != nil {
 		return err
+	}
+	if unsure > 0 {
+		s.unsure[ns] = unsure
+		s.o.Log.Debug().Str("namespace", ns).Int("containers", unsure).
+			Msg("CRI cannot tell yet the state of containers without a task: their state is kept, another listing follows")
+	} else {
+		delete(s.unsure, ns)
 	}
 	return send(ctx, out, events.Scoped{Namespace: ns, Event: l})
 }

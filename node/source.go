@@ -67,6 +67,10 @@ type Source struct {
 	// listed are the namespaces the current session has listed; the
 	// session's goroutine only.
 	listed map[string]bool
+	// unsure counts, by namespace, the containers the last listing found
+	// without a task and CRI could not tell the state of (criStates):
+	// another listing follows soon. The session's goroutine only.
+	unsure map[string]int
 	tops   *imageTops // nil without a client
 	m      sourceMetrics
 }
@@ -103,7 +107,7 @@ func NewSource(o Options) *Source {
 	if o.KnownContainer == nil {
 		o.KnownContainer = func(string, string, time.Time) (ContainerFacts, bool) { return ContainerFacts{}, false }
 	}
-	s := &Source{o: o}
+	s := &Source{o: o, unsure: map[string]int{}}
 	if o.Client != nil {
 		s.tops = newImageTops(o.Client.ContentStore())
 	}

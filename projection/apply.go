@@ -168,6 +168,16 @@ func (s *State) taskExited(e events.TaskExited) {
 	if c == nil {
 		return
 	}
+	if e.Amend && c.State == StateExited {
+		c.ExitStatus = e.ExitStatus
+		if e.Pid != 0 {
+			c.Pid = e.Pid
+		}
+		if !e.ExitedAt.IsZero() {
+			c.ExitedAt = StampOf(e.ExitedAt)
+		}
+		return
+	}
 	if e.Pid != 0 && c.Pid != 0 && e.Pid != c.Pid && c.State != StateCreated {
 		return // an event of an earlier run
 	}

@@ -54,14 +54,25 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 				out = append(out, events.TaskStarted{At: l.At, ContainerID: lc.ID, Pid: t.Pid})
 			}
 		case hasTask && t.Status == events.TaskStopped:
-			if state != StateExited {
+			switch {
+			case state != StateExited:
 				out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: t.Pid, ExitStatus: t.ExitStatus, ExitedAt: t.ExitedAt})
+			case t.ExitStatus != have.ExitStatus || t.Pid != 0 && have.Pid != 0 && t.Pid != have.Pid:
+				// The exit the projection holds is not the one containerd
+				// or CRI reports: guessed when the task went away unseen,
+				// or of a run before the one that exited while the agent
+				// was away. The listing's is the truth.
+				out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: t.Pid, ExitStatus: t.ExitStatus,
+					ExitedAt: t.ExitedAt, Amend: true})
 			}
-		case !hasTask && state == StateRunning:
+		case hasTask:
+			// A task of unknown status (CRI could not tell yet): the state
+			// is kept, never guessed; another listing follows.
+		case state == StateRunning:
 			// The task went away while we were not listening: the exit time is
 			// unknown, so the listing's time is the best bound we have.
 			out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, ExitedAt: l.At, Collected: true})
-		case !hasTask && state == StateExited && have.CollectedAt.IsZero():
+		case state == StateExited && have.CollectedAt.IsZero():
 			// Its task was deleted while we were not listening: collected.
 			out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: have.Pid,
 				ExitStatus: have.ExitStatus, ExitedAt: have.ExitedAt.Time(), Collected: true})

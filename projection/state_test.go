@@ -210,6 +210,64 @@ func TestReconcileRepairsMissedEvents(t *testing.T) {
 	}
 }
 
+// TestReconcileTakesTheListingsExit: a relist converges to what containerd
+// and CRI report, whatever the agent saw before: a container whose task
+// is of unknown status (CRI could not tell yet) keeps its state, never an
+// exit guessed; once CRI tells, the exit it reports replaces one the
+// projection guessed or holds from an earlier run; the same listing again
+// changes nothing (issue 34, item 7).
+func TestReconcileTakesTheListingsExit(t *testing.T) {
+	s := apply(New(),
+		events.ImageUpserted{At: at(0), Name: "app:1", Digest: "sha256:a"},
+		events.ContainerUpserted{At: at(1), ID: "window", Image: "app:1", CRIKind: KindContainer},
+		events.TaskStarted{At: at(1), ContainerID: "window", Pid: 10},
+		events.ContainerUpserted{At: at(1), ID: "guessed", Image: "app:1", CRIKind: KindContainer},
+		events.TaskStarted{At: at(1), ContainerID: "guessed", Pid: 11},
+		// The task went away unseen: the exit status was guessed.
+		events.TaskExited{At: at(5), ContainerID: "guessed", ExitedAt: at(5), Collected: true},
+		events.ContainerUpserted{At: at(1), ID: "rerun", Image: "app:1"},
+		events.TaskStarted{At: at(1), ContainerID: "rerun", Pid: 12},
+		events.TaskExited{At: at(2), ContainerID: "rerun", Pid: 12, ExitStatus: 1, ExitedAt: at(2)},
+	)
+	containers := []events.ContainerUpserted{
+		{ID: "window", Image: "app:1", ImageDigest: "sha256:a", CRIKind: KindContainer},
+		{ID: "guessed", Image: "app:1", ImageDigest: "sha256:a", CRIKind: KindContainer},
+		{ID: "rerun", Image: "app:1", ImageDigest: "sha256:a"},
+	}
+	for _, c := range containers {
+		c.At = at(1)
+		s.Apply(c)
+	}
+	// CRI's window: it deleted window's task, has not recorded the exit.
+	window := events.Listing{At: at(10), Containers: containers, Tasks: []events.Task{
+		{ContainerID: "window", Status: events.TaskUnknown},
+		{ContainerID: "guessed", Status: events.TaskStopped, ExitStatus: 2, ExitedAt: at(4)},
+		{ContainerID: "rerun", Pid: 13, Status: events.TaskStopped, ExitStatus: 1, ExitedAt: at(8)}, // restarted and exited while away
+	}}
+	apply(s, Reconcile(s, window)...)
+	if c := s.Containers["window"]; c.State != StateRunning {
+		t.Errorf("window: %s (exit %d), want running until CRI tells", c.State, c.ExitStatus)
+	}
+	if c := s.Containers["guessed"]; c.State != StateExited || c.ExitStatus != 2 || !c.ExitedAt.Time().Equal(at(4)) {
+		t.Errorf("guessed: %s exit %d at %v, want exited 2 at %v as CRI reports", c.State, c.ExitStatus, c.ExitedAt.Time(), at(4))
+	}
+	if c := s.Containers["rerun"]; c.State != StateExited || c.Pid != 13 || !c.ExitedAt.Time().Equal(at(8)) {
+		t.Errorf("rerun: %s pid %d at %v, want the run containerd reports, pid 13 at %v", c.State, c.Pid, c.ExitedAt.Time(), at(8))
+	}
+	told := events.Listing{At: at(11), Containers: containers, Tasks: []events.Task{
+		{ContainerID: "window", Status: events.TaskStopped, ExitStatus: 2, ExitedAt: at(9)},
+		{ContainerID: "guessed", Status: events.TaskStopped, ExitStatus: 2, ExitedAt: at(4)},
+		{ContainerID: "rerun", Pid: 13, Status: events.TaskStopped, ExitStatus: 1, ExitedAt: at(8)},
+	}}
+	apply(s, Reconcile(s, told)...)
+	if c := s.Containers["window"]; c.State != StateExited || c.ExitStatus != 2 || !c.ExitedAt.Time().Equal(at(9)) {
+		t.Errorf("window: %s exit %d at %v, want exited 2 at %v", c.State, c.ExitStatus, c.ExitedAt.Time(), at(9))
+	}
+	if again := Reconcile(s, told); len(again) != 1 {
+		t.Errorf("the same listing again: %v, want only Synced", again)
+	}
+}
+
 func TestStoreRestoresExactly(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	st, err := OpenStore(path)

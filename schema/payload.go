@@ -125,6 +125,29 @@ type ContainerRemoval struct {
 	// container's owner keeps outside containerd; absent for a container
 	// without such an owner.
 	OwnerState *OwnerCleanup `json:"ownerState,omitempty"`
+	// Logs are the log files and link removed with a CRI container (in a
+	// dry run: to remove); absent for other kinds.
+	Logs *ContainerLogs `json:"logs,omitempty"`
+}
+
+// ContainerLogs are what goes with a CRI container's removal besides the
+// container, as with the kubelet's own removal (removeContainerLog): the
+// attempt's log file, its rotated files beside it (<log>.<timestamp>,
+// .gz) and its legacy link in the kubelet's log link dir.
+type ContainerLogs struct {
+	// Path is the log's path as CRI gives it (the host's).
+	Path string `json:"path,omitempty"`
+	// Files are the files removed (in a dry run or a plan: to remove),
+	// where the agent sees them.
+	Files []string `json:"files,omitempty"`
+	// Link is the legacy link removed (or to remove).
+	Link string `json:"link,omitempty"`
+	// Bytes are the bytes allocated to the files.
+	Bytes int64 `json:"bytes,omitempty"`
+	// Kept says why the files were not looked for (no log path, one
+	// outside the pod's dir under the pod log dir, a symlink or a mount
+	// point on the way): they stay.
+	Kept string `json:"kept,omitempty"`
 }
 
 // ContainerSkip is the data of a published container.skipped action: the

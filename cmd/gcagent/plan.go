@@ -33,7 +33,7 @@ var planShows = []string{"config",
 	"keep-image", "sandbox-image", "image-fs", "kubelet-config",
 	"prune-containers", "minimum-container-ttl-duration", "maximum-dead-containers-per-container",
 	"maximum-dead-containers", "uncollected-exit-grace",
-	"log-dir", "pod-log-dir", "host-pod-log-dir", "pod-log-grace",
+	"log-dir", "pod-log-dir", "host-pod-log-dir", "pod-log-grace", "kubelet-status-lag",
 	"containerd-address", "namespace", "exclude-namespace", "state-dir", "cluster", "metrics-address"}
 
 // planCmd is `gcagent plan`: what GC would delete now, in order, and why.

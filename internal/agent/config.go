@@ -94,6 +94,12 @@ type Config struct {
 	HostPodLogDir string
 	// PodLogGrace is how long a pod must be gone before its log dir goes. Default 1m.
 	PodLogGrace time.Duration
+	// KubeletStatusLag is how long the kubelet's pod status may still name
+	// a pod container's previous attempt (its lastState, what `kubectl
+	// logs --previous` reads) after the next attempt died; that attempt is
+	// kept so long, or until a newer one started. Default 2m, or twice the
+	// kubelet's syncFrequency if --kubelet-config says more.
+	KubeletStatusLag time.Duration
 	// StateDir holds the journal, snapshots and the NATS outbox. Default /var/lib/gcagent.
 	StateDir string
 	// ResyncInterval is the period of full listings of containerd. Default 5m.
@@ -140,6 +146,10 @@ type Config struct {
 	MetricsAddress string
 	// DryRun plans, logs and publishes but deletes nothing. Default false.
 	DryRun bool
+	// TakeOver takes containerd's agent lock from the agent that holds it
+	// (that one stops at its next renewal); without it a second agent on
+	// one containerd refuses to start. Default false.
+	TakeOver bool
 	// LogFormat is json or console. Default json.
 	LogFormat string
 	// LogLevel is debug, info, warn or error. Default info.
@@ -184,6 +194,7 @@ func DefaultConfig() Config {
 		LogDir:               "/var/log/containers",
 		PodLogDir:            "/var/log/pods",
 		PodLogGrace:          time.Minute,
+		KubeletStatusLag:     gc.DefaultKubeletStatusLag,
 		StateDir:             "/var/lib/gcagent",
 		ResyncInterval:       5 * time.Minute,
 		NodeName:             host,
@@ -228,6 +239,7 @@ func (c Config) Validate() error {
 			return nil
 		}(),
 		nonNeg("pod-log-grace", c.PodLogGrace),
+		nonNeg("kubelet-status-lag", c.KubeletStatusLag),
 		nonNeg("keep-list-wait", c.KeepListWait),
 	}
 	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress,

@@ -1,15 +1,12 @@
 package agent
 
 import (
-	"errors"
-	"io/fs"
-	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/logs"
 )
 
 // containerPolicy is the container GC policy the flags describe.
@@ -22,27 +19,22 @@ func (c Config) ContainerPolicy() gc.ContainerPolicy {
 
 		UncollectedGrace: c.UncollectedExitGrace,
 		PodGrace:         c.PodLogGrace,
+		KubeletStatusLag: c.KubeletStatusLag,
 	}
 }
 
-// podKept says a pod is still there while its log dir exists under dir
-// (the kubelet removes it only for a deleted pod). Only "does not exist"
-// counts as gone: any other error, a pod without a name, or a dir that
-// cannot be read as a directory keep the pod, so that a pod log dir the
-// agent does not see (not mounted, another --pod-log-dir) never makes a
-// stopped pod look deleted. (The planner also refuses the sign while a
-// running pod has no dir: gc.ContainerPlan.PodSignalBlind.)
-func podKept(dir string) func(uid, namespace, name string) bool {
-	return func(uid, namespace, name string) bool {
-		if uid == "" || namespace == "" || name == "" || strings.ContainsRune(namespace+name+uid, '/') {
-			return true
-		}
-		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			return true
-		}
-		_, err := os.Lstat(filepath.Join(dir, namespace+"_"+name+"_"+uid))
-		return !errors.Is(err, fs.ErrNotExist)
+// podLogDir is the pod log dir as plans read it: the running agent's
+// pod dirs seen (d), or, for a plan without a running agent, those it
+// saved in stateDir with a read of dir now on top (a pod whose dir was
+// seen and is missing now counts as gone since now). A read that fails
+// leaves the dir unknown: no pod counts as deleted.
+func podLogDir(d *logs.PodDirs, cfg Config, now time.Time) gc.PodLogDir {
+	if d != nil {
+		return d.Clone()
 	}
+	d, _ = logs.LoadPodDirs(filepath.Join(cfg.StateDir, logs.PodDirsFile))
+	d.Read(cfg.PodLogDir, now)
+	return d
 }
 
 // containerGCMinGap spaces the container GC's passes in a burst of events:
@@ -57,9 +49,13 @@ func (a *agent) setupContainerGC() error {
 	if err != nil {
 		return err
 	}
+	files, err := logs.NewContainerLogs(a.cfg.LogsConfig())
+	if err != nil {
+		return err
+	}
 	cgc, err := gc.NewContainerGC(gc.ContainerGCDeps{
 		State: a.live, Changes: a.live.Subscribe(), Runtime: a.runtime, Deletes: a.deletes, Publisher: a.pub,
-		PodKept: podKept(a.cfg.PodLogDir),
+		PodLogDir: a.podDirs, Logs: files,
 	}, gc.ContainerGCOptions{
 		Policy:  a.cfg.ContainerPolicy(),
 		DryRun:  a.cfg.DryRun,

@@ -89,14 +89,19 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	p.Synced = a.live.Synced()
 	a.live.ViewAll(func(states []*projection.State) {
 		p.Images = gc.PlanImages(states, disk, a.imagePolicy(), now)
-		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, podKept(a.cfg.PodLogDir))
+		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, podLogDir(a.podDirs, a.cfg, now))
 	})
 	return p, nil
 }
 
-// Plan returns the dry-run plan; it deletes nothing.
-func (h controlHandler) Plan(context.Context) (any, error) {
-	return h.plan()
+// Plan returns the dry-run plan, with the log files each CRI container's
+// removal removes; it deletes nothing.
+func (h controlHandler) Plan(ctx context.Context) (any, error) {
+	p, err := h.plan()
+	if err == nil {
+		err = showLogs(ctx, h.a.cfg, &p.Containers, h.a.runtime)
+	}
+	return p, err
 }
 
 // ControlExplanation is the data of an explain reply.

@@ -146,7 +146,7 @@ func failClosedRows() []failClosedRow {
 				}
 				return "removed: " + strings.Join(w.passes(t), ",")
 			}, want: "removed: c-app,sb-web"},
-		{input: "pod log dir", state: "unknown", issue: "34.2", awaits: "h/pods (issue 34 item 2: seen, then gone)",
+		{input: "pod log dir", state: "unknown", issue: "34.2",
 			world: "the pod's log dir never seen: --pod-log-dir exists but is empty (not the kubelet's), no pod running",
 			run: func(t *testing.T) string {
 				return "removed: " + strings.Join(newPodWorld(t, t.TempDir()).passes(t), ",")

@@ -16,6 +16,7 @@ import (
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
@@ -60,8 +61,24 @@ func saveFleetKeep(t *testing.T, stateDir string, confirmed time.Time, patterns 
 }
 
 // podSignFor is the deleted-pod sign as the agent reads it from the pod
-// log dir dir.
-func podSignFor(dir string) func(uid, namespace, name string) bool { return podKept(dir) }
+// log dir dir: what its log cleaner saw of the dir (logs.PodDirs), read
+// here before each plan as the cleaner reads it on every change.
+func podSignFor(dir string) gc.PodLogDir { return &readPodDirs{dir: dir, dirs: logs.NewPodDirs("")} }
+
+// readPodDirs reads its dir whenever a plan asks for its state.
+type readPodDirs struct {
+	dir  string
+	dirs *logs.PodDirs
+}
+
+func (r *readPodDirs) Input(now time.Time) gc.Input {
+	r.dirs.Read(r.dir, now)
+	return r.dirs.Input(now)
+}
+
+func (r *readPodDirs) Gone(uid, namespace, name string) (time.Time, bool) {
+	return r.dirs.Gone(uid, namespace, name)
+}
 
 // agentClock is the agent's clock, continued from the time saved in file
 // (as run does at start), with the wall clock skew away from the host's.
@@ -172,12 +189,12 @@ type tableJournal struct {
 	seq uint64
 }
 
-func (j *tableJournal) Intend(ns string, a schema.Action) (deletion.Intent, error) {
+func (j *tableJournal) Intend(ns string, a schema.Action, id *deletion.Identity) (deletion.Intent, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.seq++
 	d, err := json.Marshal(a.Data)
-	return deletion.Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d}, err
+	return deletion.Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d, Identity: id}, err
 }
 func (j *tableJournal) Complete(deletion.Intent, any) error { return nil }
 func (j *tableJournal) Abandon(deletion.Intent) error       { return nil }
@@ -273,6 +290,10 @@ type tableContainers struct {
 	removed []string
 }
 
+// ContainerCreated: the table's containers all have one creation time.
+func (c *tableContainers) ContainerCreated(context.Context, string, string) (time.Time, error) {
+	return time.Unix(1, 0), nil
+}
 func (c *tableContainers) NativeLiveness(context.Context, string, string) (gc.Liveness, error) {
 	return gc.LiveUnknown, nil
 }
@@ -284,6 +305,12 @@ func (c *tableContainers) CRIContainerLiveness(_ context.Context, id string) (gc
 }
 func (c *tableContainers) CRISandboxLiveness(_ context.Context, id string) (gc.Liveness, error) {
 	return c.live(id), nil
+}
+func (c *tableContainers) CRIContainerLogPath(_ context.Context, id string) (string, error) {
+	if c.live(id) == gc.LiveGone {
+		return "", gc.ErrContainerGone
+	}
+	return "", nil // no log: the world has no log dir
 }
 func (c *tableContainers) RemoveCRIContainer(_ context.Context, id string) error {
 	c.remove(id)
@@ -347,7 +374,7 @@ func newPodWorld(t *testing.T, podLogDir string) *podWorld {
 		events.Synced{At: at.Add(2 * time.Minute)},
 	)
 	w.gc, err = gc.NewContainerGC(gc.ContainerGCDeps{State: live, Changes: live.Subscribe(), Runtime: w.rt, Deletes: newTableDeletes(t, w.rt),
-		PodKept: podSignFor(podLogDir)}, gc.ContainerGCOptions{
+		PodLogDir: podSignFor(podLogDir)}, gc.ContainerGCOptions{
 		Policy: gc.ContainerPolicy{Prune: gc.PruneAll, MaxPerEvictUnit: 1, MaxContainers: -1, PodGrace: time.Minute},
 		Clock:  w.clock, Log: zerolog.Nop()})
 	if err != nil {

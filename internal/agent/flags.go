@@ -84,6 +84,7 @@ var (
 		flagvalue.Add(fs, flagvalue.Int{P: &c.MaxDeadPerContainer, Hint: "-1 = no limit"}, "maximum-dead-containers-per-container", "dead CRI containers kept per pod container (-1 = no limit; plain containers go by their TTL)")
 		flagvalue.Add(fs, flagvalue.Int{P: &c.MaxDeadContainers, Hint: "-1 = no limit"}, "maximum-dead-containers", "dead containers kept on the node (-1 = no limit)")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.UncollectedExitGrace}, "uncollected-exit-grace", "how long a plain container's exit waits for its client to collect it")
+		flagvalue.Add(fs, flagvalue.Duration{P: &c.KubeletStatusLag}, "kubelet-status-lag", "how long a pod container's previous attempt is kept after the next one dies, while the kubelet's pod status may still name it (kubectl logs --previous), unless a newer attempt started")
 		fs.StringVar(&c.NerdctlDataRoot, "nerdctl-data-root", c.NerdctlDataRoot, "nerdctl's --data-root: the state of a removed nerdctl container is cleaned there; one whose state lies elsewhere is kept")
 	}}
 
@@ -101,6 +102,7 @@ var (
 		fs.StringVar(&c.Namespace, "namespace", c.Namespace, "containerd namespaces to manage: comma-separated, or * for every one (also those created later)")
 		fs.StringVar(&c.ExcludeNamespace, "exclude-namespace", c.ExcludeNamespace, "containerd namespaces never to manage, comma-separated (Docker's by default)")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.ResyncInterval}, "resync-interval", "period of full listings of containerd")
+		flagvalue.Add(fs, flagvalue.Bool{P: &c.TakeOver}, "take-over", "take containerd over from the agent running on it, which stops (without it, a second agent on one containerd refuses to start)")
 	}}
 
 	// StateFlags: where the agent keeps its state.

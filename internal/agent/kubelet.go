@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/kubeletconfig"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -19,7 +20,8 @@ import (
 
 // kubeletTaken are the settings a kubelet config gives defaults for, in
 // the order of Config.Policy.
-var kubeletTaken = []string{"image-gc-high-threshold", "image-gc-low-threshold", "minimum-image-ttl-duration", "image-maximum-gc-age"}
+var kubeletTaken = []string{"image-gc-high-threshold", "image-gc-low-threshold", "minimum-image-ttl-duration", "image-maximum-gc-age",
+	"kubelet-status-lag"}
 
 // AdoptKubelet reads KubeletConfig (when set) into Kubelet and takes its
 // image GC settings as the defaults of those no flag, variable or file
@@ -32,7 +34,8 @@ var kubeletTaken = []string{"image-gc-high-threshold", "image-gc-low-threshold",
 // container GC settings are not in KubeletConfiguration (only the
 // deprecated kubelet flags --minimum-container-ttl-duration,
 // --maximum-dead-containers-per-container, --maximum-dead-containers), so
-// there is nothing to take. An absent file is no error: nothing is taken
+// there is nothing to take; its syncFrequency sets --kubelet-status-lag
+// (twice it, at least 2m). An absent file is no error: nothing is taken
 // (Kubelet stays nil), `check` warns, and a running agent follows the path
 // until the file comes. An unreadable or invalid file (unknown field, wrong
 // kind) is an error naming the flag and the file.
@@ -74,6 +77,9 @@ func (c *Config) adopt(k *kubeletconfig.Settings) {
 	}
 	take("minimum-image-ttl-duration", func() { c.MinimumImageTTL = k.MinAge })
 	take("image-maximum-gc-age", func() { c.ImageMaximumGCAge = k.MaxAge })
+	// Its pod status lags up to 1.5 syncFrequency (the pod workers'
+	// jitter); twice that, never less than the default.
+	take("kubelet-status-lag", func() { c.KubeletStatusLag = max(gc.DefaultKubeletStatusLag, 2*k.SyncFrequency) })
 }
 
 // fromKubelet reports whether setting name came from the kubelet's config.
@@ -103,6 +109,8 @@ func (c Config) nextStart(k *kubeletconfig.Settings) Config {
 			n.MinimumImageTTL = d.MinimumImageTTL
 		case "image-maximum-gc-age":
 			n.ImageMaximumGCAge = d.ImageMaximumGCAge
+		case "kubelet-status-lag":
+			n.KubeletStatusLag = d.KubeletStatusLag
 		}
 	}
 	if k != nil {

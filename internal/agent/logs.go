@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"path/filepath"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
@@ -31,13 +33,27 @@ func (a *agent) setupLogs() error {
 		return nil
 	}
 	cl, err := logs.New(logs.Deps{State: logs.LiveState(a.live.In(events.CRINamespace)), Changes: a.live.Subscribe(),
-		Deletes: a.deletes, Publisher: a.pub},
+		Deletes: a.deletes, Publisher: a.pub, PodDirs: a.podDirs},
 		logs.Options{Config: a.cfg.LogsConfig(), Metrics: m, Log: a.log, Clock: clock.System(a.clock.Now), MinGap: logsMinGap})
 	if err != nil {
 		return err
 	}
 	a.logs = cl
 	return nil
+}
+
+// loadPodDirs restores the pod dirs the agent saw (logs.PodDirs) from
+// its state dir. A file it cannot read is no evidence: it starts with
+// none seen, says so, and no pod counts as deleted by its log dir until
+// one is seen and goes.
+func (a *agent) loadPodDirs() {
+	file := filepath.Join(a.cfg.StateDir, logs.PodDirsFile)
+	d, err := logs.LoadPodDirs(file)
+	if err != nil {
+		a.log.Warn().Str("component", "logs").Str("file", file).Err(err).
+			Msg("pod dirs seen not restored: pods deleted while the agent was away are not told by their log dirs")
+	}
+	a.podDirs = d
 }
 
 // logsMinGap spaces the log passes projection changes ask for: a burst of
@@ -56,8 +72,9 @@ func (a *agent) runLogs(ctx context.Context) error {
 
 // PlanLogs plans the log dirs against s, deleting nothing (for `gcagent
 // plan`). Entries count as first seen now, so unknown ones wait their grace.
-func PlanLogs(cfg Config, s *projection.State) (logs.Plan, error) {
-	cl, err := logs.New(logs.Deps{State: logs.StaticState(s)}, logs.Options{Config: cfg.LogsConfig()})
+func PlanLogs(cfg Config, s *projection.State, dirs gc.PodLogDir) (logs.Plan, error) {
+	d, _ := dirs.(*logs.PodDirs)
+	cl, err := logs.New(logs.Deps{State: logs.StaticState(s), PodDirs: d}, logs.Options{Config: cfg.LogsConfig()})
 	if err != nil {
 		return logs.Plan{}, err
 	}

@@ -52,12 +52,12 @@ type logsJournal struct {
 	published []schema.Action
 }
 
-func (j *logsJournal) Intend(ns string, a schema.Action) (deletion.Intent, error) {
+func (j *logsJournal) Intend(ns string, a schema.Action, id *deletion.Identity) (deletion.Intent, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.seq++
 	d, err := json.Marshal(a.Data)
-	return deletion.Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d}, err
+	return deletion.Intent{Seq: j.seq, Namespace: ns, Kind: a.Kind, Action: a.Action, Subject: a.Subject, Key: a.Key, Data: d, Identity: id}, err
 }
 
 func (j *logsJournal) Complete(in deletion.Intent, d any) error {

@@ -146,24 +146,41 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	if cfg.Kubelet != nil {
 		doc.KubeletNotes = cfg.Kubelet.Notes(cfg.ImageGCHighThreshold, disk.CapacityBytes)
 	}
-	return doc, doc.decide(cfg, states, criState, disk, p)
+	if err := doc.decide(cfg, states, criState, disk, p, podLogDir(nil, cfg, doc.At)); err != nil {
+		return doc, err
+	}
+	return doc, showLogs(ctx, cfg, &doc.Containers, &node.Runtime{CRI: cri})
+}
+
+// showLogs names in plan, for each CRI container it removes, the log
+// files and link that go with it.
+func showLogs(ctx context.Context, cfg Config, plan *gc.ContainerPlan, rt *node.Runtime) error {
+	if rt == nil || rt.CRI == nil {
+		return nil
+	}
+	files, err := logs.NewContainerLogs(cfg.LogsConfig())
+	if err != nil {
+		return err
+	}
+	gc.ShowContainerLogs(ctx, plan, rt, files)
+	return nil
 }
 
 // decide fills the plan's decisions from the projections: the one code
 // both `gcagent plan` and a running agent's /plan go through.
-func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projection.State, disk gc.DiskStats, p gc.ImagePolicy) error {
+func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projection.State, disk gc.DiskStats, p gc.ImagePolicy, dirs gc.PodLogDir) error {
 	doc.Images = gc.PlanImages(states, disk, p, doc.At)
 	if len(doc.Images.Delete) == 0 && !doc.Images.FirstEligibleAt.IsZero() {
 		next := gc.PlanImages(states, disk, p, doc.Images.FirstEligibleAt)
 		doc.Next = &next
 	}
 	doc.ContainerPolicy = cfg.ContainerPolicy()
-	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, podKept(cfg.PodLogDir))
+	doc.Containers = gc.PlanContainersAcross(states, doc.ContainerPolicy, doc.At, dirs)
 	doc.LogsConfig = cfg.LogsConfig()
 	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
 	// empty and unsynced, and the log plan removes nothing.
 	var err error
-	doc.Logs, err = PlanLogs(cfg, criState)
+	doc.Logs, err = PlanLogs(cfg, criState, dirs)
 	return err
 }
 
@@ -205,8 +222,11 @@ func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
 				criState = s
 			}
 		}
-		err = doc.decide(cfg, states, criState, disk, p)
+		err = doc.decide(cfg, states, criState, disk, p, podLogDir(a.podDirs, cfg, doc.At))
 	})
+	if err == nil {
+		err = showLogs(r.Context(), cfg, &doc.Containers, a.runtime)
+	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return

@@ -35,6 +35,7 @@ func (c Config) Policy() []Setting {
 		{"maximum-dead-containers-per-container", strconv.Itoa(c.MaxDeadPerContainer)},
 		{"maximum-dead-containers", strconv.Itoa(c.MaxDeadContainers)},
 		{"pod-log-grace", dur(c.PodLogGrace)},
+		{"kubelet-status-lag", dur(c.KubeletStatusLag)},
 		{"host-pod-log-dir", c.HostPodLogDir},
 		{"dry-run", strconv.FormatBool(c.DryRun)},
 		{"kubelet-config", c.KubeletConfig},

@@ -66,8 +66,10 @@ type agent struct {
 	imageGC *gc.ImageGC
 	// containerGC removes dead containers (containergc.go).
 	containerGC *gc.ContainerGC
-	// logs cleans the log dirs (logs.go).
-	logs *logs.Cleaner
+	// logs cleans the log dirs (logs.go); podDirs is what it has seen of
+	// the pod log dir, the container GC's deleted-pod sign.
+	logs    *logs.Cleaner
+	podDirs *logs.PodDirs
 	// evs is the projection's input: the node's events, and the events
 	// the agent journals itself (record).
 	evs chan events.Scoped
@@ -84,6 +86,10 @@ type agent struct {
 	// store is the state file; trace, the usage trace in it (nil: off).
 	store *projection.Store
 	trace *trace.Log
+	// lock is containerd's agent lock (one agent per containerd): every
+	// delete needs it held; lockTaken is closed once it is.
+	lock      *node.AgentLock
+	lockTaken <-chan struct{}
 }
 
 // Run is the daemon: it returns when ctx ends or a part fails for good.
@@ -146,6 +152,12 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer store.Close()
+	// The state dir is locked: now containerd, whatever the state dir.
+	lock, lockTaken, err := holdContainerd(gctx, g, cfg, cl, clk, log)
+	if err != nil {
+		return err
+	}
+	defer lock.Release() // after every part has stopped: g.Wait below
 	tl, err := openTrace(cfg, store, clk.Now(), log)
 	if err != nil {
 		return err
@@ -160,6 +172,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	close(restored)
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk, store: store, trace: tl,
+		lock: lock, lockTaken: lockTaken,
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.evs = evs
@@ -220,7 +233,7 @@ func continueClock(cfg Config, log zerolog.Logger) (clk *clock.Clock, skew *cloc
 func (a *agent) useBus(b *bus) error {
 	a.bus, a.pub = b, b.pub
 	var err error
-	a.deletes, err = newDeletes(b.pub, a.runtime, a.log)
+	a.deletes, err = newDeletes(b.pub, a.runtime, a.lock, a.log)
 	return err
 }
 
@@ -265,6 +278,7 @@ func (a *agent) setupComponents() error {
 	if err := a.setupImageGC(); err != nil {
 		return err
 	}
+	a.loadPodDirs()
 	if err := a.setupContainerGC(); err != nil {
 		return err
 	}
@@ -300,14 +314,20 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)
 		})
 	}
-	// Deletes a crash left are settled before anything deletes.
+	// Deletes a crash left are settled before anything deletes, and
+	// nothing deletes before this agent holds containerd's agent lock.
 	resolved := make(chan struct{})
 	g.Go(func() error { return a.deletes.Run(gctx, func() { close(resolved) }) })
 	afterIntents := func(run func(context.Context) error) func() error {
 		return func() error {
-			select {
-			case <-resolved:
-			case <-gctx.Done():
+			for _, ready := range []<-chan struct{}{resolved, a.lockTaken} {
+				select {
+				case <-ready:
+				case <-gctx.Done():
+					return nil
+				}
+			}
+			if a.lock.WaitHeld(gctx) != nil {
 				return nil
 			}
 			return run(gctx)
@@ -399,6 +419,11 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		}
 		if d := a.keep.detail(a.clock.Now()); d != "" {
 			defer fmt.Fprintln(w, d) // not a readiness failure: GC keeps what the list could protect
+		}
+		if err := a.lock.Held(); err != nil {
+			// Not a readiness failure: nothing is deleted until it holds
+			// containerd's agent lock again (or first).
+			defer fmt.Fprintln(w, "agent lock: "+err.Error())
 		}
 		if n := a.deletes.Unsettled(); n > 0 {
 			// Not a readiness failure: the delete is settled as soon as

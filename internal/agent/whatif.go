@@ -18,7 +18,7 @@ var WhatIfSettings = []string{
 	"keep-image", "sandbox-image",
 	"prune-containers", "minimum-container-ttl-duration", "maximum-dead-containers-per-container",
 	"maximum-dead-containers", "uncollected-exit-grace",
-	"pod-log-grace", "host-pod-log-dir",
+	"pod-log-grace", "host-pod-log-dir", "kubelet-status-lag",
 }
 
 // WithSettings returns c with set applied: flag name to values as the

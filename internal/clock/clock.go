@@ -56,6 +56,10 @@ func uptime() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
+// BootID names the running kernel boot ("" if unknown): the same in every
+// container of the host, another after a reboot.
+func BootID() string { return bootID() }
+
 // bootID names the running kernel boot ("" if unknown): uptimes compare
 // only within one boot.
 func bootID() string {

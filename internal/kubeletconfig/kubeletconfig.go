@@ -33,6 +33,7 @@ const (
 	DefaultLowThreshold  = 80
 	DefaultMinAge        = 2 * time.Minute
 	DefaultMaxAge        = 0
+	DefaultSyncFrequency = time.Minute
 )
 
 // DefaultEvictionHard is the kubelet's hard eviction thresholds on Linux
@@ -64,6 +65,9 @@ type Settings struct {
 	// Eviction are the disk eviction thresholds in force (hard and soft,
 	// imagefs.available and nodefs.available).
 	Eviction []Threshold
+	// SyncFrequency is syncFrequency: how often the kubelet syncs each
+	// pod, and so how long its pod status may lag the runtime.
+	SyncFrequency time.Duration
 }
 
 // Threshold is one eviction threshold on available disk space.
@@ -123,7 +127,10 @@ func Parse(path string, b []byte) (*Settings, error) {
 		return nil, fmt.Errorf("%s: apiVersion %q kind %q: want %s KubeletConfiguration", path, kc.APIVersion, kc.Kind, want)
 	}
 	s := &Settings{Path: path, HighThreshold: DefaultHighThreshold, LowThreshold: DefaultLowThreshold,
-		MinAge: DefaultMinAge, MaxAge: DefaultMaxAge}
+		MinAge: DefaultMinAge, MaxAge: DefaultMaxAge, SyncFrequency: DefaultSyncFrequency}
+	if kc.SyncFrequency.Duration > 0 {
+		s.SyncFrequency = kc.SyncFrequency.Duration
+	}
 	if kc.ImageGCHighThresholdPercent != nil {
 		s.HighThreshold = int(*kc.ImageGCHighThresholdPercent)
 		s.Set = append(s.Set, "imageGCHighThresholdPercent")

@@ -1,0 +1,75 @@
+package gc
+
+import (
+	"context"
+	"errors"
+
+	"github.com/gcagent/gcagent/projection"
+	"github.com/gcagent/gcagent/schema"
+)
+
+// ContainerLogs is schema.ContainerLogs: what goes with a CRI container.
+type ContainerLogs = schema.ContainerLogs
+
+// ContainerLogRef names a CRI container's log as the kubelet finds it to
+// remove it (removeContainerLog): CRI's log path for the container (its
+// sandbox's log directory joined with the container's log path), and the
+// kubelet's labels, which name its legacy link.
+type ContainerLogRef struct {
+	ID            string
+	LogPath       string // from CRI's container status
+	PodUID        string
+	PodNamespace  string
+	PodName       string
+	ContainerName string
+}
+
+// containerLogFiles finds and removes the log files and the legacy link of
+// a CRI container (logs.ContainerLogs): only under the pod log dir, in the
+// pod's own dir, never following a link nor crossing a mount.
+type containerLogFiles interface {
+	// FindContainerLogs lists what RemoveContainerLogs would remove.
+	FindContainerLogs(ref ContainerLogRef) (ContainerLogs, error)
+	// RemoveContainerLogs removes them: what it removed, and an error if
+	// a file could not go (the container must stay, for a retry).
+	RemoveContainerLogs(ref ContainerLogRef) (ContainerLogs, error)
+}
+
+// criLogPaths asks CRI for a container's log path.
+type criLogPaths interface {
+	// CRIContainerLogPath is the container's log path in CRI's status;
+	// ErrContainerGone when CRI does not know it.
+	CRIContainerLogPath(ctx context.Context, id string) (string, error)
+}
+
+// ErrContainerGone says CRI no longer knows the container.
+var ErrContainerGone = errors.New("container gone")
+
+// logRef is the log reference of item it with CRI's log path.
+func logRef(it ContainerItem, path string) ContainerLogRef {
+	return ContainerLogRef{ID: it.ID, LogPath: path, PodUID: it.PodUID, PodNamespace: it.PodNamespace, PodName: it.PodName,
+		ContainerName: it.ContainerName}
+}
+
+// ShowContainerLogs fills in, for each CRI container plan removes, the log
+// files and link its removal would remove (for plans and dry runs: it
+// removes nothing). A container CRI cannot say of, or whose files cannot be
+// listed, gets the reason in Kept.
+func ShowContainerLogs(ctx context.Context, plan *ContainerPlan, rt criLogPaths, files containerLogFiles) {
+	for i := range plan.Remove {
+		it := &plan.Remove[i]
+		if it.CRIKind != projection.KindContainer {
+			continue
+		}
+		path, err := rt.CRIContainerLogPath(ctx, it.ID)
+		if err != nil {
+			it.Logs = &ContainerLogs{Kept: "log path not known: " + err.Error()}
+			continue
+		}
+		found, err := files.FindContainerLogs(logRef(*it, path))
+		if err != nil {
+			found.Kept = err.Error()
+		}
+		it.Logs = &found
+	}
+}

@@ -1,0 +1,356 @@
+package logs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gcagent/gcagent/gc"
+	"golang.org/x/sys/unix"
+)
+
+// PodDirsFile is the name of the file, in the agent's state dir, that
+// holds what it saw of the pod log dir.
+const PodDirsFile = "poddirs.json"
+
+// PodDirsStaleAfter is how long after its last full read the pod log dir
+// counts as stale: the Cleaner reads it on every change and at least every
+// FloorSweep, so a read this old says its reads fail or stopped.
+const PodDirsStaleAfter = 3 * FloorSweep
+
+// podDirsMemory is how long a pod dir that went is remembered: long after
+// the kubelet and the agent removed what the pod left.
+const podDirsMemory = 24 * time.Hour
+
+// PodDirs is what the agent has seen of the pod log dir: the kubelet's
+// sign that a pod is deleted is that its dir (<namespace>_<name>_<uid>),
+// which the kubelet makes before the pod's sandbox and removes only once
+// the pod is deleted, goes away. Absence alone is no sign: a dir that is
+// not the kubelet's (an empty one a hostPath made, a mount point not
+// mounted, another podLogsDir) holds no pod, and would make every stopped
+// pod look deleted. So a pod's dir counts as gone only when the agent saw
+// it, in this very directory (the same device and inode), and a later
+// full read of that directory no longer holds it.
+//
+// What it saw is kept in a file in the state dir, so a restart keeps the
+// evidence; a dir seen before the restart and missing after counts as
+// gone from the first read after the restart. A lost or unreadable file,
+// or a pod log dir that is now another directory, is no evidence at all:
+// nothing counts as gone until a dir is seen again and goes. Methods are
+// safe for concurrent use.
+type PodDirs struct {
+	mu   sync.Mutex
+	file string // "": not persisted
+	doc  podDirsDoc
+	// read is the state of the pod log dir as an input.
+	read gc.Input
+	// lastRead is when the last full read succeeded (zero: none yet).
+	lastRead time.Time
+	dirty    bool
+	// changed is told (without blocking) when a dir went: a pod may now
+	// count as deleted.
+	changed chan struct{}
+}
+
+// podDirsDoc is the file's content.
+type podDirsDoc struct {
+	// Root identifies the directory the dirs were seen in.
+	Root DirID `json:"root"`
+	// Dirs are the pod dirs seen, by name.
+	Dirs map[string]*podDir `json:"dirs"`
+}
+
+// DirID identifies a directory: its device and inode.
+type DirID struct {
+	Dev uint64 `json:"dev"`
+	Ino uint64 `json:"ino"`
+}
+
+func (d DirID) String() string { return fmt.Sprintf("%d:%d", d.Dev, d.Ino) }
+
+// podDir is one pod dir seen.
+type podDir struct {
+	SeenAt time.Time `json:"seenAt"`          // first seen (in this root)
+	GoneAt time.Time `json:"goneAt,omitzero"` // first full read without it; zero while there
+}
+
+// NewPodDirs returns an empty PodDirs that keeps what it sees in file
+// ("" : nowhere).
+func NewPodDirs(file string) *PodDirs {
+	return &PodDirs{file: file, doc: podDirsDoc{Dirs: map[string]*podDir{}}, changed: make(chan struct{}, 1),
+		read: gc.Input{Cause: "not read yet"}}
+}
+
+// LoadPodDirs returns the PodDirs kept in file. A missing file is a first
+// start; an unreadable one is reported in err, and the PodDirs returned
+// (empty) is usable: fail closed, no dir counts as seen.
+func LoadPodDirs(file string) (*PodDirs, error) {
+	d := NewPodDirs(file)
+	b, err := os.ReadFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return d, nil
+	}
+	if err != nil {
+		return d, fmt.Errorf("pod log dirs seen: %w", err)
+	}
+	var doc podDirsDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return d, fmt.Errorf("pod log dirs seen: %s: %w", file, err)
+	}
+	for name, pd := range doc.Dirs {
+		if pd == nil || pd.SeenAt.IsZero() || strings.ContainsRune(name, '/') {
+			delete(doc.Dirs, name)
+		}
+	}
+	if doc.Dirs == nil {
+		doc.Dirs = map[string]*podDir{}
+	}
+	d.doc = doc
+	return d, nil
+}
+
+// Clone returns a copy that is not persisted (for plans).
+func (d *PodDirs) Clone() *PodDirs {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := NewPodDirs("")
+	c.doc.Root, c.read, c.lastRead = d.doc.Root, d.read, d.lastRead
+	for name, pd := range d.doc.Dirs {
+		cp := *pd
+		c.doc.Dirs[name] = &cp
+	}
+	return c
+}
+
+// Changed signals (coalesced) that a pod dir went.
+func (d *PodDirs) Changed() <-chan struct{} { return d.changed }
+
+// observe records a full read, at now, of the pod log dir identified as
+// root: dirs are the names of its entries that are directories, unsure
+// those whose type could not be read (neither seen nor gone). A root
+// other than the one the dirs were seen in starts afresh: what was seen
+// elsewhere says nothing of this one.
+func (d *PodDirs) observe(root DirID, dirs, unsure []string, now time.Time) (restarted bool, was DirID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	was = d.doc.Root
+	if root != d.doc.Root {
+		restarted = len(d.doc.Dirs) > 0
+		d.doc = podDirsDoc{Root: root, Dirs: map[string]*podDir{}}
+		d.dirty = true
+	}
+	present := make(map[string]bool, len(dirs)+len(unsure))
+	for _, name := range dirs {
+		present[name] = true
+		pd := d.doc.Dirs[name]
+		switch {
+		case pd == nil:
+			d.doc.Dirs[name] = &podDir{SeenAt: now}
+			d.dirty = true
+		case !pd.GoneAt.IsZero():
+			pd.GoneAt = time.Time{} // back
+			d.dirty = true
+		}
+	}
+	for _, name := range unsure {
+		present[name] = true
+	}
+	went := false
+	for name, pd := range d.doc.Dirs {
+		switch {
+		case present[name]:
+		case pd.GoneAt.IsZero():
+			pd.GoneAt, d.dirty, went = now, true, true
+		case now.Sub(pd.GoneAt) > podDirsMemory:
+			delete(d.doc.Dirs, name)
+			d.dirty = true
+		}
+	}
+	d.read, d.lastRead = gc.KnownInput(now), now
+	if went {
+		select {
+		case d.changed <- struct{}{}:
+		default:
+		}
+	}
+	return restarted, was
+}
+
+// Read reads the pod log dir at path once, at now, as a Cleaner's pass
+// does (for a plan without a running agent; a Cleaner feeds its own).
+func (d *PodDirs) Read(path string, now time.Time) {
+	fd, err := openRoot(path)
+	switch {
+	case err != nil:
+		d.failed(err.Error(), now)
+		return
+	case fd < 0:
+		d.failed("missing", now)
+		return
+	}
+	defer unix.Close(fd)
+	id, err := dirID(fd)
+	if err != nil {
+		d.failed(err.Error(), now)
+		return
+	}
+	es, unsure, read, err := scanDir(Config{PodLogDir: path}, fd, path, KindPodDir)
+	if !read {
+		d.failed(err.Error(), now)
+		return
+	}
+	d.observe(id, podDirNames(es), unsure, now)
+}
+
+// podDirNames are the names of the entries that are directories.
+func podDirNames(es []Entry) []string {
+	var names []string
+	for _, e := range es {
+		if e.Type == fs.ModeDir {
+			names = append(names, e.Name)
+		}
+	}
+	return names
+}
+
+// went records that the pod dir name, seen in the current root, went at
+// now by the agent's own hand (the Cleaner removed it): as good as a read
+// without it.
+func (d *PodDirs) went(name string, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if pd := d.doc.Dirs[name]; pd != nil && pd.GoneAt.IsZero() {
+		pd.GoneAt, d.dirty = now, true
+	}
+}
+
+// failed records a read of the pod log dir that failed at now (missing
+// included): what was seen stays, but the input is stale (or still
+// unknown).
+func (d *PodDirs) failed(cause string, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	state := gc.InputUnknown
+	if !d.lastRead.IsZero() {
+		state = gc.InputStale
+	}
+	d.read = gc.Input{State: state, Since: now, Cause: cause}
+	if state == gc.InputStale {
+		d.read.Since = d.lastRead
+	}
+}
+
+// Input is the state of the pod log dir as an input at now: known while
+// its last full read succeeded within PodDirsStaleAfter, stale after (or
+// when the last read failed), unknown before the first.
+func (d *PodDirs) Input(now time.Time) gc.Input {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := d.read
+	if in.State == gc.InputKnown && now.Sub(d.lastRead) > PodDirsStaleAfter {
+		in = gc.Input{State: gc.InputStale, Since: d.lastRead, Cause: "not read for " + now.Sub(d.lastRead).Round(time.Second).String()}
+	}
+	return in
+}
+
+// Gone reports whether the log dir of the pod (uid, namespace, name) was
+// seen and then went, and since when: false while it is there, and for a
+// dir never seen (not yet, or before a lost state or another root).
+func (d *PodDirs) Gone(uid, namespace, name string) (since time.Time, gone bool) {
+	if uid == "" || namespace == "" || name == "" {
+		return time.Time{}, false
+	}
+	return d.dirGone(namespace + "_" + name + "_" + uid)
+}
+
+// dirGone is Gone by the dir's name.
+func (d *PodDirs) dirGone(name string) (since time.Time, gone bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pd := d.doc.Dirs[name]
+	if pd == nil || pd.GoneAt.IsZero() {
+		return time.Time{}, false
+	}
+	return pd.GoneAt, true
+}
+
+// Seen returns the names of the dirs seen and there, and of those gone
+// (for tests and status).
+func (d *PodDirs) Seen() (there, gone []string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(d.doc.Dirs)) {
+		if d.doc.Dirs[name].GoneAt.IsZero() {
+			there = append(there, name)
+		} else {
+			gone = append(gone, name)
+		}
+	}
+	return there, gone
+}
+
+// Save writes what changed since the last Save to the file, atomically
+// (synced before and after the rename). Losing it is safe: a dir not
+// known as seen is no sign, and a gone time not saved is taken again,
+// later.
+func (d *PodDirs) Save() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.file == "" || !d.dirty {
+		return nil
+	}
+	b, err := json.Marshal(d.doc)
+	if err != nil {
+		return err
+	}
+	if err := writeFileSynced(d.file, b); err != nil {
+		return fmt.Errorf("save pod log dirs seen: %w", err)
+	}
+	d.dirty = false
+	return nil
+}
+
+// writeFileSynced replaces path with b: written to a temporary file,
+// synced, renamed over path, and the directory synced.
+func writeFileSynced(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	if dir, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = dir.Sync()
+		_ = dir.Close()
+	}
+	return nil
+}
+
+// dirID identifies the directory open as fd.
+func dirID(fd int) (DirID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return DirID{}, err
+	}
+	return DirID{Dev: uint64(st.Dev), Ino: st.Ino}, nil
+}

@@ -1,0 +1,213 @@
+package logs
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/clock"
+)
+
+var _ gc.PodLogDir = (*PodDirs)(nil)
+
+// TestPodDirsSeenThenGone: a pod's dir counts as gone only once it was
+// seen and a later read of the same directory no longer holds it; a dir
+// never seen is no sign, whatever the reads say.
+func TestPodDirsSeenThenGone(t *testing.T) {
+	dir := t.TempDir()
+	mkdirAll(t, filepath.Join(dir, "ns_web_u1"))
+	mkdirAll(t, filepath.Join(dir, "ns_job_u2"))
+	d := NewPodDirs("")
+	if in := d.Input(t0); in.State != gc.InputUnknown {
+		t.Fatalf("before any read: %+v, want unknown", in)
+	}
+	d.Read(dir, t0)
+	if in := d.Input(t0); !in.Known() {
+		t.Fatalf("after a read: %+v, want known", in)
+	}
+	if err := os.Remove(filepath.Join(dir, "ns_job_u2")); err != nil {
+		t.Fatal(err)
+	}
+	d.Read(dir, t0.Add(time.Second))
+	if since, gone := d.Gone("u2", "ns", "job"); !gone || !since.Equal(t0.Add(time.Second)) {
+		t.Errorf("seen, then gone: gone %v since %v, want since the read without it", gone, since)
+	}
+	if _, gone := d.Gone("u1", "ns", "web"); gone {
+		t.Error("a dir that is there counts as gone")
+	}
+	if _, gone := d.Gone("u3", "ns", "never"); gone {
+		t.Error("a dir never seen counts as gone")
+	}
+	// A read later does not move the time it went; its return clears it.
+	d.Read(dir, t0.Add(time.Minute))
+	if since, _ := d.Gone("u2", "ns", "job"); !since.Equal(t0.Add(time.Second)) {
+		t.Errorf("gone since %v after another read, want %v", since, t0.Add(time.Second))
+	}
+	mkdirAll(t, filepath.Join(dir, "ns_job_u2"))
+	d.Read(dir, t0.Add(2*time.Minute))
+	if _, gone := d.Gone("u2", "ns", "job"); gone {
+		t.Error("a dir that came back counts as gone")
+	}
+}
+
+// TestPodDirsAbsenceIsNoSign: the reads that say nothing: a pod log dir
+// that is another directory than the one the dirs were seen in (a mount
+// gone, a dir swapped), one that is missing or unreadable, one not read
+// for long (stale). None makes a dir seen before count as gone.
+func TestPodDirsAbsenceIsNoSign(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "pods")
+	mkdirAll(t, filepath.Join(dir, "ns_web_u1"))
+	d := NewPodDirs("")
+	d.Read(dir, t0)
+
+	// Missing: the input is stale, nothing is gone.
+	if err := os.Rename(dir, filepath.Join(base, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	d.Read(dir, t0.Add(time.Second))
+	if in := d.Input(t0.Add(time.Second)); in.State != gc.InputStale || in.Cause != "missing" {
+		t.Errorf("pod log dir missing: %+v, want stale, missing", in)
+	}
+	if _, gone := d.Gone("u1", "ns", "web"); gone {
+		t.Error("missing pod log dir: its pods count as gone")
+	}
+	// Another directory at that path (an empty one, as a hostPath or an
+	// unmounted mount point leaves): no evidence of the dirs seen before.
+	mkdirAll(t, dir)
+	d.Read(dir, t0.Add(2*time.Second))
+	if _, gone := d.Gone("u1", "ns", "web"); gone {
+		t.Error("another, empty directory at the pod log dir's path: its pods count as gone")
+	}
+	if in := d.Input(t0.Add(2 * time.Second)); !in.Known() {
+		t.Errorf("read: %+v, want known", in)
+	}
+	// Stale: read, but not for longer than PodDirsStaleAfter.
+	if in := d.Input(t0.Add(2*time.Second + PodDirsStaleAfter + time.Second)); in.State != gc.InputStale {
+		t.Errorf("not read for %s: %+v, want stale", PodDirsStaleAfter, in)
+	}
+}
+
+// TestPodDirsKeptAcrossRestarts: what was seen is saved, so a dir seen
+// before a restart and missing after counts as gone from the first read
+// after it; a lost or corrupt file is no evidence at all.
+func TestPodDirsKeptAcrossRestarts(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "pods")
+	mkdirAll(t, filepath.Join(dir, "ns_web_u1"))
+	mkdirAll(t, filepath.Join(dir, "ns_job_u2"))
+	file := filepath.Join(base, PodDirsFile)
+	d, err := LoadPodDirs(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Read(dir, t0)
+	if err := d.Save(); err != nil {
+		t.Fatal(err)
+	}
+	// The agent is away; the kubelet deletes the pod.
+	if err := os.Remove(filepath.Join(dir, "ns_job_u2")); err != nil {
+		t.Fatal(err)
+	}
+	restarted, err := LoadPodDirs(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := restarted.Input(t0); in.State != gc.InputUnknown {
+		t.Errorf("restored, not read yet: %+v, want unknown", in)
+	}
+	restarted.Read(dir, t0.Add(time.Hour))
+	if since, gone := restarted.Gone("u2", "ns", "job"); !gone || !since.Equal(t0.Add(time.Hour)) {
+		t.Errorf("seen before the restart, missing after: gone %v since %v, want since the first read after", gone, since)
+	}
+	there, _ := restarted.Seen()
+	if !slices.Equal(there, []string{"ns_web_u1"}) {
+		t.Errorf("there %q, want ns_web_u1", there)
+	}
+
+	for name, corrupt := range map[string]func(){
+		"lost":    func() { _ = os.Remove(file) },
+		"corrupt": func() { _ = os.WriteFile(file, []byte("{not json"), 0o600) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			corrupt()
+			d, err := LoadPodDirs(file)
+			if name == "corrupt" && err == nil {
+				t.Error("a corrupt file loads without an error")
+			}
+			d.Read(dir, t0.Add(2*time.Hour))
+			if _, gone := d.Gone("u2", "ns", "job"); gone {
+				t.Errorf("state %s: a dir never seen since counts as gone", name)
+			}
+		})
+	}
+}
+
+// TestLinkIntoAPodDirNeverSeenIsKept: a dangling log link of an exited
+// container whose target's directory does not exist where the agent looks
+// is kept (target-unseen): the pod log dir it reads may not be the
+// kubelet's, so absence there is no sign. Once the agent has seen the pod
+// dir and seen it go, the link goes; one into a container dir that is
+// there but lacks the file goes at once. It fails on 7485972, which
+// removed the first link on the first pass.
+func TestLinkIntoAPodDirNeverSeenIsKept(t *testing.T) {
+	base := t.TempDir()
+	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods"), PodLogGrace: time.Hour}
+	mkdirAll(t, cfg.LogDir)
+	mkdirAll(t, cfg.PodLogDir)
+	st := newFakeState()
+	unseen, present, later := cid("e1"), cid("e2"), cid("e3")
+	for _, id := range []string{unseen, present, later} {
+		st.setContainer(id, false)
+	}
+	st.setPod("u9", fakePod{alive: true})
+	// The kubelet's files live elsewhere: this dir never held pod u1.
+	linkUnseen := filepath.Join(cfg.LogDir, "web_ns_app-"+unseen+".log")
+	symlink(t, filepath.Join(cfg.PodLogDir, "ns_web_u1", "app", "0.log"), linkUnseen)
+	// A container dir that is there, without the file: gone.
+	mkdirAll(t, filepath.Join(cfg.PodLogDir, "ns_live_u9", "app"))
+	linkPresent := filepath.Join(cfg.LogDir, "live_ns_app-"+present+".log")
+	symlink(t, filepath.Join(cfg.PodLogDir, "ns_live_u9", "app", "3.log"), linkPresent)
+	// A pod dir seen, then gone (the kubelet deleted the pod).
+	pod := filepath.Join(cfg.PodLogDir, "ns_job_u2")
+	writeFile(t, filepath.Join(pod, "app", "0.log"), "log\n")
+	linkLater := filepath.Join(cfg.LogDir, "job_ns_app-"+later+".log")
+	symlink(t, filepath.Join(pod, "app", "0.log"), linkLater)
+
+	now := t0
+	deletes, _ := newDeletes(t, lstatChecker{})
+	c, err := New(Deps{State: st, Deletes: deletes}, Options{Config: cfg, Clock: clock.System(func() time.Time { return now })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Clean(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(linkUnseen) || exists(linkPresent) || !exists(linkLater) {
+		t.Fatalf("after the first pass: unseen link there %v (want true), link into a dir there %v (want false), live link %v (want true)",
+			exists(linkUnseen), exists(linkPresent), exists(linkLater))
+	}
+	if err := os.RemoveAll(pod); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Second)
+	plan, err := c.Clean(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exists(linkLater) {
+		t.Error("the link into a pod dir seen and gone is kept")
+	}
+	if !exists(linkUnseen) {
+		t.Error("the link into a pod dir never seen is removed")
+	}
+	for _, d := range plan.Decisions {
+		if d.Name == filepath.Base(linkUnseen) && d.Reason != ReasonTargetUnseen {
+			t.Errorf("unseen link: %s %s, want keep %s", d.Action, d.Reason, ReasonTargetUnseen)
+		}
+	}
+}
