@@ -305,7 +305,7 @@ func everyValue() map[string]any {
 		"image-maximum-gc-age": "720h", "sandbox-image": "registry.k8s.io/pause:3.10", "disk-interval": "200ms",
 		"minimum-container-ttl-duration": "1m", "uncollected-exit-grace": "30s",
 		"maximum-dead-containers-per-container": 2, "maximum-dead-containers": 100,
-		"nerdctl-data-root": "/var/lib/nerdctl2", "pod-log-grace": "5m", "regret-window": "48h", "trace-max-age": "168h", "keep-list-wait": "10m", "take-over": "true", "trace-max-bytes": "32MiB", "host-pod-log-dir": "/data/kubelet/pods", "resync-interval": "10m",
+		"nerdctl-data-root": "/var/lib/nerdctl2", "pod-log-grace": "5m", "regret-window": "48h", "trace-max-age": "168h", "keep-list-wait": "10m", "take-over": "true", "kubelet-status-lag": "3m", "trace-max-bytes": "32MiB", "host-pod-log-dir": "/data/kubelet/pods", "resync-interval": "10m",
 		"embedded-nats-listen": "127.0.0.1:4223", "embedded-nats-max-store": 268435456, "embedded-nats-max-age": "336h",
 		"nats-stream": "GCAGENT_EVT2", "nats-js-domain": "hub", "nats-no-create-stream": true, "outbox-max-bytes": 134217728,
 		"outbox-max-age": "48h", "heartbeat-interval": "1m", "allow-remote-gc": true, "profiling": true,
