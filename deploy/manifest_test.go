@@ -111,6 +111,7 @@ func TestDaemonSetContract(t *testing.T) {
 	want := map[string]bool{ // mount path -> writable
 		"/run/containerd/containerd.sock": true, "/var/lib/containerd": false,
 		"/var/log/containers": true, "/var/log/pods": true, "/var/lib/gcagent": true,
+		"/var/lib/kubelet": false, // the kubelet's config's dir: it is read again when renamed over
 	}
 	for path, writable := range want {
 		vm, ok := mounts[path]
@@ -130,9 +131,9 @@ func TestDaemonSetContract(t *testing.T) {
 			t.Errorf("unexpected mount %s: the DaemonSet mounts only what the agent needs", path)
 		}
 	}
-	for _, p := range []string{"/var/log/containers", "/var/log/pods"} {
+	for _, p := range []string{"/var/log/containers", "/var/log/pods", "/var/lib/kubelet"} {
 		if mp := mounts[p].MountPropagation; mp == nil || *mp != corev1.MountPropagationHostToContainer {
-			t.Errorf("%s: mountPropagation must be HostToContainer, so mounts made later are seen", p)
+			t.Errorf("%s: mountPropagation must be HostToContainer, so mounts made later (and their unmounts) are seen", p)
 		}
 	}
 	for _, probe := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
@@ -172,11 +173,13 @@ func envValue(c corev1.Container, name string) string {
 }
 
 // TestDaemonSetStartupProbe: a startup probe on /readyz every second brings
-// the pod to ready within about a second of the agent being ready (the
-// kubelet runs the readiness probe at once when the startup probe first
-// succeeds) instead of a whole readiness periodSeconds later; it allows
-// minutes before a restart, and the readiness and liveness probes keep
-// their periods.
+// the pod to ready soon after the agent is (the kubelet asks for a
+// readiness probe when the startup probe first succeeds); it allows
+// minutes before a restart. The readiness probe runs every 2 s, as a probe
+// worker made in the first period after the kubelet's start waits a random
+// part of its period first (BenchmarkChartReadinessAtKubeletStart), and
+// still makes the pod unready after 30 s of failures; the liveness probe
+// keeps its period.
 func TestDaemonSetStartupProbe(t *testing.T) {
 	m, err := DecodeManifest(ManifestYAML)
 	if err != nil {
@@ -198,8 +201,9 @@ func TestDaemonSetStartupProbe(t *testing.T) {
 	if sp.HTTPGet.Port != c.ReadinessProbe.HTTPGet.Port {
 		t.Errorf("startupProbe port %v, readiness %v", sp.HTTPGet.Port, c.ReadinessProbe.HTTPGet.Port)
 	}
-	if c.ReadinessProbe.PeriodSeconds != 10 || c.LivenessProbe.PeriodSeconds != 20 || c.LivenessProbe.FailureThreshold != 3 {
-		t.Errorf("readiness period %d, liveness period %d threshold %d: want 10, 20, 3 as before",
-			c.ReadinessProbe.PeriodSeconds, c.LivenessProbe.PeriodSeconds, c.LivenessProbe.FailureThreshold)
+	rp := c.ReadinessProbe
+	if rp.PeriodSeconds != 2 || rp.PeriodSeconds*rp.FailureThreshold != 30 || c.LivenessProbe.PeriodSeconds != 20 || c.LivenessProbe.FailureThreshold != 3 {
+		t.Errorf("readiness period %d threshold %d, liveness period %d threshold %d: want 2, 15 (unready after 30 s as before), 20, 3",
+			rp.PeriodSeconds, rp.FailureThreshold, c.LivenessProbe.PeriodSeconds, c.LivenessProbe.FailureThreshold)
 	}
 }

@@ -54,7 +54,7 @@ func declaredMetrics(t *testing.T, root string) []string {
 // onlyWhen are the families that exist only under a condition this test
 // does not set up, each with the condition.
 var onlyWhen = map[string]string{
-	"gcagent_kubelet_image_gc_enabled": "--kubelet-config is given",
+	"gcagent_kubelet_image_gc_enabled": "--kubelet-config is given and its file was read",
 }
 
 // TestMetricFamiliesBeforeFirstEvent: on a quiet node (no image, no

@@ -184,7 +184,7 @@ func TestPrometheusScrapesAgent(t *testing.T) {
 	v := testenv.Versions()[0]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 
-	// A workload sized to the measured disk, as in TestDaemonSetAsCRIPod.
+	// A workload sized to the measured disk, as in TestChartOnKubelet's chartCollects.
 	c.Import(t, testenv.Runnable("example.test/job:1"))
 	job := c.CreateNative(t, "dead-job", "example.test/job:1", "sh", "-c", "exit 1")
 	u0 := usagePercent(t, c.Root)

@@ -43,7 +43,7 @@ var badRunValues = map[string]struct {
 	"image-maximum-gc-age":                  {value: "1m"},
 	"keep-image":                            {value: "[x"},
 	"keep-list-wait":                        {value: "-1s"},
-	"kubelet-config":                        {value: "/nonexistent/kubelet/config.yaml"},
+	"kubelet-config":                        {value: "/"}, // a dir; an absent file is a warning: it may come
 	"kubelet-status-lag":                    {value: "-1s"},
 	"log-dir":                               {value: "var/log/containers"},
 	"log-format":                            {value: "xml"},
@@ -182,7 +182,7 @@ func TestBadSettingsExitTwo(t *testing.T) {
 		{[]string{"plan", "--json=maybe"}, "json"},
 		{[]string{"plan", "--image-gc-high-threshold=101"}, "image-gc-high-threshold"},
 		{[]string{"check", "--json=maybe"}, "json"},
-		{[]string{"check", "--kubelet-config=/nonexistent/config.yaml"}, "kubelet-config"},
+		{[]string{"check", "--kubelet-config=/"}, "kubelet-config"},
 		{[]string{"frobnicate"}, "frobnicate"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) { run(t, tc.args, nil, tc.mustName) })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,10 @@ func TestParseRun(t *testing.T) {
 			}},
 		{name: "env", env: map[string]string{"GCAGENT_PRUNE_CONTAINERS": "all", "GCAGENT_NODE_NAME": "n1"},
 			check: func(c agent.Config) bool { return c.PruneContainers == "all" && c.NodeName == "n1" }},
+		{name: "repeatable flag in env: a comma-separated list", env: map[string]string{"GCAGENT_KEEP_IMAGE": "registry.k8s.io/*, */critical:*,"},
+			check: func(c agent.Config) bool {
+				return slices.Equal(c.KeepImages, []string{"registry.k8s.io/*", "*/critical:*"})
+			}},
 		{name: "flag beats env", args: []string{"--prune-containers=off"}, env: map[string]string{"GCAGENT_PRUNE_CONTAINERS": "all"},
 			check: func(c agent.Config) bool { return c.PruneContainers == "off" }},
 		{name: "file, env beats file", args: []string{"--config", file}, env: map[string]string{"GCAGENT_IMAGE_GC_LOW_THRESHOLD": "75"},

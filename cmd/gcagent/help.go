@@ -20,8 +20,10 @@ import (
 
 const envAll = `Environment and config file: each flag listed under an area (General, Image GC,
 ...) is also read from GCAGENT_<FLAG> (upper case, - as _:
-GCAGENT_IMAGE_GC_HIGH_THRESHOLD=90) and from a "flag-name = value" line of the
---config file (or GCAGENT_CONFIG). A flag wins over the environment, the
+GCAGENT_IMAGE_GC_HIGH_THRESHOLD=90; a repeatable flag takes a comma-separated
+list: GCAGENT_KEEP_IMAGE=registry.k8s.io/*,*/critical:*) and from a
+"flag-name = value" line of the --config file (or GCAGENT_CONFIG), one line
+per value of a repeatable flag. A flag wins over the environment, the
 environment over the file, the file over the kubelet's config
 (--kubelet-config). An unknown GCAGENT_ variable or file key is an error.
 Percents may end in %; sizes take B, KiB, MiB, GiB (or KB, MB, GB); durations

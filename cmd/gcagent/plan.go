@@ -113,16 +113,25 @@ func plan(ctx context.Context, cfg agent.Config, asJSON bool, stdout io.Writer) 
 }
 
 // givenPolicy names the policy settings of cfg that were given (not
-// defaults) and that a running agent plans by as given when they differ
-// from its own, or refuses (where it looks: its namespaces).
+// defaults, nor taken from the kubelet's config: the running agent took
+// those at its start) and that a running agent plans by as given when they
+// differ from its own, or refuses (where it looks: its namespaces).
 func givenPolicy(cfg agent.Config) []string {
 	var out []string
 	for _, s := range cfg.Policy() {
-		if s.Source != "default" && (slices.Contains(agent.WhatIfSettings, s.Name) || s.Name == "namespace" || s.Name == "exclude-namespace") {
+		if given(s) && (slices.Contains(agent.WhatIfSettings, s.Name) || s.Name == "namespace" || s.Name == "exclude-namespace") {
 			out = append(out, s.Name)
 		}
 	}
 	return out
+}
+
+// given reports whether s was given to this command: by flag, variable or
+// file line. A default is not, nor a value taken from the kubelet's
+// config: in the agent's pod `plan` reads the same file, which may have
+// changed since the agent's start (the agent takes it again at its next).
+func given(s agent.Setting) bool {
+	return s.Source != "default" && !strings.HasPrefix(s.Source, "kubelet-config ")
 }
 
 // errNoAgent: nothing listens on the agent's metrics address.
@@ -186,7 +195,7 @@ func policyDiff(mine agent.Config, agents []agent.Setting) string {
 	}
 	var diffs []string
 	for _, s := range mine.Policy() {
-		if v, ok := theirs[s.Name]; ok && v != s.Value && s.Source != "default" {
+		if v, ok := theirs[s.Name]; ok && v != s.Value && given(s) {
 			diffs = append(diffs, fmt.Sprintf("%s=%s (given %s)", s.Name, v, s.Value))
 		}
 	}

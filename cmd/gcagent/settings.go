@@ -52,7 +52,7 @@ func (c *cli) settle(fs *pflag.FlagSet) (map[string]string, error) {
 		if err != nil || v == "" || sources[f.Name] != "" || !readsSettings(f) {
 			return
 		}
-		if err = setFlag(fs, f.Name, v, envName(f.Name)); err == nil {
+		if err = setEnvFlag(fs, f, v); err == nil {
 			sources[f.Name] = "env " + envName(f.Name)
 		}
 	})
@@ -107,6 +107,24 @@ func readsSettings(f *pflag.Flag) bool {
 func setFlag(fs *pflag.FlagSet, name, value, from string) error {
 	if err := fs.Lookup(name).Value.Set(value); err != nil {
 		return fmt.Errorf("%s: invalid value %q for --%s: %v", from, value, name, err)
+	}
+	return nil
+}
+
+// setEnvFlag sets flag f from its variable's value v: a repeatable flag
+// (--keep-image) takes a comma-separated list there, one value per item
+// (an image name holds no comma, so a glob with one would match nothing).
+func setEnvFlag(fs *pflag.FlagSet, f *pflag.Flag, v string) error {
+	if _, ok := f.Value.(pflag.SliceValue); !ok {
+		return setFlag(fs, f.Name, v, envName(f.Name))
+	}
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		if err := setFlag(fs, f.Name, item, envName(f.Name)); err != nil {
+			return err
+		}
 	}
 	return nil
 }

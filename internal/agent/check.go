@@ -331,7 +331,8 @@ func checkStateDir(dir string, outboxMax int64) CheckResult {
 
 // checkKubelet reads the kubelet's config (--kubelet-config, else the
 // default path when it exists) and says whether its image GC is off and
-// whether its eviction thresholds fire before gcagent's high threshold.
+// whether its eviction thresholds fire before gcagent's high threshold. A
+// --kubelet-config that is absent WARNs (run follows it until it comes).
 func checkKubelet(cfg Config, capacity uint64) []CheckResult {
 	k, path := cfg.Kubelet, cfg.KubeletConfig
 	if k == nil {
@@ -342,7 +343,11 @@ func checkKubelet(cfg Config, capacity uint64) []CheckResult {
 			path = kubeletconfig.DefaultPath
 		}
 		var err error
-		if k, err = kubeletconfig.Read(path); err != nil {
+		k, err = kubeletconfig.Read(path)
+		if errors.Is(err, fs.ErrNotExist) && cfg.KubeletConfig != "" {
+			return []CheckResult{warnLine("kubelet-config", "%s (--kubelet-config) absent: nothing taken from the kubelet, its image GC state unknown; give where this node's kubelet keeps its config (kubeadm %s), or hand image GC over and leave it out", path, kubeletconfig.DefaultPath)}
+		}
+		if err != nil {
 			return []CheckResult{failLine("kubelet-config", "%v", err)}
 		}
 	}

@@ -80,6 +80,9 @@ type agent struct {
 	// clock is the one time every planner reads (internal/clock: a
 	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
+	// kubelet follows the kubelet's config (kubelet.go); nil without
+	// --kubelet-config.
+	kubelet *kubeletFollower
 	// store is the state file; trace, the usage trace in it (nil: off).
 	store *projection.Store
 	trace *trace.Log
@@ -305,6 +308,7 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	g.Go(func() error { return saveClock(gctx, a.clock, clockFile, log) })
 	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger()) })
 	g.Go(func() error { a.preflight(gctx); return nil })
+	g.Go(func() error { return a.followKubelet(gctx) })
 	if skew != nil {
 		g.Go(func() error {
 			return followTestSkew(gctx, skew, filepath.Join(cfg.StateDir, clock.TestOffsetFile), log)

@@ -60,10 +60,12 @@ type hostState struct {
 	// before lists hostLogLinkDir, hostKubeletDir and hostDevicePlugins
 	// (nil: absent).
 	before map[string][]string
-	// madeShared: "/" was private and StartKubelet made it rshared, as
-	// systemd has it on a node (mountPropagation HostToContainer needs a
-	// shared or slave source); restore makes it private again.
-	madeShared bool
+	// madeShared lists the mounts that were private when StartKubelet
+	// made "/" rshared, as systemd has it on a node (mountPropagation
+	// HostToContainer needs a shared or slave source); restore makes each
+	// of them private again, and no other (another test's shared mount
+	// stays shared).
+	madeShared []string
 }
 
 var hostDirs = []string{hostLogLinkDir, hostKubeletDir, hostDevicePlugins}
@@ -87,37 +89,46 @@ func saveHost(t testing.TB) *hostState {
 	for _, d := range hostDirs {
 		h.before[d] = listDir(d)
 	}
-	if !anyPropagation() {
+	// The test's dirs are on "/" (or on mounts below it): "/" itself must
+	// propagate. Another test's shared mount elsewhere does not tell.
+	if private := privateMounts(); slices.Contains(private, "/") {
 		if err := unix.Mount("", "/", "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
 			t.Fatalf("mount --make-rshared /: %v", err)
 		}
-		h.madeShared = true
+		h.madeShared = private
 	}
 	return h
 }
 
-// anyPropagation reports whether any mount of this namespace is shared or
-// a slave (then "/" is left as it is).
-func anyPropagation() bool {
+// privateMounts lists the mount points of this namespace that are neither
+// shared nor a slave.
+func privateMounts() []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return true
+		return nil
 	}
 	defer f.Close()
+	var out []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		// Optional fields sit between the mount options (field 6) and "-".
+		// The mount point is field 4; optional fields sit between the
+		// mount options (field 5) and "-".
 		fields := strings.Fields(sc.Text())
-		for _, fl := range fields[min(6, len(fields)):] {
+		if len(fields) < 7 {
+			continue
+		}
+		propagates := false
+		for _, fl := range fields[6:] {
 			if fl == "-" {
 				break
 			}
-			if strings.HasPrefix(fl, "shared:") || strings.HasPrefix(fl, "master:") {
-				return true
-			}
+			propagates = propagates || strings.HasPrefix(fl, "shared:") || strings.HasPrefix(fl, "master:")
+		}
+		if !propagates {
+			out = append(out, unescapeMount(fields[4]))
 		}
 	}
-	return false
+	return out
 }
 
 // restore puts the host back, still under the lock: the log links the
@@ -149,9 +160,11 @@ func (h *hostState) restore(t testing.TB, podLogDir string) {
 			t.Errorf("%s after the kubelet: %s; before: %s", d, describe(now), describe(h.before[d]))
 		}
 	}
-	if h.madeShared {
-		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-			t.Errorf("mount --make-rprivate /: %v", err)
+	for _, p := range h.madeShared {
+		// One by one, not recursively; a mount gone meanwhile has nothing
+		// to restore.
+		if err := unix.Mount("", p, "", unix.MS_PRIVATE, ""); err != nil && p == "/" {
+			t.Errorf("mount --make-private /: %v", err)
 		}
 	}
 }
