@@ -78,6 +78,7 @@ var badRunValues = map[string]struct {
 	"resync-interval":                       {value: "10ms"},
 	"sandbox-image":                         {value: "Not A Reference"},
 	"state-dir":                             {value: " "},
+	"take-over":                             {value: "maybe"},
 	"trace-max-age":                         {value: "-1h"},
 	"trace-max-bytes":                       {value: "1000"},
 	"uncollected-exit-grace":                {value: "0s"},

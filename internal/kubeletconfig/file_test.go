@@ -86,8 +86,8 @@ func TestFilePoll(t *testing.T) {
 	renameOver(t, path, kubeletYAML(85, 80))
 	poll("back", want{changed: true, high: 85})
 
-	renameOver(t, path, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThreshold: 70\n")
-	poll("invalid", want{changed: true, err: "unknown field"})
+	renameOver(t, path, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercent: 170\n")
+	poll("invalid", want{changed: true, err: "must be between 0 and 100"})
 	poll("still invalid: said once", want{})
 
 	// A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data ->

@@ -68,6 +68,11 @@ type Settings struct {
 	// SyncFrequency is syncFrequency: how often the kubelet syncs each
 	// pod, and so how long its pod status may lag the runtime.
 	SyncFrequency time.Duration
+	// Lenient says what strict decoding refused (an unknown, duplicate or
+	// miscased field: a newer kubelet's, or a typo) when the file was then
+	// decoded leniently, as the kubelet itself decodes it; empty when
+	// strict decoding took it.
+	Lenient string
 }
 
 // Threshold is one eviction threshold on available disk space.
@@ -93,9 +98,14 @@ func (s *Settings) ImageGCOn() bool {
 	return s.HighThreshold < 100 || s.MaxAge > 0
 }
 
-// Read decodes path strictly as a kubelet.config.k8s.io/v1beta1
-// KubeletConfiguration (an unknown, duplicate or miscased field is an
-// error) and applies the kubelet's defaults. Errors name no flag; the
+// Read decodes path as a kubelet.config.k8s.io/v1beta1
+// KubeletConfiguration and applies the kubelet's defaults. Like the kubelet
+// (its codec's DecodeKubeletConfiguration), it tries strict decoding first
+// and, when only that fails (an unknown, duplicate or miscased field),
+// decodes leniently and says so in Lenient: a config written for a newer
+// kubelet must not stop the agent the kubelet itself runs with, and what
+// the agent takes is what the kubelet takes. A file that is not YAML, of
+// another kind or with a bad value is an error. Errors name no flag; the
 // caller adds it.
 func Read(path string) (*Settings, error) {
 	b, err := os.ReadFile(path)
@@ -110,24 +120,31 @@ func Parse(path string, b []byte) (*Settings, error) {
 	if len(bytes.TrimSpace(b)) == 0 {
 		return nil, fmt.Errorf("%s: empty", path)
 	}
-	js, err := yaml.YAMLToJSONStrict(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %s", path, oneLine(err))
+	var why []string // what only strict decoding refuses
+	js, serr := yaml.YAMLToJSONStrict(b)
+	if serr != nil {
+		// A duplicate key: the lenient YAML decoder takes the last value.
+		var err error
+		if js, err = yaml.YAMLToJSON(b); err != nil {
+			return nil, fmt.Errorf("%s: %s", path, oneLine(err))
+		}
+		why = append(why, oneLine(serr))
 	}
 	var kc kubeletv1beta1.KubeletConfiguration
 	strict, err := kjson.UnmarshalStrict(js, &kc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v", path, err)
 	}
-	if len(strict) > 0 {
-		return nil, fmt.Errorf("%s: %v", path, strict[0])
+	for _, e := range strict {
+		why = append(why, e.Error())
 	}
+	lenient := strings.Join(why, "; ")
 	want := kubeletv1beta1.SchemeGroupVersion.String()
 	if kc.APIVersion != want || kc.Kind != "KubeletConfiguration" {
 		return nil, fmt.Errorf("%s: apiVersion %q kind %q: want %s KubeletConfiguration", path, kc.APIVersion, kc.Kind, want)
 	}
 	s := &Settings{Path: path, HighThreshold: DefaultHighThreshold, LowThreshold: DefaultLowThreshold,
-		MinAge: DefaultMinAge, MaxAge: DefaultMaxAge, SyncFrequency: DefaultSyncFrequency}
+		MinAge: DefaultMinAge, MaxAge: DefaultMaxAge, SyncFrequency: DefaultSyncFrequency, Lenient: lenient}
 	if kc.SyncFrequency.Duration > 0 {
 		s.SyncFrequency = kc.SyncFrequency.Duration
 	}
@@ -245,9 +262,12 @@ func (s *Settings) EvictionFirst(high int, capacity uint64) []Threshold {
 // Notes are the warnings an operator needs about this kubelet config next
 // to gcagent's high threshold and the image filesystem's capacity (0 when
 // unknown): the kubelet's image GC still on, and eviction thresholds that
-// fire first. Empty when all is well.
+// fire first, and a file decoded leniently. Empty when all is well.
 func (s *Settings) Notes(high int, capacity uint64) []string {
 	var out []string
+	if s.Lenient != "" {
+		out = append(out, fmt.Sprintf("%s decoded leniently, as the kubelet decodes it (%s): fields this agent does not know are ignored, by the kubelet too if it does not know them", s.Path, s.Lenient))
+	}
 	if s.ImageGCOn() {
 		out = append(out, s.ImageGCNote())
 	}

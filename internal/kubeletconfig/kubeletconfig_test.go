@@ -67,9 +67,6 @@ func TestRead(t *testing.T) {
 
 func TestReadRefuses(t *testing.T) {
 	for name, tc := range map[string]struct{ yaml, want string }{
-		"unknown field":   {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercnt: 100\n", `unknown field "imageGCHighThresholdPercnt"`},
-		"miscased field":  {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nImageGCHighThresholdPercent: 100\n", "ImageGCHighThresholdPercent"},
-		"duplicate field": {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercent: 100\nimageGCHighThresholdPercent: 90\n", "imageGCHighThresholdPercent"},
 		"wrong kind":      {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n", "want kubelet.config.k8s.io/v1beta1 KubeletConfiguration"},
 		"no kind":         {"imageGCHighThresholdPercent: 100\n", "want kubelet.config.k8s.io/v1beta1 KubeletConfiguration"},
 		"threshold > 100": {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercent: 101\n", "must be between 0 and 100"},
@@ -86,8 +83,8 @@ func TestReadRefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Read("testdata/unknown-field.yaml"); err == nil {
-		t.Error("testdata/unknown-field.yaml read without an error")
+	if s, err := Read("testdata/unknown-field.yaml"); err != nil || s.Lenient == "" {
+		t.Errorf("testdata/unknown-field.yaml: lenient %v, err %v: want it read leniently", s, err)
 	}
 }
 
@@ -121,5 +118,39 @@ func TestEvictionFirst(t *testing.T) {
 		if got := len(s.EvictionFirst(tc.high, tc.capacity)) > 0; got != tc.first {
 			t.Errorf("imagefs.available<%s, high %d, capacity %d: first %v, want %v", tc.value, tc.high, tc.capacity, got, tc.first)
 		}
+	}
+}
+
+// TestReadLenientLikeTheKubelet: what only strict decoding refuses (an
+// unknown field, a newer kubelet's or a typo; a miscased or duplicate one)
+// is decoded leniently, as the kubelet's codec does, with a note saying
+// so: the fields the kubelet would ignore are ignored here too, the
+// others taken.
+func TestReadLenientLikeTheKubelet(t *testing.T) {
+	for name, tc := range map[string]struct {
+		yaml, why string
+		high      int
+	}{
+		"unknown field":   {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercnt: 100\nimageGCLowThresholdPercent: 60\n", `unknown field "imageGCHighThresholdPercnt"`, DefaultHighThreshold},
+		"newer kubelet":   {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 60\nsomeFieldOf138: true\n", `unknown field "someFieldOf138"`, 90},
+		"miscased field":  {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nImageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 60\n", "ImageGCHighThresholdPercent", DefaultHighThreshold},
+		"duplicate field": {"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercent: 100\nimageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 60\n", "imageGCHighThresholdPercent", 90},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := Parse("/etc/kubelet.yaml", []byte(tc.yaml))
+			if err != nil {
+				t.Fatalf("err %v, want a lenient decode", err)
+			}
+			if !strings.Contains(s.Lenient, tc.why) || s.HighThreshold != tc.high || s.LowThreshold != 60 {
+				t.Errorf("lenient %q high %d low %d, want %q, %d, 60", s.Lenient, s.HighThreshold, s.LowThreshold, tc.why, tc.high)
+			}
+			if notes := s.Notes(85, 0); len(notes) == 0 || !strings.Contains(notes[0], "decoded leniently") {
+				t.Errorf("notes %q: none says the file was decoded leniently", notes)
+			}
+		})
+	}
+	s, err := Parse("/etc/kubelet.yaml", []byte("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nimageGCHighThresholdPercent: 90\n"))
+	if err != nil || s.Lenient != "" {
+		t.Fatalf("a strict file: lenient %q, err %v", s.Lenient, err)
 	}
 }
