@@ -16,13 +16,15 @@ import (
 func TestProfiling(t *testing.T) {
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
+		// One agent per containerd (its agent lock): one after the other.
 		plain := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "plain"))
-		profiled := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "profiled"), "--profiling")
 		waitSynced(t, plain)
-		waitSynced(t, profiled)
 		if code, body, err := plain.GetText("/debug/pprof/heap?debug=1"); err != nil || code != http.StatusNotFound {
 			t.Errorf("without --profiling /debug/pprof/heap answered %d (%v):\n%.300s", code, err, body)
 		}
+		plain.Stop()
+		profiled := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "profiled"), "--profiling")
+		waitSynced(t, profiled)
 		code, body, err := profiled.GetText("/debug/pprof/heap?debug=1")
 		header, _, _ := strings.Cut(body, "\n")
 		if err != nil || code != http.StatusOK || !strings.HasPrefix(header, "heap profile: ") || !strings.HasSuffix(header, "@ heap/1048576") {

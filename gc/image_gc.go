@@ -65,6 +65,11 @@ type ImageGCDeps struct {
 	// Trace, if set, records the disk measurements and the policy of the
 	// passes for the usage trace (package trace, through the agent).
 	Trace imageTracer
+	// Ready, if set, closes once passes may run (the agent: deletes a
+	// crash left settled, containerd's agent lock held, the fleet keep
+	// list's first read tried). Until then Run measures the disk (its
+	// metric, its log lines) and answers no request, nudge or trigger.
+	Ready <-chan struct{}
 }
 
 // imageTracer records what image GC saw, for replays: every disk

@@ -67,20 +67,28 @@ func (g *ImageGC) Run(ctx context.Context) error {
 		// changed).
 		g.d.Trace.TracePolicy(g.now(), g.Policy())
 	}
+	// Before Ready, the loop only measures: requests, nudges and
+	// rethinks wait in their channels, and evaluations plan nothing.
+	ready, requests, nudges, rethinks := g.d.Ready, g.requests, g.nudges, g.rethinks
+	if ready != nil {
+		requests, nudges, rethinks = nil, nil, nil
+	}
 	for first := true; ; first = false {
 		if !first {
 			select {
 			case <-ctx.Done():
 				return nil
-			case reply := <-g.requests:
+			case <-ready:
+				ready, requests, nudges, rethinks = nil, g.requests, g.nudges, g.rethinks
+			case reply := <-requests:
 				d, ok := g.sample()
 				g.trig.observe(g.now(), d, ok)
 				reply <- g.Pass(ctx, "manual")
-			case trigger := <-g.nudges:
+			case trigger := <-nudges:
 				d, ok := g.sample()
 				g.trig.observe(g.now(), d, ok)
 				g.Pass(ctx, trigger)
-			case trigger := <-g.rethinks:
+			case trigger := <-rethinks:
 				if g.keepHeld {
 					d, ok := g.sample()
 					g.trig.observe(g.now(), d, ok)
@@ -102,7 +110,7 @@ func (g *ImageGC) Run(ctx context.Context) error {
 			changes = g.changes
 		}
 		drain(changes)
-		g.evaluate(ctx)
+		g.evaluate(ctx, ready == nil)
 		wake.Stop()
 		at := g.trig.wake()
 		if !at.IsZero() {
@@ -172,8 +180,9 @@ func (g *ImageGC) noteDiskError(now time.Time, err error) {
 	}
 }
 
-// evaluate samples the disk, decides and runs a pass when one is due.
-func (g *ImageGC) evaluate(ctx context.Context) {
+// evaluate samples the disk, decides and runs a pass when one is due
+// (never before ready).
+func (g *ImageGC) evaluate(ctx context.Context, ready bool) {
 	now := g.now()
 	disk, err := g.d.Disk.Disk()
 	g.noteDiskError(now, err)
@@ -185,7 +194,7 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	var seq uint64
 	var synced bool
 	var plan ImagePlan
-	synced = g.d.Projection.Synced()
+	synced = ready && g.d.Projection.Synced()
 	var replan bool
 	g.d.Projection.ViewAll(func(states []*projection.State) {
 		seq = projection.SeqOf(states)

@@ -32,7 +32,7 @@ func BenchmarkImageGCSample(b *testing.B) {
 		g := mustImageGC(b, ImageGCDeps{Projection: &fakeProjection{state: busyImages(10000)}, Runtime: newFakeRuntime(&fakeDisk{}), Disk: fs}, ImageGCOptions{Policy: samplePolicy, DryRun: true})
 		ctx := context.Background()
 		for b.Loop() {
-			g.evaluate(ctx)
+			g.evaluate(ctx, true)
 		}
 		if st := g.Status(); st.Passes != 0 || st.SampledAt.IsZero() {
 			b.Fatalf("%d passes, sampled at %s", st.Passes, st.SampledAt)

@@ -212,7 +212,7 @@ func maxAgeGC(t *testing.T) (*ImageGC, *node, *fakeClock) {
 	p.MaxAge = 2 * h
 	g, _, clk, _ := newImageGC(t, n, p, nil)
 	clk.Set(at(time.Hour))
-	g.evaluate(context.Background())
+	g.evaluate(context.Background(), true)
 	return g, n, clk
 }
 
@@ -227,7 +227,7 @@ func TestImageGCEvaluateArmsMaxAge(t *testing.T) {
 		t.Fatalf("removed before the age-out: %v", n.rt.Removed())
 	}
 	clk.Set(want)
-	g.evaluate(context.Background())
+	g.evaluate(context.Background(), true)
 	if got := n.rt.Removed(); !slices.Equal(got, []string{digestOf("a")}) {
 		t.Fatalf("removed %v at the age-out, want a", got)
 	}
@@ -250,7 +250,7 @@ func TestImageGCEvaluateReplansOncePerGap(t *testing.T) {
 	}
 	n.state.Apply(native(time.Hour, "uses-a", "example.test/a:1")) // a is in use again
 	clk.Step(20 * time.Millisecond)
-	g.evaluate(context.Background())
+	g.evaluate(context.Background(), true)
 	if got := g.Status().NextAgeOut; !got.Equal(ageOutA) {
 		t.Fatalf("re-planned 20ms after the last plan: next age-out %s", got)
 	}
@@ -258,7 +258,7 @@ func TestImageGCEvaluateReplansOncePerGap(t *testing.T) {
 		t.Fatalf("wake = %s, want the end of the gap %s", got, want)
 	}
 	clk.Set(at(time.Hour + time.Second))
-	g.evaluate(context.Background())
+	g.evaluate(context.Background(), true)
 	if got := g.Status().NextAgeOut; !got.Equal(ageOutB) {
 		t.Fatalf("next age-out %s at the end of the gap, want b's at %s", got, ageOutB)
 	}
@@ -845,5 +845,34 @@ func TestImageTriggerResumesAfterUnsettled(t *testing.T) {
 	tr.passed(now, 1, ImagePlan{Now: now}, ImagePass{}) // settled: it went
 	if why, ok := tr.due(now.Add(time.Hour), 1, true); ok {
 		t.Errorf("due (%s) after a pass that was not cut short", why)
+	}
+}
+
+// TestImageGCRunWaitsForReady: before Ready closes (the agent: crash-left
+// deletes settled, its lock held, the keep list tried), the loop samples
+// the disk but passes on no trigger, not even above the high threshold or
+// on a nudge; once it closes, the crossing is acted on at once.
+func TestImageGCRunWaitsForReady(t *testing.T) {
+	ready := make(chan struct{})
+	h := startImageLoopWith(t, ImageGCOptions{Policy: policy8070}, func(d *ImageGCDeps) { d.Ready = ready },
+		100*mib, 5*mib, 0, events.Synced{At: at(time.Hour)})
+	start := h.disk.samples.Load()
+	h.g.Nudge("keep-list")
+	for range 5 {
+		h.step(t, h.o.DiskInterval)
+	}
+	if n := h.disk.samples.Load() - start; n != 5 {
+		t.Errorf("%d samples in 5 intervals before ready, want 5: the disk is measured from the start", n)
+	}
+	if st := h.g.Status(); st.Passes != 0 || st.Usage != 95 {
+		t.Fatalf("before ready, at %d%%: %d passes (last %+v), want none", st.Usage, st.Passes, st.LastPass)
+	}
+	close(ready)
+	deadline := time.Now().Add(10 * time.Second)
+	for h.g.Status().Passes == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if st := h.g.Status(); st.Passes == 0 {
+		t.Fatal("no pass after ready, above the high threshold")
 	}
 }

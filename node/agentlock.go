@@ -87,9 +87,10 @@ type AgentLock struct {
 	o     LockOptions
 
 	mu        sync.Mutex
-	gen       uint64    // the generation held; 0: none
-	renewed   time.Time // when the last successful renewal (or the take) began
-	notBefore time.Time // a holder taken over may still delete until then
+	gen       uint64        // the generation held; 0: none
+	renewed   time.Time     // when the last successful renewal (or the take) began
+	notBefore time.Time     // a holder taken over may still delete until then
+	again     chan struct{} // closed by the next renewal after failed ones
 }
 
 // NewAgentLock returns the lock of the containerd store talks to
@@ -106,7 +107,7 @@ func NewAgentLock(store leaseStore, me AgentID, o LockOptions) *AgentLock {
 	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return &AgentLock{store: store, me: me, token: hex.EncodeToString(b[:]), o: o}
+	return &AgentLock{store: store, me: me, token: hex.EncodeToString(b[:]), o: o, again: make(chan struct{})}
 }
 
 // lockCallTimeout bounds each call of the lock to containerd.
@@ -363,6 +364,15 @@ func (l *AgentLock) WaitHeld(ctx context.Context) error {
 	}
 }
 
+// HeldAgain returns a channel closed by the next renewal that follows
+// failed ones (containerd did not answer): deletes refused meanwhile may
+// be tried again. Each call after it closed returns a new one.
+func (l *AgentLock) HeldAgain() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.again
+}
+
 // Run renews the lock every period until ctx ends (Release gives it up).
 // It returns a *LostError as soon as another agent took it over (this
 // agent must stop); a renewal containerd does not answer is tried again,
@@ -387,6 +397,10 @@ func (l *AgentLock) Run(ctx context.Context) error {
 		}
 		if err == nil && failing {
 			l.o.Log.Info().Msg("containerd's agent lock renewed again")
+			l.mu.Lock()
+			close(l.again)
+			l.again = make(chan struct{})
+			l.mu.Unlock()
 		}
 		failing = err != nil
 		next := l.o.Period

@@ -363,7 +363,7 @@ func TestAgentLockTakeOver(t *testing.T) {
 
 // TestAgentLockHeldNeedsRenewals: a holder whose renewals containerd does
 // not answer stops deleting two periods after the last one began, and
-// deletes again once one succeeds.
+// deletes again once one succeeds, which HeldAgain tells.
 func TestAgentLockHeldNeedsRenewals(t *testing.T) {
 	store, clk := newMemLeases(), clock.NewFake(time.Unix(1000, 0))
 	l := newLock(store, agent("a", "sa", "pid:[1]", 1), clk, processes{1: true})
@@ -380,10 +380,24 @@ func TestAgentLockHeldNeedsRenewals(t *testing.T) {
 	if d := clk.Now().Sub(time.Unix(1000, 0)); d < 20*time.Second {
 		t.Errorf("not held after %s, before two periods", d)
 	}
+	again := l.HeldAgain()
+	select {
+	case <-again:
+		t.Fatal("HeldAgain closed while renewals fail")
+	default:
+	}
 	store.mu.Lock()
 	store.fail = nil
 	store.mu.Unlock()
 	stepWhile(t, clk, func() bool { return l.Held() != nil })
+	select { // Run closes it just after the renewal Held sees
+	case <-again:
+	case <-time.After(10 * time.Second):
+		t.Error("held again, but HeldAgain's channel is open: a refused pass is not tried again")
+	}
+	if l.HeldAgain() == again {
+		t.Error("HeldAgain returns the closed channel again")
+	}
 }
 
 // TestAgentLockLeasesDeletedByHand: the lock's leases deleted by hand (ctr

@@ -15,6 +15,7 @@ func (a *agent) setupImageGC() error {
 	deps := gc.ImageGCDeps{
 		Projection: a.live, Runtime: a.runtime, Disk: a.imageFS, Deletes: a.deletes, Publisher: a.pub,
 		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.KeepList,
+		Ready: a.imageGCReady,
 	}
 	if a.trace != nil {
 		deps.Trace = newTraceRecorder(a.trace, a.cfg.DryRun, a.log.With().Str("component", "trace").Logger())
@@ -69,8 +70,23 @@ func (a *agent) record(ctx context.Context, ns string, ev events.Event) error {
 	}
 }
 
-// runImageGC runs the image GC until ctx ends.
-func (a *agent) runImageGC(ctx context.Context) error { return a.imageGC.Run(ctx) }
+// runImageGC runs the image GC until ctx ends. Its passes wait for
+// imageGCReady; one follows each renewal of containerd's agent lock after
+// renewals failed (a pass that found the lock not held meanwhile deleted
+// nothing, and no other trigger may come soon).
+func (a *agent) runImageGC(ctx context.Context) error {
+	go func() {
+		for {
+			select {
+			case <-a.lock.HeldAgain():
+				a.imageGC.Nudge("agent-lock")
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return a.imageGC.Run(ctx)
+}
 
 // imagePassSummary is schema.LastGC: the last image GC pass in heartbeats.
 type imagePassSummary = schema.LastGC

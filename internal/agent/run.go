@@ -62,8 +62,10 @@ type agent struct {
 	statusErr string
 	// runGCNow, set by the image GC component, runs a pass now (control verb gc).
 	runGCNow func(ctx context.Context) (any, error)
-	// imageGC deletes images by disk usage and age (imagegc.go).
-	imageGC *gc.ImageGC
+	// imageGC deletes images by disk usage and age (imagegc.go); it
+	// measures from the start, and passes once imageGCReady closes.
+	imageGC      *gc.ImageGC
+	imageGCReady chan struct{}
 	// containerGC removes dead containers (containergc.go).
 	containerGC *gc.ContainerGC
 	// logs cleans the log dirs (logs.go); podDirs is what it has seen of
@@ -172,7 +174,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	close(restored)
 	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk, store: store, trace: tl,
-		lock: lock, lockTaken: lockTaken,
+		lock: lock, lockTaken: lockTaken, imageGCReady: make(chan struct{}),
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.evs = evs
@@ -334,10 +336,12 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 		}
 	}
 	// Components that act on the projection start here, one g.Go each.
-	// Image GC's first pass follows the keep list's first watch (bounded:
+	// Image GC measures from the start; its first pass follows the keep
+	// list's first watch (bounded:
 	// a NATS that does not answer leaves it unknown, which the planner
 	// keeps for), so that a list NATS gives is read before anything goes.
-	g.Go(afterIntents(func(ctx context.Context) error { a.keep.firstTry(ctx); return a.runImageGC(ctx) }))
+	g.Go(afterIntents(func(ctx context.Context) error { a.keep.firstTry(ctx); close(a.imageGCReady); return nil }))
+	g.Go(func() error { return a.runImageGC(gctx) })
 	g.Go(func() error { return a.runControl(gctx) })
 	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.cfg.NATSJSDomain, a.bus.emb != nil) })
 	g.Go(func() error { a.keep.awaitRead(gctx, clock.System(a.clock.Now)); return nil })
