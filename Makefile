@@ -93,7 +93,7 @@ lint: ## gofmt and go vet (also of the agent built without the embedded NATS ser
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags noembeddednats ./cmd/gcagent/
-	$(GO) vet -tags testhooks ./internal/agent/
+	$(GO) vet -tags testhooks ./internal/agent/ ./node/
 	cd kubeletdiff && $(GO) vet ./...
 
 chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deploy/kubernetes/gcagent.yaml, every value set, strict typed decode), gofmt, vet and tidy-check of its module

@@ -90,6 +90,9 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := testCallTimeout(log); err != nil { // only in a build with -tags testhooks
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	nss, err := cfg.Namespaces()

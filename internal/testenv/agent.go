@@ -40,6 +40,23 @@ const ShippedTags = "grpcnotrace"
 // shipped binary has none (TestShippedBinaryLeavesOutTracing).
 const TestTags = "testhooks"
 
+// CallTimeoutEnv, in the environment of an agent of a test build
+// (StartAgentEnv), is a Go duration that replaces node.CallTimeout (30 s).
+// The shipped binary has no such hook (TestShippedBinaryLeavesOutTracing).
+const CallTimeoutEnv = "GCAGENT_TEST_CALL_TIMEOUT"
+
+// ShortCallTimeout is the containerd call timeout of an agent started with
+// ShortCallTimeoutEnv: a test that waits out a hung containerd's calls
+// waits this instead of node.CallTimeout. A call of a loaded machine's
+// working daemon takes far less.
+const ShortCallTimeout = 5 * time.Second
+
+// ShortCallTimeoutEnv is the environment (for StartAgentEnv) that gives the
+// agent ShortCallTimeout.
+func ShortCallTimeoutEnv() []string {
+	return []string{CallTimeoutEnv + "=" + ShortCallTimeout.String()}
+}
+
 // Build says how AgentBuild builds cmd/gcagent (with ShippedTags).
 type Build struct {
 	// Tags are Go build tags beside ShippedTags, such as "noembeddednats".
