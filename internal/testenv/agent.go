@@ -123,15 +123,30 @@ type Agent struct {
 	done     chan struct{}
 }
 
-// FreeAddr returns a loopback address with a port that was free just now.
+var (
+	addrMu    sync.Mutex
+	addrsLent = map[string]bool{}
+)
+
+// FreeAddr returns a loopback address with a port that was free just now
+// and that no other FreeAddr of this test process returned: tests running
+// in parallel do not get the same port before either has bound it.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	addrMu.Lock()
+	defer addrMu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !addrsLent[addr] {
+			addrsLent[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // StartAgent runs `gcagent run` against the daemon with stateDir and extra
