@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,7 @@ func regretsIn(t *testing.T, evs []storedEvent) (regrets []schema.ImageRegret, r
 // while it is stopped, are each reported once as image.regretted, with the
 // bytes the removal published, and counted in the metrics.
 func TestImageRegret(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
@@ -154,6 +156,7 @@ func gcagentCtl(t *testing.T, args ...string) (string, error) {
 // embedded NATS server holds the bucket), plan names the fleet list as
 // the rule, and after keep rm the image goes.
 func TestFleetKeepList(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		img := testenv.Image{Name: "registry.example/app:7", Layers: []testenv.Layer{{Seed: "fleet-app", Size: 3 << 20}}}
@@ -228,8 +231,28 @@ func TestFleetKeepList(t *testing.T) {
 		if out, err := gcagentCtl(t, "keep", "ls", "--state-dir", state); err != nil || !strings.Contains(out, "registry.example/app:*") {
 			t.Fatalf("keep ls: %v\n%s", err, out)
 		}
-		// Past the minimum age, under pressure: still there.
-		time.Sleep(time.Until(start.Add(23 * time.Second)))
+		// Past the minimum age, under pressure: a pass that began after the
+		// image came of age kept it.
+		testenv.Eventually(t, time.Minute, func() string {
+			var st episodeStatus
+			if code, err := a.Get("/status", &st); err != nil || code != 200 || st.ImageGC == nil {
+				return fmt.Sprintf("status: %d %v", code, err)
+			}
+			var seen time.Time
+			for _, im := range st.Images {
+				if slices.Contains(im.Names, img.Name) {
+					seen = im.FirstSeen
+				}
+			}
+			if seen.IsZero() {
+				return img.Name + " not in the projection"
+			}
+			if p := st.ImageGC.LastPass; p == nil || !p.Start.After(seen.Add(20*time.Second)) {
+				return fmt.Sprintf("no image GC pass since %s came of age (last %+v)", img.Name, p)
+			}
+			return ""
+		})
+		t.Logf("a pass %s after keep add", time.Since(start).Round(time.Millisecond))
 		if imageGone(t, c, img.Name) {
 			t.Fatalf("%s deleted although the fleet keep list names it", img.Name)
 		}
