@@ -19,6 +19,7 @@ import (
 // on every node. The tests' binary has the crash hooks and the call
 // timeout hook (-tags testhooks), the shipped one must not.
 func TestShippedBinaryLeavesOutTracing(t *testing.T) {
+	t.Parallel()
 	testenv.AgentImage(t) // make image: writes bin/gcagent-static
 	shipped := filepath.Join(testenv.RepoRoot(t), "bin", "gcagent-static")
 	for _, bin := range []string{shipped, testenv.AgentBinary(t)} {

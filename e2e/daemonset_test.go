@@ -119,6 +119,7 @@ func procStatus(t *testing.T, pid int) map[string]string {
 // its process really runs without capabilities, with no_new_privs and
 // seccomp, within the memory the manifest requests.
 func TestDaemonSetAsCRIPod(t *testing.T) {
+	t.Parallel()
 	m, err := deploy.DecodeManifest(deploy.ManifestYAML)
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 // and the container goes; a new one goes too. Then containerd restarts
 // while a removal is due: the agent reconnects and the container goes.
 func TestHungContainerd(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		l := recordLifecycle(t, c)

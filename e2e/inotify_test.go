@@ -19,6 +19,8 @@ const maxQueuedEvents = "/proc/sys/fs/inotify/max_queued_events"
 // watcher; it is restored right after), then a burst of dangling links
 // overflows it while the agent is frozen. The agent says so and rescans in full: every link goes.
 func TestLogsInotifyOverflow(t *testing.T) {
+	// Not parallel: it sets fs.inotify.max_queued_events, which every inotify
+	// instance created meanwhile reads, other tests' agents included.
 	if os.Geteuid() != 0 {
 		testenv.Require(t, false, "root (to set fs.inotify.max_queued_events)")
 	}

@@ -169,6 +169,8 @@ func stderrLines(runs []ctrRun) map[string]bool {
 // task delete; detached: from exit plus grace); a running container and one
 // whose restart policy wants it running stay.
 func TestOwnerClientsUndisturbed(t *testing.T) {
+	// Not parallel: it asserts removals within 3 s of the owner being done,
+	// 300 times, which a machine busy with other tests' imports may miss.
 	const n, grace, within = 50, time.Second, 3 * time.Second
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		bin := ctrBinary(t, v)

@@ -79,6 +79,7 @@ func stateFaultNode(t *testing.T, v testenv.Version, job string) (*testenv.Conta
 // history lost), and deletes what the policy says and nothing else. A
 // third start on the rebuilt file finds nothing to reset.
 func TestCorruptStateDB(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c, ns := stateFaultNode(t, v, "example.test/job:1")
 		nc := natsConn(t, ns.ClientURL())
@@ -239,6 +240,7 @@ func fillDir(t *testing.T, dir string) string {
 // waiting for an event: a kill -9 after that loses nothing, not even the
 // first-seen time of an image that arrived while the disk was full.
 func TestStateDiskFull(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c, ns := stateFaultNode(t, v, "keep.test/job:1")
 		state := filepath.Join(t.TempDir(), "state")
