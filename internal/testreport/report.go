@@ -147,35 +147,49 @@ func isFrame(line string) bool {
 func (r *Report) Failed() bool { return r.failed || r.events == 0 }
 
 // Slowest returns the n slowest top-level tests, slowest first (ties by
-// package and name), each with its subtests.
+// package and name), each with its direct subtests. A test's time is what
+// go test reports, or its slowest subtest's when that is longer: the time
+// of a test whose subtests ran in parallel leaves them out.
 func (r *Report) Slowest(n int) []Ranked {
-	subs := map[string][]result{}
+	children := map[string][]result{} // by package and parent name
 	var tops []result
 	for _, res := range r.results {
-		parent, _, nested := strings.Cut(res.Test, "/")
-		if !nested {
+		i := strings.LastIndexByte(res.Test, '/')
+		if i < 0 {
 			tops = append(tops, res)
 			continue
 		}
-		if !strings.Contains(strings.TrimPrefix(res.Test, parent+"/"), "/") {
-			k := res.Package + "\x00" + parent
-			subs[k] = append(subs[k], res)
+		k := res.Package + "\x00" + res.Test[:i]
+		children[k] = append(children[k], res)
+	}
+	var span func(res result) time.Duration
+	span = func(res result) time.Duration {
+		d := res.Elapsed
+		for _, c := range children[res.Package+"\x00"+res.Test] {
+			d = max(d, span(c))
 		}
+		return d
 	}
-	slices.SortFunc(tops, func(a, b result) int {
-		return cmp.Or(cmp.Compare(b.Elapsed, a.Elapsed), cmp.Compare(a.Package, b.Package), cmp.Compare(a.Test, b.Test))
+	ranked := make([]Ranked, len(tops))
+	for i, t := range tops {
+		ranked[i] = Ranked{result: t, Time: span(t)}
+		for _, c := range children[t.Package+"\x00"+t.Test] {
+			c.Elapsed = span(c)
+			ranked[i].Subtests = append(ranked[i].Subtests, c)
+		}
+		slices.SortFunc(ranked[i].Subtests, func(a, b result) int { return cmp.Compare(a.Test, b.Test) })
+	}
+	slices.SortFunc(ranked, func(a, b Ranked) int {
+		return cmp.Or(cmp.Compare(b.Time, a.Time), cmp.Compare(a.Package, b.Package), cmp.Compare(a.Test, b.Test))
 	})
-	var out []Ranked
-	for _, t := range tops[:min(n, len(tops))] {
-		out = append(out, Ranked{result: t, Subtests: subs[t.Package+"\x00"+t.Test]})
-	}
-	return out
+	return ranked[:min(n, len(ranked))]
 }
 
 // Ranked is a top-level test and its direct subtests.
 type Ranked struct {
 	result
-	Subtests []result
+	Time     time.Duration // Elapsed, or its slowest subtest's when longer
+	Subtests []result      // each with its own Time as Elapsed
 }
 
 // maxSubtests is how many subtests a line of the ranking names: the
@@ -192,7 +206,7 @@ func (r *Report) WriteSlowest(n int) {
 	}
 	fmt.Fprintf(r.w, "\nthe %d slowest tests:\n", len(ranked))
 	for _, t := range ranked {
-		line := fmt.Sprintf("%8.1fs  %-12s %s", t.Elapsed.Seconds(), shortPkg(t.Package), t.Test)
+		line := fmt.Sprintf("%8.1fs  %-12s %s", t.Time.Seconds(), shortPkg(t.Package), t.Test)
 		if t.Action != "pass" {
 			line += " (" + strings.ToUpper(t.Action) + ")"
 		}

@@ -28,6 +28,18 @@ const stream = `{"Action":"start","Package":"m/a"}
 {"Action":"run","Package":"m/a","Test":"TestSlow/containerd-2.3"}
 {"Action":"pass","Package":"m/a","Test":"TestSlow/containerd-2.3","Elapsed":41}
 {"Action":"pass","Package":"m/a","Test":"TestSlow","Elapsed":41.3}
+{"Action":"run","Package":"m/a","Test":"TestParallelDaemons"}
+{"Action":"run","Package":"m/a","Test":"TestParallelDaemons/containerd-1.6"}
+{"Action":"pause","Package":"m/a","Test":"TestParallelDaemons/containerd-1.6"}
+{"Action":"run","Package":"m/a","Test":"TestParallelDaemons/containerd-2.3"}
+{"Action":"pause","Package":"m/a","Test":"TestParallelDaemons/containerd-2.3"}
+{"Action":"cont","Package":"m/a","Test":"TestParallelDaemons/containerd-1.6"}
+{"Action":"cont","Package":"m/a","Test":"TestParallelDaemons/containerd-2.3"}
+{"Action":"run","Package":"m/a","Test":"TestParallelDaemons/containerd-2.3/case"}
+{"Action":"pass","Package":"m/a","Test":"TestParallelDaemons/containerd-2.3/case","Elapsed":7}
+{"Action":"pass","Package":"m/a","Test":"TestParallelDaemons/containerd-2.3","Elapsed":3}
+{"Action":"pass","Package":"m/a","Test":"TestParallelDaemons/containerd-1.6","Elapsed":5}
+{"Action":"pass","Package":"m/a","Test":"TestParallelDaemons","Elapsed":0}
 {"Action":"run","Package":"m/a","Test":"TestFast"}
 {"Action":"output","Package":"m/a","Test":"TestFast","Output":"    fast_test.go:1: quiet\n"}
 {"Action":"pass","Package":"m/a","Test":"TestFast","Elapsed":0.01}
@@ -44,7 +56,7 @@ func TestReport(t *testing.T) {
 	if err := r.Read(strings.NewReader("make: entering\n" + stream)); err != nil {
 		t.Fatal(err)
 	}
-	r.WriteSlowest(2)
+	r.WriteSlowest(3)
 	want := `make: entering
     broken_test.go:3: want 1, got 2
 --- FAIL: TestBroken (0.50s)
@@ -56,8 +68,9 @@ FAIL	m/b	0.6s
 panic: test timed out after 1m0s
 FAIL	m/a	60.0s
 
-the 2 slowest tests:
+the 3 slowest tests:
     41.3s  a            TestSlow  [containerd-1.6 40.2s, containerd-2.3 41.0s]
+     7.0s  a            TestParallelDaemons  [containerd-1.6 5.0s, containerd-2.3 7.0s]
      0.5s  b            TestBroken (FAIL)
 `
 	if got := out.String(); got != want {
