@@ -39,10 +39,14 @@ type ctrRun struct {
 	ended  time.Time // when ctr returned
 }
 
-// runCtr runs ctr against c's socket in its namespace.
+// runCtr runs ctr against c's socket in its namespace. runc's state dir
+// and the cgroup are the daemon's, as CreateNative makes them: by default
+// both are named by namespace and id alone, and the same ids run on the
+// other daemon at the same time.
 func runCtr(t testing.TB, bin string, c *testenv.Containerd, mode, id string, args ...string) ctrRun {
 	t.Helper()
-	full := []string{"-a", c.Address, "-n", testenv.Namespace, "run"}
+	full := []string{"-a", c.Address, "-n", testenv.Namespace, "run",
+		"--runc-root", filepath.Join(c.Dir, "runc"), "--cgroup", "/" + filepath.Base(c.Dir) + "/" + id}
 	switch mode {
 	case "rm":
 		full = append(full, "--rm")
