@@ -77,8 +77,9 @@ func TestImageRegret(t *testing.T) {
 		}
 		waitGone(live.Name, down.Name)
 
-		// Back while the agent runs.
-		c.Import(t, live)
+		// Back while the agent runs: pulled under a lease, as a pull is (the
+		// agent, with no minimum age, may delete it as soon as it is whole).
+		c.ImportLeased(t, live)
 		waitRegret := func(name string) schema.ImageRegret {
 			var got []schema.ImageRegret
 			testenv.Eventually(t, 30*time.Second, func() string {

@@ -269,9 +269,10 @@ func TestStateDiskFull(t *testing.T) {
 			t.Fatalf("state dir not full: %d blocks available (%v)", st.Bavail, err)
 		}
 		// While the state disk is full: a container dies, an unused image
-		// and a kept one arrive.
+		// and a kept one arrive (pulled under a lease: the agent, with no
+		// minimum age, may delete the unused one as soon as it is whole).
 		c.WaitExit(t, c.RunNative(t, "dead-full", "keep.test/job:1", "true"))
-		c.Import(t,
+		c.ImportLeased(t,
 			testenv.Runnable("example.test/idle:1", testenv.Layer{Seed: "idle", Size: 2 << 20}),
 			testenv.Runnable("keep.test/during:1", testenv.Layer{Seed: "during", Size: 1 << 20}),
 		)
