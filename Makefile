@@ -64,8 +64,8 @@ image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION),
 
 # TEST_PARALLEL is how many tests of one package run at once (go test
 # -parallel): the end-to-end tests mostly wait on daemons and agents, so
-# more of them than cores share the machine (docs/testing.md).
-TEST_PARALLEL ?= 4
+# four times as many as cores share the machine (docs/testing.md).
+TEST_PARALLEL ?= 8
 # TEST_REPORT reads `go test -json`: it prints what go test prints, the
 # kubelet differential's figures, and at the end the ten slowest tests.
 TEST_REPORT := $(GO) run ./internal/testreport
