@@ -59,7 +59,7 @@ func TestParseRun(t *testing.T) {
 		{name: "stray argument", args: []string{"now"}, wantErr: `unexpected argument "now"`},
 		{name: "embedded NATS bounds default", check: func(c agent.Config) bool {
 			po := c.PublisherOptions()
-			return c.EmbeddedNATSMaxStore == 256<<20 && po.StreamMaxBytes == 256<<20-256<<10 && po.StreamMaxAge == 7*24*time.Hour
+			return c.EmbeddedNATSMaxStore == 256<<20 && po.StreamMaxBytes == 256<<20-256<<10-16<<20 && po.StreamMaxAge == 7*24*time.Hour
 		}},
 		{name: "embedded max store too small", args: []string{"--embedded-nats-max-store=1000"}, wantErr: "invalid --embedded-nats-max-store 1000"},
 		{name: "embedded max age below the dedupe window", args: []string{"--embedded-nats-max-age=1h"}, wantErr: "invalid --embedded-nats-max-age 1h"},

@@ -35,8 +35,9 @@ func (c Config) PublisherOptions() natsbus.PublisherOptions {
 	if c.NATSURL == "" {
 		// The embedded server's stream lives on this node's disk: it gets the
 		// store's bound (JetStream refuses a stream larger than its store),
-		// less the fleet keep list bucket's, and its own age.
-		o.StreamMaxBytes = c.EmbeddedNATSMaxStore - natsbus.EmbeddedKeepMaxBytes
+		// less what the fleet keep list bucket and the status stream reserve
+		// of it, and its own age.
+		o.StreamMaxBytes = c.EmbeddedNATSMaxStore - natsbus.EmbeddedKeepMaxBytes - c.embeddedStatusMaxBytes()
 		o.StreamMaxAge = max(c.EmbeddedNATSMaxAge, o.DuplicateWindow)
 	}
 	return o
@@ -48,9 +49,15 @@ func (c Config) StatusOptions(log zerolog.Logger) natsbus.StatusOptions {
 	o := natsbus.StatusOptions{Cluster: c.Cluster, Node: c.NodeName, Domain: c.NATSJSDomain,
 		NoCreateStream: c.NATSNoCreateStream, Logger: log}
 	if c.NATSURL == "" {
-		o.MaxBytes = min(natsbus.DefaultStatusMaxBytes, max(c.EmbeddedNATSMaxStore/16, 1<<16))
+		o.MaxBytes = c.embeddedStatusMaxBytes()
 	}
 	return o
+}
+
+// embeddedStatusMaxBytes is the status stream's share of the embedded
+// server's store.
+func (c Config) embeddedStatusMaxBytes() int64 {
+	return min(natsbus.DefaultStatusMaxBytes, max(c.EmbeddedNATSMaxStore/16, 1<<16))
 }
 
 // Embedded NATS store bounds: the default, and the least that holds a
