@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 CONTAINERD2_VERSION := v2.3.7
 CONTAINERD2_DIR ?= $(HOME)/.cache/gcagent/containerd-$(CONTAINERD2_VERSION)
-APT_PACKAGES := containerd runc busybox-static prometheus systemd
+APT_PACKAGES := containerd runc busybox-static prometheus systemd nats-server
 # VERSION is the release, read from the VERSION file: stamped into the binary
 # (`gcagent version`), the image's tag, the chart's appVersion and the
 # manifest's image (deploy/version_test.go fails when they differ). COMMIT is
@@ -27,21 +27,37 @@ export GCAGENT_TEST_CONTAINERD2_DIR := $(CONTAINERD2_DIR)
 CRICTL_VERSION := v1.37.0
 CRICTL_DIR ?= $(HOME)/.cache/gcagent/crictl-$(CRICTL_VERSION)
 export GCAGENT_TEST_CRICTL_DIR := $(CRICTL_DIR)
+# The real kubelet the end-to-end tests run standalone (internal/testenv/kubelet.go),
+# built from a module of its own that requires k8s.io/kubernetes at this version
+# (its go.mod replaces each staging module by its tag). The version is stamped as
+# the release's own build would.
+KUBELET_VERSION := v1.37.2
+KUBELET_DIR ?= $(HOME)/.cache/gcagent/kubelet-$(KUBELET_VERSION)
+KUBELET_MODULE := internal/testenv/kubeletbuild
+KUBELET_LDFLAGS := $(foreach kv,gitVersion=$(KUBELET_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean,-X k8s.io/component-base/version.$(kv))
+export GCAGENT_TEST_KUBELET_DIR := $(KUBELET_DIR)
 # The Helm chart's tests are a module of their own: Helm's Go SDK would move
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
 
-.PHONY: help deps build image test unit e2e bench demo lint tidy-check fuzz chart manifest
+.PHONY: help deps deps-apt build image test unit e2e bench demo lint tidy-check fuzz chart manifest
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
-deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-static, prometheus (promtool), systemd (systemd-analyze) (apt), containerd 2.3 and its ctr, crictl (go install), Go modules
+deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its ctr, runc, busybox-static, prometheus, systemd, nats-server 2.9.10: the oldest NATS server supported) and the Go modules: all `make demo` needs
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		case " $$missing " in *" nats-server "*) \
+			echo "nats-server: its service is disabled (tests start their own, on random ports)"; \
+			systemctl disable --now nats-server >/dev/null 2>&1 || true;; \
+		esac; \
 	fi
+	@$(GO) mod download
+
+deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its ctr, crictl (go install), the kubelet (go build, ~7 min cold)
 	@if [ ! -x $(CONTAINERD2_DIR)/containerd ] || [ ! -x $(CONTAINERD2_DIR)/containerd-shim-runc-v2 ] || [ ! -x $(CONTAINERD2_DIR)/ctr ]; then \
 		echo "building containerd $(CONTAINERD2_VERSION) (daemon, shim, ctr) into $(CONTAINERD2_DIR)"; \
 		GOBIN=$(CONTAINERD2_DIR) GOFLAGS=-tags=no_btrfs $(GO) install \
@@ -53,7 +69,12 @@ deps: ## install what is missing: containerd 1.6 and its ctr, runc, busybox-stat
 		echo "building crictl $(CRICTL_VERSION) into $(CRICTL_DIR)"; \
 		GOBIN=$(CRICTL_DIR) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION); \
 	fi
-	@$(GO) mod download
+	@if [ ! -x $(KUBELET_DIR)/kubelet ]; then \
+		echo "building kubelet $(KUBELET_VERSION) into $(KUBELET_DIR) (about 7 minutes cold on 2 idle cores, far longer on a loaded machine)"; \
+		mkdir -p $(KUBELET_DIR) && cd $(KUBELET_MODULE) && \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(KUBELET_LDFLAGS)" -o $(KUBELET_DIR)/kubelet.tmp k8s.io/kubernetes/cmd/kubelet && \
+		mv $(KUBELET_DIR)/kubelet.tmp $(KUBELET_DIR)/kubelet; \
+	fi
 
 build: ## build bin/gcagent (version and commit stamped; TAGS=noembeddednats: without the embedded NATS server)
 	$(GO) build -tags "$(BUILD_TAGS)" -ldflags "$(LDFLAGS)" -o bin/gcagent ./cmd/gcagent
@@ -78,18 +99,18 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 		exit $$status; } | $(TEST_REPORT) -v '/kubeletdiff$$'
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/ ./internal/testreport/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/ ./internal/testreport/
 
 e2e: deps image ## run only the end-to-end tests; prints the ten slowest
 	$(GO) build -o $(TEST_REPORT) ./internal/testreport
 	@set -o pipefail; $(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./e2e/ | $(TEST_REPORT)
 
-bench: deps ## run the benchmarks (reducer, reconcile over the real API, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
-	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./e2e/ ./natsbus/ ./cmd/gcagent/
+bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
+	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
 	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
 	$(GO) test -run '^$$' -bench BenchmarkFleetCluster -benchtime 1x -timeout 40m ./natsbus/
 
-demo: deps ## private containerd + agent + NATS + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
+demo: deps-apt ## Debian's containerd 1.6 on a small tmpfs + the agent as installed by default (embedded NATS) + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/
 
 FUZZTIME ?= 30s
@@ -121,8 +142,8 @@ manifest: ## regenerate deploy/kubernetes/gcagent.yaml: the chart rendered with 
 # The chart's module is outside ./..., so test runs it too.
 test: chart
 
-tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module and of kubeletdiff)
-	@for d in . kubeletdiff; do \
+tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module, of kubeletdiff and of the kubelet's build module)
+	@for d in . kubeletdiff $(KUBELET_MODULE); do \
 		cp $$d/go.mod /tmp/gcagent.go.mod.bak; cp $$d/go.sum /tmp/gcagent.go.sum.bak; \
 		(cd $$d && $(GO) mod tidy); \
 		if ! diff -q $$d/go.mod /tmp/gcagent.go.mod.bak >/dev/null || ! diff -q $$d/go.sum /tmp/gcagent.go.sum.bak >/dev/null; then \

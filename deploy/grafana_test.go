@@ -70,15 +70,15 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	all := strings.Join(exprs, "\n")
 	for topic, needle := range map[string]string{
-		"disk usage":             "gcagent_image_gc_disk_usage_percent",
-		"high threshold":         "gcagent_image_gc_high_threshold_percent",
-		"low threshold":          "gcagent_image_gc_low_threshold_percent",
-		"bytes freed":            "gcagent_image_gc_bytes_removed_total",
-		"image reaction":         "gcagent_image_gc_reaction_seconds_bucket",
-		"container latency":      "gcagent_container_removal_latency_seconds_bucket",
-		"log latency":            "gcagent_logs_removal_latency_seconds_bucket",
+		"disk usage":             "gcagent_image_gc_disk_usage_ratio",
+		"high threshold":         "gcagent_image_gc_high_threshold_ratio",
+		"low threshold":          "gcagent_image_gc_low_threshold_ratio",
+		"bytes freed":            "gcagent_image_gc_removed_bytes_total",
+		"image reaction":         "gcagent_image_gc_reaction_duration_seconds_bucket",
+		"container latency":      "gcagent_container_gc_removal_duration_seconds_bucket",
+		"log latency":            "gcagent_logs_removal_duration_seconds_bucket",
 		"removals by namespace":  "sum by (namespace, reason)",
-		"container removals":     "gcagent_containers_removed_total",
+		"container removals":     "gcagent_container_gc_containers_removed_total",
 		"log removals":           "gcagent_logs_removed_total",
 		"outbox depth":           "gcagent_natsbus_outbox_depth",
 		"estimated and measured": "sum by (measure)",

@@ -84,7 +84,7 @@ func testCheck(t *testing.T, v testenv.Version) {
 		return res, code
 	}
 	names := []string{"containerd", "cri", "namespaces", "image-fs", "log-dir", "pod-log-dir", "state-dir",
-		"kubelet-config", "kubelet-eviction", "nats", "clock"}
+		"plain-containers", "kubelet-config", "kubelet-eviction", "nats", "clock"}
 
 	t.Run("healthy", func(t *testing.T) {
 		res, code := check(t, nil)
@@ -147,6 +147,32 @@ func testCheck(t *testing.T, v testenv.Version) {
 			}
 		})
 	}
+
+	// An exited plain container (a `ctr run -d` on a kubelet node): check
+	// counts it and says the agent removes it, or that
+	// --prune-containers=off keeps it.
+	t.Run("plain container exited", func(t *testing.T) {
+		c.Import(t, testenv.Runnable("example.test/debug:1"))
+		c.WaitExit(t, c.RunNative(t, "debug-1", "example.test/debug:1", "true"))
+		for _, tc := range []struct {
+			change map[string]string
+			want   string
+		}{
+			{nil, "the agent removes each plain container"},
+			{map[string]string{"prune-containers": "off"}, "kept: --prune-containers=off"},
+		} {
+			res, code := check(t, tc.change)
+			for _, r := range res {
+				if r.Name == "plain-containers" && (r.Status != agent.CheckOK || !strings.Contains(r.Detail, "1 exited now in k8s.io") ||
+					!strings.Contains(r.Detail, tc.want)) {
+					t.Errorf("%s plain-containers: %s; want OK counting 1 and saying %q", r.Status, r.Detail, tc.want)
+				}
+			}
+			if code != 0 {
+				t.Errorf("exit %d", code)
+			}
+		}
+	})
 
 	// A running CRI pod: the pod log dir the kubelet writes holds its dir;
 	// an empty dir mounted in its place (the kubelet writes elsewhere) WARNs.

@@ -213,8 +213,8 @@ func TestContainerGCNativeTTL(t *testing.T) {
 		assertStays(t, c, "keep-running", "keep-created")
 		m := mustMetrics(t, a)
 		for _, want := range []string{
-			`gcagent_containers_removed_total{kind="native",namespace="k8s.io",reason="ttl-expired"} 3`,
-			`gcagent_container_removal_latency_seconds_count{kind="native"} 3`,
+			`gcagent_container_gc_containers_removed_total{kind="native",namespace="k8s.io",reason="ttl-expired"} 3`,
+			`gcagent_container_gc_removal_duration_seconds_count{kind="native"} 3`,
 		} {
 			if !containsLine(m, want) {
 				t.Errorf("metrics lack %q", want)
@@ -420,8 +420,8 @@ func TestContainerGCCRIPods(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, func() string {
 			m := mustMetrics(t, a)
 			for _, want := range []string{
-				`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 3`,
-				`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="pod-deleted"} 1`,
+				`gcagent_container_gc_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 3`,
+				`gcagent_container_gc_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="pod-deleted"} 1`,
 			} {
 				if !containsLine(m, want) {
 					return fmt.Sprintf("metrics lack %q", want)

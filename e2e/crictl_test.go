@@ -317,8 +317,8 @@ func TestCrictlPodAndAgentGC(t *testing.T) {
 		}
 		m := mustMetrics(t, a)
 		for _, want := range []string{
-			`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 2`,
-			`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="pod-deleted"} 1`, // the kubelet's deleted-pod rule
+			`gcagent_container_gc_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 2`,
+			`gcagent_container_gc_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="pod-deleted"} 1`, // the kubelet's deleted-pod rule
 			fmt.Sprintf(`gcagent_image_gc_images_removed_total{namespace="k8s.io",reason="max-age"} %d`, len(unused)),
 		} {
 			if !containsLine(m, want) {

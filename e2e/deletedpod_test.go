@@ -111,10 +111,10 @@ func TestContainerGCDeletedPod(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, func() string {
 			m := mustMetrics(t, a)
 			for _, line := range []string{
-				`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 6`,
-				`gcagent_containers_removed_total{kind="container",namespace="k8s.io",reason="pod-deleted"} 1`,
-				`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="sandbox-orphaned"} 1`,
-				`gcagent_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="pod-deleted"} 1`,
+				`gcagent_container_gc_containers_removed_total{kind="container",namespace="k8s.io",reason="per-unit-cap"} 6`,
+				`gcagent_container_gc_containers_removed_total{kind="container",namespace="k8s.io",reason="pod-deleted"} 1`,
+				`gcagent_container_gc_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="sandbox-orphaned"} 1`,
+				`gcagent_container_gc_containers_removed_total{kind="sandbox",namespace="k8s.io",reason="pod-deleted"} 1`,
 			} {
 				if !containsLine(m, line) {
 					return fmt.Sprintf("metrics lack %q", line)

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -16,10 +15,13 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/nats-io/nats.go"
 )
 
 // TestDemo is `make demo`: a private containerd on a small tmpfs, the agent
-// binary publishing to NATS, `gcagent watch` following NATS, and a scripted
+// binary as the default install runs it (its embedded NATS server),
+// `gcagent watch` run as an operator would on the node, and a scripted
 // workload: a dead container pruned, a dangling log link removed, image GC
 // under disk pressure. After each step it waits for the result (not for a
 // fixed time) and prints what the operator sees: the agent's log lines and
@@ -27,13 +29,13 @@ import (
 // agent's metrics. It fails only if a component does not work.
 func TestDemo(t *testing.T) {
 	begin := time.Now()
-	v := testenv.V23
+	// The containerd Debian installs (1.6), so that the demo needs nothing
+	// built first; GCAGENT_TEST_CONTAINERD=2.3 picks the other.
+	v := testenv.V16
 	if vs := testenv.Versions(); len(vs) == 1 {
 		v = vs[0]
 	}
 	c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "320m"})
-	ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
-	nc := natsConn(t, ns.ClientURL())
 	rt, _ := c.CRI(t)
 
 	c.Import(t, testenv.Pause(c.SandboxImage),
@@ -42,18 +44,29 @@ func TestDemo(t *testing.T) {
 		testenv.Image{Name: "example.test/keep:1", Layers: []testenv.Layer{{Seed: "keep", Size: 16 << 20}}})
 	base := usagePercent(t, c.Root)
 	high, low := base+15, base+5
-	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--nats-url", ns.ClientURL(),
+	state := filepath.Join(t.TempDir(), "state")
+	a := testenv.StartAgent(t, c, state,
 		fmt.Sprintf("--image-gc-high-threshold=%d", high), fmt.Sprintf("--image-gc-low-threshold=%d", low),
 		"--minimum-image-ttl-duration=2s", "--minimum-container-ttl-duration=2s", "--uncollected-exit-grace=2s",
 		"--pod-log-grace=2s", "--keep-image=example.test/keep:*",
 		"--heartbeat-interval=2s")
 
+	// The operator runs watch once the agent is up (its embedded server
+	// writes where it listens into the state dir).
+	testenv.Eventually(t, 30*time.Second, func() string {
+		if code, _ := a.Get("/readyz", nil); code != 200 {
+			return "agent not ready"
+		}
+		return ""
+	})
 	watchOut := filepath.Join(t.TempDir(), "watch.out")
 	wf, err := os.Create(watchOut)
 	if err != nil {
 		t.Fatal(err)
 	}
-	watch := exec.Command(testenv.AgentBinary(t), "watch", "--nats-url", ns.ClientURL(), "--refresh", "300ms", "--tail", "12")
+	// No NATS flags: watch finds the agent's embedded server through its
+	// state dir, as `gcagent watch` does on a node.
+	watch := localTool(t, state, "watch", "--refresh", "300ms", "--tail", "12")
 	watch.Stdout, watch.Stderr = wf, wf
 	watch.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := watch.Start(); err != nil {
@@ -96,7 +109,8 @@ func TestDemo(t *testing.T) {
 			f := lastFrame()
 			for _, w := range watchShows {
 				if !strings.Contains(f, w) {
-					return "gcagent watch does not show " + w + " yet"
+					b, _ := os.ReadFile(watchOut)
+					return "gcagent watch does not show " + w + " yet; it printed:\n" + string(b[max(0, len(b)-2000):])
 				}
 			}
 			return ""
@@ -109,12 +123,6 @@ func TestDemo(t *testing.T) {
 		}
 	}
 
-	testenv.Eventually(t, 30*time.Second, func() string {
-		if code, _ := a.Get("/readyz", nil); code != 200 {
-			return "agent not ready"
-		}
-		return ""
-	})
 	step(fmt.Sprintf("agent ready on containerd %s: root on a 320 MiB tmpfs at %d%%, image GC at %d%% down to %d%%", v, base, high, low), "agent.started")
 
 	pod := c.RunPod(t, rt, "web", "default", "6b1f0f0e-demo-web")
@@ -154,6 +162,19 @@ func TestDemo(t *testing.T) {
 		"image.removed", "gc.completed")
 
 	// Summary, from the events stream and the metrics.
+	url, seed, err := natsbus.LocalClient(state)
+	if err != nil || url == "" {
+		t.Fatalf("the agent's embedded NATS server: %q %v", url, err)
+	}
+	opt, err := nats.NkeyOptionFromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
 	evs := readStream(t, nc)
 	text, err := metricsText(a)
 	if err != nil {
@@ -194,9 +215,9 @@ func TestDemo(t *testing.T) {
 		}
 		return fmt.Sprintf("%.1f ms mean over %.0f", metricSum(text, name+"_sum")/n*1000, n)
 	}
-	fmt.Printf("  latency: high threshold crossed → first image removed: %s\n", mean("gcagent_image_gc_reaction_seconds"))
-	fmt.Printf("           dead container owner done + TTL → removed: %s\n", mean("gcagent_container_removal_latency_seconds"))
-	fmt.Printf("           dangling link removable → removed: %s\n", mean("gcagent_logs_removal_latency_seconds"))
+	fmt.Printf("  latency: high threshold crossed → first image removed: %s\n", mean("gcagent_image_gc_reaction_duration_seconds"))
+	fmt.Printf("           dead container owner done + TTL → removed: %s\n", mean("gcagent_container_gc_removal_duration_seconds"))
+	fmt.Printf("           dangling link removable → removed: %s\n", mean("gcagent_logs_removal_duration_seconds"))
 	fmt.Printf("  NATS: %d events in stream GCAGENT_EVT, each published once\n", len(evs))
 	checkContract(t, evs)
 }

@@ -368,7 +368,7 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 	if got := metricSum(text, "gcagent_projection_containers"); int(got) != n {
 		b.Fatalf("ready with %v containers in the projection, want %d", got, n)
 	}
-	listing := footprintMetric(text, "gcagent_events_listing_seconds_sum")
+	listing := footprintMetric(text, "gcagent_events_listing_duration_seconds_sum")
 	heapInuse := footprintMetric(text, "go_memstats_heap_inuse_bytes")
 	goSys := footprintMetric(text, "go_memstats_sys_bytes")
 

@@ -170,7 +170,7 @@ func testKubeletConfig(t *testing.T, v testenv.Version) {
 			if n := strings.Count(string(log), "the kubelet's own image GC is on"); n != map[bool]int{true: 0, false: 1}[tc.want.quiet] {
 				t.Errorf("%d log lines say the kubelet's image GC is on", n)
 			}
-			if !strings.Contains(string(log), `"image-gc-high-threshold":"`+tc.want.values["image-gc-high-threshold"]) {
+			if !strings.Contains(string(log), `"image_gc_high_threshold":"`+tc.want.values["image-gc-high-threshold"]) {
 				t.Errorf("start line lacks the high threshold %s", tc.want.values["image-gc-high-threshold"])
 			}
 			a.Stop()

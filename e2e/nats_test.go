@@ -340,7 +340,7 @@ func TestNATSEveryActionExactlyOnce(t *testing.T) {
 				}
 			}
 			removed := len(subjectsOf(evs, "image.removed")) + len(subjectsOf(evs, "container.removed")) + len(subjectsOf(evs, "log.removed"))
-			if want := metricSum(m, "gcagent_image_gc_images_removed_total") + metricSum(m, "gcagent_containers_removed_total") +
+			if want := metricSum(m, "gcagent_image_gc_images_removed_total") + metricSum(m, "gcagent_container_gc_containers_removed_total") +
 				metricSum(m, "gcagent_logs_removed_total"); float64(removed) != want {
 				return fmt.Sprintf("stream holds %d removals, the agent counts %v", removed, want)
 			}

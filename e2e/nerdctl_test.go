@@ -297,7 +297,7 @@ func TestNerdctlContainers(t *testing.T) {
 			}
 		}
 		m := mustMetrics(t, a)
-		if metricSum(m, `gcagent_containers_kept_on_recheck_total{liveness="owner-state"}`) < 1 {
+		if metricSum(m, `gcagent_container_gc_kept_on_recheck_total{liveness="owner-state"}`) < 1 {
 			t.Errorf("metrics count no container kept for owner-state")
 		}
 		a.Stop()

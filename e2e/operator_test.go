@@ -84,8 +84,8 @@ func TestMissingSocketLogsAFewLines(t *testing.T) {
 			if problems > 20 {
 				t.Errorf("%d warnings and errors in %s with containerd away:\n%s", problems, window, a.LogTail(40))
 			}
-			if last := socketLines[len(socketLines)-1]; fmt.Sprint(last["failures"]) == "1" || last["retry_in_ms"] == nil {
-				t.Errorf("the last line carries no count or no retry_in_ms: %v", last)
+			if last := socketLines[len(socketLines)-1]; fmt.Sprint(last["failures"]) == "1" || last["retry_in_s"] == nil {
+				t.Errorf("the last line carries no count or no retry_in_s: %v", last)
 			}
 
 			if err := os.MkdirAll(imageFS, 0o755); err != nil {

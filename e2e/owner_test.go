@@ -268,7 +268,7 @@ func TestOwnerClientsUndisturbed(t *testing.T) {
 			}
 		}
 		m := mustMetrics(t, a)
-		if want := fmt.Sprintf(`gcagent_containers_removed_total{kind="native",namespace="k8s.io",reason="ttl-expired"} %d`, 2*n); !containsLine(m, want) {
+		if want := fmt.Sprintf(`gcagent_container_gc_containers_removed_total{kind="native",namespace="k8s.io",reason="ttl-expired"} %d`, 2*n); !containsLine(m, want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	})

@@ -19,7 +19,9 @@ import (
 
 // TestPlanPredictsRun: on a fresh node, `gcagent plan` (no agent, no
 // state) names the images the agent's first run deletes, in the order it
-// deletes them; with the agent running, plan asks it and prints the same.
+// deletes them; with the agent running, plan asks it and prints the same,
+// and with another threshold plans that threshold from the agent's history
+// while the agent goes on with its own.
 // The images were imported in an order other than their digests', so a
 // plan that aged them from containerd's creation times (the old plan)
 // would name another order than the agent, which sees them all first at
@@ -61,9 +63,10 @@ func testPlanPredictsRun(t *testing.T, v testenv.Version) {
 	flags := []string{"--namespace", testenv.Namespace, "--image-fs", c.Root, "--state-dir", state,
 		"--metrics-address", addr, fmt.Sprintf("--image-gc-high-threshold=%d", high), "--image-gc-low-threshold=0",
 		"--minimum-image-ttl-duration=30s", "--keep-image=keep.test/*", "--prune-containers=off"}
-	plan := func() agent.Plan {
+	plan := func(extra ...string) agent.Plan {
 		t.Helper()
-		out, err := exec.Command(testenv.AgentBinary(t), append([]string{"plan", "--json", "--containerd-address", c.Address}, flags...)...).Output()
+		args := append(append([]string{"plan", "--json", "--containerd-address", c.Address}, flags...), extra...)
+		out, err := exec.Command(testenv.AgentBinary(t), args...).Output()
 		if err != nil {
 			t.Fatalf("gcagent plan: %v", err)
 		}
@@ -112,6 +115,15 @@ func testPlanPredictsRun(t *testing.T, v testenv.Version) {
 	}
 	if got := digests(running.Next.Delete); !slices.Equal(got, predicted) {
 		t.Errorf("the running agent's plan deletes %v, the fresh plan %v", got, predicted)
+	}
+	// What if the threshold were 100 (image GC off)? The agent plans it
+	// from its own history and says so, and goes on with its own policy:
+	// it still deletes what the plans above predicted (below).
+	whatIf := plan("--image-gc-high-threshold=100")
+	if whatIf.History != "agent" || !slices.Equal(whatIf.WhatIf, []string{"image-gc-high-threshold"}) ||
+		len(whatIf.Images.Delete) != 0 || whatIf.Next != nil || whatIf.Images.Triggered {
+		t.Errorf("what-if plan: history %q, what-if %v, %d to delete, next %v, triggered %v; want the agent's, [image-gc-high-threshold], none",
+			whatIf.History, whatIf.WhatIf, len(whatIf.Images.Delete), whatIf.Next != nil, whatIf.Images.Triggered)
 	}
 
 	testenv.Eventually(t, 90*time.Second, func() string {

@@ -42,6 +42,7 @@ var badRunValues = map[string]struct {
 	"image-gc-low-threshold":                {value: "-1"},
 	"image-maximum-gc-age":                  {value: "1m"},
 	"keep-image":                            {value: "[x"},
+	"keep-list-wait":                        {value: "-1s"},
 	"kubelet-config":                        {value: "/nonexistent/kubelet/config.yaml"},
 	"log-dir":                               {value: "var/log/containers"},
 	"log-format":                            {value: "xml"},
@@ -76,6 +77,8 @@ var badRunValues = map[string]struct {
 	"resync-interval":                       {value: "10ms"},
 	"sandbox-image":                         {value: "Not A Reference"},
 	"state-dir":                             {value: " "},
+	"trace-max-age":                         {value: "-1h"},
+	"trace-max-bytes":                       {value: "1000"},
 	"uncollected-exit-grace":                {value: "0s"},
 }
 
@@ -193,7 +196,7 @@ func runFlagNames(t *testing.T, bin string) []string {
 		t.Fatalf("run -h: %v", err)
 	}
 	var names []string
-	for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
 		names = append(names, m[1])
 	}
 	if len(names) < 40 {

@@ -34,6 +34,10 @@ const (
 	KindRegretReported    Kind = "image.regret_reported"
 )
 
+// Kinds is the closed set of event kinds, in the order above.
+var Kinds = []Kind{KindImageUpserted, KindImageDeleted, KindContainerUpserted, KindContainerDeleted,
+	KindTaskStarted, KindTaskExited, KindSynced, KindImageCollected, KindRegretReported}
+
 // ImageUpserted says that an image name exists and points at Digest.
 type ImageUpserted struct {
 	At      time.Time         `json:"at"`

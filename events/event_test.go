@@ -1,7 +1,11 @@
 package events
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -54,5 +58,43 @@ func TestDecodeRegretEvents(t *testing.T) {
 	}
 	if _, err := Unmarshal([]byte(`{"k":"image.collected","e":{"size":"big"}}`)); err == nil {
 		t.Fatal("a malformed image.collected was accepted")
+	}
+}
+
+// TestKindsIsTheClosedSet: Kinds names every Kind constant declared in
+// event.go, and each decodes to an event of its kind.
+func TestKindsIsTheClosedSet(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "event.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	declared := map[Kind]bool{}
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, s := range g.Specs {
+			v := s.(*ast.ValueSpec)
+			if id, ok := v.Type.(*ast.Ident); !ok || id.Name != "Kind" {
+				continue
+			}
+			for _, val := range v.Values {
+				lit, _ := strconv.Unquote(val.(*ast.BasicLit).Value)
+				declared[Kind(lit)] = true
+			}
+		}
+	}
+	if len(declared) != len(Kinds) {
+		t.Fatalf("event.go declares %d kinds, Kinds lists %d", len(declared), len(Kinds))
+	}
+	for _, k := range Kinds {
+		if !declared[k] {
+			t.Errorf("Kinds lists %q, which event.go does not declare", k)
+		}
+		ev, err := Unmarshal([]byte(`{"k":"` + string(k) + `","e":{}}`))
+		if err != nil || ev.Kind() != k {
+			t.Errorf("kind %q: decoded %v, %v", k, ev, err)
+		}
 	}
 }

@@ -43,6 +43,9 @@ type node struct {
 	natsMode         string
 	lastHeartbeat    time.Time
 	outboxGrowing    bool // the last two figures rose
+	// started is the newest agent.started, firstHeard the oldest event or
+	// value seen: a node is starting until a heartbeat follows them.
+	started, firstHeard time.Time
 	// From the node's last value (status stream) only.
 	version     string
 	high        int           // image GC high threshold, 0 unknown
@@ -93,6 +96,10 @@ type Row struct {
 	OutboxGrowing    bool // the outbox grew between the last two heartbeats
 	NATSMode         string
 	Removed          map[string]int // kind -> removals seen
+	// Starting says no heartbeat came since the node's agent started (or
+	// since it was first heard of), for less than 3 heartbeat intervals: it
+	// is not stale yet. After that, without a heartbeat, it is.
+	Starting bool
 	// From the node's last value; zero when only events were seen.
 	Version          string
 	HighThreshold    int           // 0 unknown
@@ -117,6 +124,10 @@ func (f *Fleet) Apply(ev natsbus.CloudEvent) {
 		n = f.newNode(ev.Source, cluster, name)
 	}
 	kind, action := SplitType(ev.Type)
+	n.heard(ev.Time)
+	if kind == schema.KindAgent && action == actionStarted && ev.Time.After(n.started) {
+		n.started = ev.Time
+	}
 	line := TailLine{At: ev.Time, Node: n.name, Type: kind + "." + action, Subject: ev.Subject}
 	data, _ := Decode(ev) // a payload of another shape is read as far as it fits
 	switch d := data.(type) {
@@ -178,6 +189,24 @@ func (n *node) heartbeat(t time.Time, d *Heartbeat) {
 	n.outbox, n.natsMode = d.Outbox, d.NATSMode
 }
 
+// heard notes that the node said something at t.
+func (n *node) heard(t time.Time) {
+	if n.firstHeard.IsZero() || t.Before(n.firstHeard) {
+		n.firstHeard = t
+	}
+}
+
+// starting says the node has sent no heartbeat since its agent started
+// (or since it was first heard of), and that this is less than 3 of its
+// heartbeat intervals before now.
+func (n *node) starting(now time.Time) bool {
+	since := n.started
+	if since.IsZero() {
+		since = n.firstHeard
+	}
+	return !since.IsZero() && n.lastHeartbeat.Before(since) && now.Sub(since) <= staleAfter*cmp.Or(n.interval, DefaultInterval)
+}
+
 func (f *Fleet) newNode(source, cluster, name string) *node {
 	n := &node{cluster: cluster, name: name, removed: map[string]int{}, reclaimable: -1}
 	f.nodes[source] = n
@@ -203,7 +232,7 @@ func (f *Fleet) Rows(now time.Time) []Row {
 		r := Row{Cluster: n.cluster, Node: n.name, DiskUsagePercent: -1, Images: -1, LastGC: n.lastGC,
 			LastGCResult: n.lastGCResult, HeartbeatAge: -1, Outbox: n.outbox, OutboxGrowing: n.outboxGrowing, NATSMode: n.natsMode,
 			Removed: maps.Clone(n.removed), Version: n.version, HighThreshold: n.high, Interval: n.interval,
-			ReclaimableBytes: n.reclaimable, Synced: n.synced}
+			ReclaimableBytes: n.reclaimable, Synced: n.synced, Starting: n.starting(now)}
 		if n.hasDisk {
 			r.DiskUsagePercent = n.diskUsagePercent
 		}

@@ -48,6 +48,7 @@ const typePrefix = "io.gcagent."
 // The actions fleet reads that schema does not name yet.
 const (
 	actionHeartbeat  = "heartbeat"
+	actionStarted    = "started"
 	actionStateReset = "state_reset"
 	actionCompleted  = "completed"
 	actionFailed     = "failed"

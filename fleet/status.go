@@ -19,6 +19,7 @@ func (f *Fleet) ApplyStatus(st schema.NodeStatus) {
 	if n == nil {
 		n = f.newNode(source, st.Cluster, st.Node)
 	}
+	n.heard(st.At)
 	n.version, n.high = st.Version, st.ImageGCHighThreshold
 	n.interval = time.Duration(st.HeartbeatIntervalSeconds * float64(time.Second))
 	if !st.At.After(n.lastHeartbeat) {
@@ -58,7 +59,7 @@ const (
 	ReasonUnrelievable  = "unrelievable"   // over the high threshold, nothing left GC may delete
 	ReasonOverHigh      = "over-high"      // disk usage at or over the high threshold
 	ReasonGCFailed      = "gc-failed"      // the last pass failed, or failures in the Window
-	ReasonStale         = "stale"          // no heartbeat for 3 intervals
+	ReasonStale         = "stale"          // no heartbeat for 3 intervals (not while starting)
 	ReasonOutboxGrowing = "outbox-growing" // events pile up: NATS not reachable or slow
 	ReasonNotJetStream  = "nats-degraded"  // publishing in core mode or disconnected
 )
@@ -78,7 +79,7 @@ func Judge(r Row) []string {
 	if r.LastGCResult == actionFailed || r.FailuresLastHour > 0 {
 		why = append(why, ReasonGCFailed)
 	}
-	if r.HeartbeatAge < 0 || r.HeartbeatAge > staleAfter*cmp.Or(r.Interval, DefaultInterval) {
+	if !r.Starting && (r.HeartbeatAge < 0 || r.HeartbeatAge > staleAfter*cmp.Or(r.Interval, DefaultInterval)) {
 		why = append(why, ReasonStale)
 	}
 	if r.OutboxGrowing {
@@ -115,6 +116,7 @@ func Looks(rows []Row) []Look {
 // Totals sums rows: per cluster and for the fleet.
 type Totals struct {
 	Nodes         int
+	Starting      int            // nodes not yet heard from by a heartbeat since they started
 	Clusters      map[string]int // nodes per cluster
 	ByReason      map[string]int // nodes per reason
 	Outbox        int            // events waiting in the nodes' outboxes
@@ -127,6 +129,9 @@ func Sum(rows []Row, looks []Look) Totals {
 	t := Totals{Nodes: len(rows), Clusters: map[string]int{}, ByReason: map[string]int{}}
 	for _, r := range rows {
 		t.Clusters[r.Cluster]++
+		if r.Starting {
+			t.Starting++
+		}
 		t.Outbox += r.Outbox
 		t.FreedLastHour += r.FreedLastHour
 		t.Failures += r.FailuresLastHour
@@ -142,6 +147,9 @@ func Sum(rows []Row, looks []Look) Totals {
 // String is one line of totals.
 func (t Totals) String() string {
 	s := fmt.Sprintf("nodes %d in %d clusters", t.Nodes, len(t.Clusters))
+	if t.Starting > 0 {
+		s += fmt.Sprintf(", starting %d", t.Starting)
+	}
 	for _, w := range []string{ReasonUnrelievable, ReasonOverHigh, ReasonGCFailed, ReasonStale, ReasonOutboxGrowing, ReasonNotJetStream} {
 		if t.ByReason[w] > 0 {
 			s += fmt.Sprintf(", %s %d", w, t.ByReason[w])

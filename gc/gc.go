@@ -27,6 +27,10 @@ const (
 	ReasonSandboxImage Reason = "sandbox-image"      // it is a configured sandbox (pause) image
 	ReasonKeepPattern  Reason = "keep-pattern"       // a name matches a keep pattern
 	ReasonNotNeeded    Reason = "not-needed"         // eligible, but this pass frees enough without it
+	// ReasonKeepListUnread: the fleet keep list was never read (NATS has
+	// not answered since the agent started, and no list was saved): it
+	// could name the image, so deletes wait for it, up to a bound.
+	ReasonKeepListUnread Reason = "keep-list-unread"
 )
 
 // Why an image is deleted.

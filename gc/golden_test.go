@@ -38,6 +38,33 @@ type imagePolicyJSON struct {
 	MaxAge               duration `json:"maxAge"`
 	SandboxImages        []string `json:"sandboxImages"`
 	KeepPatterns         []string `json:"keepPatterns"`
+	// FleetKeep is the fleet keep list with its state (known, unknown,
+	// stale), FleetKeepWait the bound deletes wait for one never read.
+	FleetKeep     *fleetKeepJSON `json:"fleetKeep"`
+	FleetKeepWait duration       `json:"fleetKeepWait"`
+}
+
+type fleetKeepJSON struct {
+	State    string    `json:"state"`
+	Since    time.Time `json:"since"`
+	Patterns []string  `json:"patterns"`
+}
+
+// keepList reads a fleet keep list of a scenario.
+func (f *fleetKeepJSON) keepList(t *testing.T) KeepList {
+	t.Helper()
+	if f == nil {
+		return KeepList{}
+	}
+	l := KeepList{Input: Input{Since: f.Since}, Patterns: f.Patterns}
+	for _, s := range []InputState{InputUnknown, InputKnown, InputStale} {
+		if s.String() == f.State {
+			l.State = s
+			return l
+		}
+	}
+	t.Fatalf("fleet keep list state %q: want known, unknown or stale", f.State)
+	return l
 }
 
 type containerPolicyJSON struct {
@@ -141,6 +168,8 @@ func plan(t *testing.T, sc scenario, s *projection.State) []byte {
 			MaxAge:               time.Duration(p.MaxAge),
 			SandboxImages:        p.SandboxImages,
 			KeepPatterns:         p.KeepPatterns,
+			FleetKeep:            p.FleetKeep.keepList(t),
+			FleetKeepWait:        time.Duration(p.FleetKeepWait),
 		}
 		if err := policy.Validate(); err != nil {
 			t.Fatalf("image policy: %v", err)

@@ -65,7 +65,7 @@ type imageExecutor struct {
 	synced func() bool
 	// fleetKeep, if set, is the fleet keep list now: it changes while a
 	// pass runs, and an image it names since the plan is kept.
-	fleetKeep func() []string
+	fleetKeep func() KeepList
 	policy    ImagePolicy
 	dryRun    bool
 	now       func() time.Time
@@ -166,7 +166,7 @@ func (x *imageExecutor) executeFrom(ctx context.Context, plan ImagePlan, gen uin
 		}
 		if x.dryRun || x.deletes == nil {
 			estimated += it.Size
-			skip(ReasonDryRun, "would remove ("+string(rule)+")")
+			skip(ReasonDryRun, string(rule))
 			continue
 		}
 		o, afterError, err := x.remove(ctx, it, names, rule, gen, &res)
@@ -342,7 +342,7 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName,
 		return nil, ReasonChanged, namesDiff(it.Names, now), nil
 	}
 	if x.fleetKeep != nil {
-		for _, pattern := range x.fleetKeep() {
+		for _, pattern := range x.fleetKeep().Patterns {
 			for _, n := range now {
 				if ValidKeepPattern(pattern) == nil && keepMatch(pattern, n) {
 					return nil, ReasonKeepPattern, "fleet keep list since the plan: " + pattern, nil

@@ -329,7 +329,9 @@ func TestImageExecutorKeepsWhatTheFleetListNamesSinceThePlan(t *testing.T) {
 	n := newNode()
 	plan := n.plan(policy8070, at(time.Hour))
 	x := n.executor(policy8070)
-	x.fleetKeep = func() []string { return []string{"example.test/a:*"} }
+	x.fleetKeep = func() KeepList {
+		return KeepList{Input: KnownInput(at(time.Hour)), Patterns: []string{"example.test/a:*"}}
+	}
 	res := x.execute(context.Background(), plan)
 	if slices.Contains(n.rt.Removed(), a) || !slices.Contains(n.rt.Removed(), b) {
 		t.Fatalf("removed %v: want b, not a", n.rt.Removed())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/internal/promzero"
 	"github.com/gcagent/gcagent/internal/streak"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
@@ -55,10 +56,24 @@ type ImageGCDeps struct {
 	// removed (not in a dry run), so that its return is noticed as a
 	// regret (RegretReporter).
 	Record Recorder
-	// FleetKeep, if set, returns the fleet keep list in force now: glob
-	// patterns added to Policy.KeepPatterns for each pass (the rule of an
-	// image they keep says so: FleetRule).
-	FleetKeep func() []string
+	// FleetKeep, if set, returns the fleet keep list now, with the state
+	// of its read: each pass plans with it (Policy.FleetKeep; the rule of
+	// an image its patterns keep says so: FleetRule), and the executor
+	// keeps what it names since the plan. Nil: no fleet keep list (nothing
+	// waits for one).
+	FleetKeep func() KeepList
+	// Trace, if set, records the disk measurements and the policy of the
+	// passes for the usage trace (package trace, through the agent).
+	Trace imageTracer
+}
+
+// imageTracer records what image GC saw, for replays: every disk
+// measurement (the tracer keeps what it needs), the one each pass planned
+// with (trigger set), and the policy of each pass (Policy: configured and
+// learned). It must not block.
+type imageTracer interface {
+	TraceDisk(at time.Time, d DiskStats, trigger string)
+	TracePolicy(at time.Time, p ImagePolicy)
 }
 
 // ImageGCOptions configure an ImageGC; all but Policy have defaults.
@@ -91,7 +106,22 @@ type ImageGCOptions struct {
 	Clock      clock.Timers
 	Log        zerolog.Logger
 	Registerer prometheus.Registerer
+	// Namespaces are the managed namespaces known at start: their metric
+	// series exist from the start, at zero. Nil (--namespace=*): a
+	// namespace's series appear with its first count.
+	Namespaces []string
 }
+
+// The label values image GC's counters are created with at start.
+var (
+	imageTriggers    = []string{"disk", "max-age", "min-age", "retry", "change", "episode", "resume", "manual", "keep-list"}
+	imagePassResults = []string{"completed", "failed"}
+	imageRules       = []string{string(ReasonSpace), string(ReasonMaxAge)}
+	imageSkipReasons = []string{string(ReasonDryRun), string(ReasonChanged), string(ReasonGone), string(ReasonLowReached),
+		string(ReasonNotSynced), string(ReasonDeleteFailed), string(ReasonCanceled), string(ReasonInFlightPull), string(ReasonUnsettled),
+		string(ReasonInUse), string(ReasonInUseByID), string(ReasonInUseBySnap), string(ReasonImageVolume), string(ReasonPinned),
+		string(ReasonSandboxImage), string(ReasonKeepPattern)}
+)
 
 // ImagePass is the outcome of one image GC pass.
 type ImagePass struct {
@@ -160,6 +190,7 @@ type ImageGC struct {
 	changes  <-chan struct{}
 	requests chan chan ImagePass // RunNow's requests, answered by Run
 	nudges   chan string         // Nudge's triggers
+	rethinks chan string         // Reconsider's triggers
 	exec     *imageExecutor
 	m        imageMetrics
 
@@ -171,6 +202,9 @@ type ImageGC struct {
 	sandboxSeen  map[string]struct{} // images sandboxes were created from
 	sandboxCache []string
 	lastOutcome  string // outcome of the last pass (see passOutcome) when it removed nothing; "" otherwise
+	// keepHeld says the last plan kept an image only because the fleet
+	// keep list was never read (keep-list-unread): Reconsider passes then.
+	keepHeld     bool
 	diskFailures streak.Streak
 
 	mu     sync.Mutex
@@ -220,7 +254,7 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 	if d.Publisher == nil {
 		d.Publisher = Discard{}
 	}
-	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), nudges: make(chan string, 1), sandboxSeen: map[string]struct{}{}}
+	g := &ImageGC{d: d, o: o, now: o.Clock.Now, changes: d.Projection.Subscribe(), requests: make(chan chan ImagePass), nudges: make(chan string, 1), rethinks: make(chan string, 1), sandboxSeen: map[string]struct{}{}}
 	g.trig = newImageTrigger(o)
 	g.exec = &imageExecutor{
 		rt: d.Runtime, disk: d.Disk, policy: o.Policy, dryRun: o.DryRun, now: o.Clock.Now,
@@ -245,19 +279,23 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 			Name: "gcagent_image_gc_images_removed_total", Help: "Images removed, by containerd namespace and reason (space, max-age).",
 		}, []string{"namespace", "reason"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_bytes_removed_total", Help: "Bytes of images removed, by containerd namespace, reason and measure (estimated: image sizes; measured: statfs).",
+			Name: "gcagent_image_gc_removed_bytes_total", Help: "Bytes of images removed, by containerd namespace, reason and measure (estimated: image sizes; measured: statfs).",
 		}, []string{"namespace", "reason", "measure"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_image_gc_images_skipped_total", Help: "Images a plan named but the executor did not remove, by reason.",
 		}, []string{"reason"}),
 		reaction: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "gcagent_image_gc_reaction_seconds", Help: "Time from usage reaching the high threshold to the first image removed.",
+			Name: "gcagent_image_gc_reaction_duration_seconds", Help: "Time from usage reaching the high threshold to the first image removed.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
 		}),
 		usage: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "gcagent_image_gc_disk_usage_percent", Help: "Image filesystem usage, rounded up like the kubelet's.",
+			Name: "gcagent_image_gc_disk_usage_ratio", Help: "Image filesystem usage (0-1), in whole percent rounded up like the kubelet's.",
 		}),
 	}
+	promzero.Labels(g.m.passes.WithLabelValues, imageTriggers, imagePassResults)
+	promzero.Labels(g.m.removed.WithLabelValues, o.Namespaces, imageRules)
+	promzero.Labels(g.m.bytes.WithLabelValues, o.Namespaces, imageRules, []string{"estimated", "measured"})
+	promzero.Labels(g.m.skipped.WithLabelValues, imageSkipReasons)
 	if o.Registerer != nil {
 		for _, c := range []prometheus.Collector{g.m.passes, g.m.removed, g.m.bytes, g.m.skipped, g.m.reaction, g.m.usage} {
 			if err := o.Registerer.Register(c); err != nil {
@@ -278,6 +316,9 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	g.learn(ctx, start)
 	gen := g.exec.generation() // before the measurement the plan trusts
 	disk, derr := g.d.Disk.Disk()
+	if derr != nil {
+		disk = DiskStats{} // a failed measurement is none, whatever came with it
+	}
 	var plan ImagePlan
 	var seq uint64
 	synced := g.d.Projection.Synced()
@@ -286,8 +327,15 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 		plan = PlanImages(states, disk, g.policy(), start)
 		seq = projection.SeqOf(states)
 	})
+	g.keepHeld = heldForKeepList(plan)
 	if derr != nil {
 		g.o.Log.Warn().Err(derr).Msg("image filesystem not measured: only max-age GC runs")
+	}
+	if g.d.Trace != nil {
+		g.d.Trace.TracePolicy(start, g.Policy())
+		if derr == nil {
+			g.d.Trace.TraceDisk(start, disk, trigger)
+		}
 	}
 	pass := ImagePass{Start: start, Trigger: trigger, DryRun: g.o.DryRun, Synced: synced, Disk: plan.Disk,
 		Usage: plan.Usage, Triggered: plan.Triggered, AmountToFree: plan.AmountToFree, Planned: len(plan.Delete),
@@ -345,7 +393,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	rep.add(func(quiet bool) {
 		log.WithLevel(level(lvl, quiet)).Err(res.Err).Str("trigger", trigger).Int("removed", len(pass.Removed)).
 			Int("skipped", len(pass.Skipped)).Int64("estimated_bytes", pass.EstimatedBytes).Int64("freed_bytes", pass.FreedBytes).
-			Int("usage", pass.UsageAfter).Bool("low_reached", pass.LowReached).Float64("took_ms", float64(pass.End.Sub(pass.Start).Microseconds())/1000).
+			Int("usage", pass.UsageAfter).Bool("low_reached", pass.LowReached).Float64("took_s", pass.End.Sub(pass.Start).Seconds()).
 			Bool("unchanged", quiet).Msg("image gc pass " + result)
 		if !quiet {
 			g.publish(Action{Kind: "gc", Action: result, Subject: "image", Key: key, Data: passData(pass)}, log)
@@ -388,12 +436,18 @@ func (g *ImageGC) handle(ctx context.Context, o ImageOutcome, pass *ImagePass, r
 	}
 	rep.add(func(quiet bool) {
 		ev := log.WithLevel(level(lvl, quiet))
-		if o.Action == ActionRemoved {
+		msg := "image " + o.Action
+		switch {
+		case o.Action == ActionRemoved:
 			ev = ev.Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
+		case o.Reason == ReasonDryRun:
+			// The fields of the removal it stands for: grep "remov" finds it.
+			msg = "would remove"
+			ev = ev.Str("kind", "image").Bool("dry_run", true)
 		}
 		ev.Str("namespace", o.Namespace).Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("size_bytes", o.Size).
 			Int64("freed_bytes", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
-			Msg("image " + o.Action)
+			Msg(msg)
 		// A removal's event was stored by its delete transaction.
 		if !quiet && o.Action != ActionRemoved {
 			g.publish(Action{Kind: "image", Action: o.Action, Subject: o.Digest, Key: key, Data: imageData{ImageOutcome: o, DryRun: g.o.DryRun}}, log)
@@ -502,7 +556,7 @@ func (g *ImageGC) policy() ImagePolicy {
 		p.SandboxImages = g.sandboxCache
 	}
 	if g.d.FleetKeep != nil {
-		p.FleetKeepPatterns = g.d.FleetKeep()
+		p.FleetKeep = g.d.FleetKeep()
 	}
 	return g.trig.passPolicy(p)
 }
@@ -518,7 +572,8 @@ func (g *ImageGC) Policy() ImagePolicy {
 	p.SandboxImages = slices.Clone(g.status.SandboxImages)
 	p.KeepPatterns = slices.Clone(p.KeepPatterns)
 	if g.d.FleetKeep != nil {
-		p.FleetKeepPatterns = slices.Clone(g.d.FleetKeep())
+		p.FleetKeep = g.d.FleetKeep()
+		p.FleetKeep.Patterns = slices.Clone(p.FleetKeep.Patterns)
 	}
 	return p
 }
@@ -537,4 +592,10 @@ func (g *ImageGC) Status() ImageGCStatus {
 		st.LastPass = &p
 	}
 	return st
+}
+
+// heldForKeepList reports whether plan keeps an image only because the
+// fleet keep list was never read.
+func heldForKeepList(plan ImagePlan) bool {
+	return slices.ContainsFunc(plan.Keep, func(it ImageItem) bool { return it.Reason == ReasonKeepListUnread })
 }

@@ -131,8 +131,12 @@ func TestImageGCPassPublishesAndCounts(t *testing.T) {
 	if v := testutil.ToFloat64(g.m.skipped.WithLabelValues(string(ReasonLowReached))); v != 1 {
 		t.Errorf("skips metric = %v", v)
 	}
-	if n, err := testutil.GatherAndCount(reg, "gcagent_image_gc_passes_total"); err != nil || n != 1 {
+	// Every trigger and result exists from the start; one pass was counted.
+	if n, err := testutil.GatherAndCount(reg, "gcagent_image_gc_passes_total"); err != nil || n != len(imageTriggers)*len(imagePassResults) {
 		t.Errorf("passes series %d %v", n, err)
+	}
+	if v := testutil.ToFloat64(g.m.passes.WithLabelValues("disk", "completed")); v != 1 {
+		t.Errorf("passes counted %v, want 1", v)
 	}
 	st := g.Status()
 	if st.Passes != 1 || st.LastPass == nil || len(st.LastPass.Removed) != 2 {

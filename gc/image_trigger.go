@@ -61,6 +61,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 	// wake this loop once per batch for nothing.
 	changes := g.changes
 	g.learn(ctx, g.now())
+	if g.d.Trace != nil {
+		// The policy in force from the start, also on a node that never
+		// reaches the high threshold (each pass records it again if it
+		// changed).
+		g.d.Trace.TracePolicy(g.now(), g.Policy())
+	}
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -74,6 +80,12 @@ func (g *ImageGC) Run(ctx context.Context) error {
 				d, ok := g.sample()
 				g.trig.observe(g.now(), d, ok)
 				g.Pass(ctx, trigger)
+			case trigger := <-g.rethinks:
+				if g.keepHeld {
+					d, ok := g.sample()
+					g.trig.observe(g.now(), d, ok)
+					g.Pass(ctx, trigger)
+				}
 			case <-tick.C():
 			case <-wake.C():
 			case <-changes:
@@ -110,6 +122,17 @@ func (g *ImageGC) Nudge(trigger string) {
 	}
 }
 
+// Reconsider asks Run for a pass soon with trigger if the last plan kept
+// an image only because the fleet keep list was never read (its first
+// read, or the end of the wait for it, changes that); otherwise Run only
+// evaluates its triggers. It never blocks, and calls coalesce.
+func (g *ImageGC) Reconsider(trigger string) {
+	select {
+	case g.rethinks <- trigger:
+	default:
+	}
+}
+
 // RunNow asks Run for a pass now (trigger "manual") and returns it. It
 // waits for a pass in progress to end first; it fails when ctx ends before
 // Run answers (Run not running).
@@ -139,7 +162,7 @@ func (g *ImageGC) sample() (DiskStats, bool) {
 func (g *ImageGC) noteDiskError(now time.Time, err error) {
 	if err == nil {
 		if n, since := g.diskFailures.Recover(); n > 0 {
-			g.o.Log.Info().Int("failures", n).Int64("unmeasured_ms", now.Sub(since).Milliseconds()).
+			g.o.Log.Info().Int("failures", n).Float64("unmeasured_s", now.Sub(since).Seconds()).
 				Msg("image filesystem measured again")
 		}
 		return
@@ -155,6 +178,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 	disk, err := g.d.Disk.Disk()
 	g.noteDiskError(now, err)
 	g.trig.observe(now, disk, err == nil)
+	if err == nil && g.d.Trace != nil {
+		g.d.Trace.TraceDisk(now, disk, "")
+	}
 	g.noteDisk(now, disk)
 	var seq uint64
 	var synced bool
@@ -172,6 +198,9 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 		}
 	})
 	if replan {
+		g.keepHeld = heldForKeepList(plan)
+	}
+	if replan {
 		g.trig.planned(seq, plan)
 		g.setNextAgeOut(plan.NextAgeOut)
 	}
@@ -182,7 +211,7 @@ func (g *ImageGC) evaluate(ctx context.Context) {
 
 func (g *ImageGC) noteDisk(now time.Time, d DiskStats) {
 	usage, _ := usagePercent(d)
-	g.m.usage.Set(float64(usage))
+	g.m.usage.Set(float64(usage) / 100)
 	g.mu.Lock()
 	g.status.Disk, g.status.Usage, g.status.SampledAt = d, usage, now
 	g.status.Above, g.status.CrossedAt, g.status.Episode = g.trig.above, g.trig.crossedAt, g.trig.episodeAt
@@ -409,7 +438,7 @@ func (tr *imageTrigger) passed(now time.Time, seq uint64, plan ImagePlan, p Imag
 	tr.nextEligible = time.Time{}
 	if tr.passShort {
 		for _, it := range plan.Keep {
-			if it.Reason == ReasonTooYoung {
+			if it.Reason == ReasonTooYoung || it.Reason == ReasonKeepListUnread {
 				earliest(&tr.nextEligible, it.EligibleAt)
 			}
 		}

@@ -531,6 +531,13 @@ func startImageLoop(t *testing.T, o ImageGCOptions, capacity, available uint64, 
 // apart (0: DiskInterval, as on any disk the fill rate crosses in less).
 func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint64, gap time.Duration, evs ...events.Event) *loopHarness {
 	t.Helper()
+	return startImageLoopWith(t, o, nil, capacity, available, gap, evs...)
+}
+
+// startImageLoopWith is startImageLoopGap with deps changed by mod (nil:
+// none) before the ImageGC is made.
+func startImageLoopWith(t *testing.T, o ImageGCOptions, mod func(*ImageGCDeps), capacity, available uint64, gap time.Duration, evs ...events.Event) *loopHarness {
+	t.Helper()
 	h := &loopHarness{gap: gap, clock: clock.NewFake(at(time.Hour)), disk: &countingDisk{fakeDisk: fakeDisk{capacity: capacity, available: available}},
 		pub: &imagePublisher{}}
 	h.rt = newFakeRuntime(&h.disk.fakeDisk)
@@ -543,6 +550,9 @@ func startImageLoopGap(t *testing.T, o ImageGCOptions, capacity, available uint6
 	d := ImageGCDeps{Projection: live, Runtime: h.rt, Disk: h.disk, Publisher: h.pub}
 	if !o.DryRun {
 		d.Deletes = testDeletes1(t, h.pub, h.rt)
+	}
+	if mod != nil {
+		mod(&d)
 	}
 	h.g = mustImageGC(t, d, o)
 	h.o = h.g.o

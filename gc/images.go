@@ -39,18 +39,66 @@ type ImagePolicy struct {
 	// name of an image; a digest (sha256:... or name@sha256:...) also
 	// matches the image's target digest.
 	SandboxImages []string
-	// KeepPatterns protect every image with a name matching one of these
-	// path.Match globs (where * does not cross a /).
+	// KeepPatterns protect every image with a name a pattern covers
+	// (KeepCovers: path.Match globs, where * does not cross a /, and a
+	// repository pattern covers the repository's digest references).
 	KeepPatterns []string
-	// FleetKeepPatterns are the fleet keep list's globs (stored in NATS,
-	// read by the agent at the edge), matched like KeepPatterns; the rule
-	// of an image they keep is FleetRule(pattern).
-	FleetKeepPatterns []string
+	// FleetKeep is the fleet keep list (stored in NATS, read by the agent
+	// at the edge) with the state of that read. Its patterns keep like
+	// KeepPatterns, with the rule FleetRule(pattern), known or stale (a
+	// stale list is the last one read: all there is). While it is unknown
+	// (never read), FleetKeepWait decides.
+	FleetKeep KeepList
+	// FleetKeepWait, when positive, is how long deletes wait for a fleet
+	// keep list never read: from FleetKeep.Since (when the agent began to
+	// wait; now when zero) until FleetKeep.Since+FleetKeepWait, every
+	// image no other rule keeps is kept as keep-list-unread, since the
+	// list could name it. After that, GC goes on without the fleet's
+	// patterns (KeepPatterns only). Zero: no wait.
+	FleetKeepWait time.Duration
+	// Order, if set, orders the candidates of threshold GC: the lowest
+	// rank goes first, ties least recently used first. nil is least
+	// recently used first, the kubelet's order. Max-age candidates all go,
+	// least recently used first, whatever it says.
+	Order ImageOrder `json:"-"`
+}
+
+// ImageOrder ranks the candidates of threshold GC (ImagePolicy.Order). It
+// must not change while PlanImages runs.
+type ImageOrder interface {
+	// Rank is what keeping the image is worth: the lowest goes first.
+	Rank(it *ImageItem) float64
+}
+
+// KeepList is a keep list as a planner reads it: its patterns, and the
+// state of the read they come from. The zero value is a list never read.
+type KeepList struct {
+	Input
+	Patterns []string `json:"patterns"`
 }
 
 // FleetRule is the rule of an image the fleet keep list keeps: the
 // pattern, marked as the fleet's.
 func FleetRule(pattern string) string { return "fleet keep list: " + pattern }
+
+// RuleKeepListUnread is the rule of an image kept because the fleet keep
+// list was never read.
+const RuleKeepListUnread = "fleet keep list never read"
+
+// KeepListWait reports whether deletes wait for the fleet keep list at
+// now (it is unknown and FleetKeepWait has not passed since the wait
+// began), and until when.
+func (p ImagePolicy) KeepListWait(now time.Time) (until time.Time, waiting bool) {
+	if p.FleetKeepWait <= 0 || p.FleetKeep.State != InputUnknown {
+		return time.Time{}, false
+	}
+	since := p.FleetKeep.Since
+	if since.IsZero() {
+		since = now // a wait nobody dated starts now: it never ends by itself
+	}
+	until = since.Add(p.FleetKeepWait)
+	return until, now.Before(until)
+}
 
 // Validate reports the first invalid field: thresholds outside 0..100, a low
 // threshold above the high one, a negative age, a positive MaxAge not above
@@ -72,8 +120,10 @@ func (p ImagePolicy) Validate() error {
 		return fmt.Errorf("maximum image age %s: must not be negative", p.MaxAge)
 	case p.MaxAge > 0 && p.MaxAge <= p.MinAge:
 		return fmt.Errorf("maximum image age %s: must be greater than the minimum image age %s", p.MaxAge, p.MinAge)
+	case p.FleetKeepWait < 0:
+		return fmt.Errorf("keep list wait %s: must not be negative", p.FleetKeepWait)
 	}
-	for _, pattern := range append(slices.Clone(p.KeepPatterns), p.FleetKeepPatterns...) {
+	for _, pattern := range append(slices.Clone(p.KeepPatterns), p.FleetKeep.Patterns...) {
 		if err := ValidKeepPattern(pattern); err != nil {
 			return err
 		}
@@ -113,9 +163,14 @@ type ImagePlan struct {
 	// becomes a max-age candidate; zero when none will or MaxAge is off.
 	NextAgeOut time.Time `json:"nextAgeOut,omitzero"`
 	// FirstEligibleAt is, when the plan falls short of AmountToFree, the
-	// earliest instant at which a too-young image passes MinAge: the next
-	// chance to free more. Zero otherwise.
+	// earliest instant at which a too-young image passes MinAge (or the
+	// wait for the fleet keep list ends): the next chance to free more.
+	// Zero otherwise.
 	FirstEligibleAt time.Time `json:"firstEligibleAt,omitzero"`
+	// KeepListWaitUntil is, while deletes wait for a fleet keep list never
+	// read, when they stop waiting (ImagePolicy.KeepListWait). Zero when
+	// they do not wait.
+	KeepListWaitUntil time.Time `json:"keepListWaitUntil,omitzero"`
 	// Delete is in the order to delete: max-age images, then space images,
 	// each least recently used first.
 	Delete []ImageItem `json:"delete"`
@@ -165,6 +220,9 @@ type ImageItem struct {
 func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now time.Time) ImagePlan {
 	plan := ImagePlan{Now: now, Disk: disk}
 	plan.measure(p)
+	if until, waiting := p.KeepListWait(now); waiting {
+		plan.KeepListWaitUntil = until
+	}
 
 	n := 0
 	for _, s := range states {
@@ -186,20 +244,19 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 	})
 
 	// An empty reason marks a candidate: first the ones past MaxAge go,
-	// then, least recently used first, as many as the disk needs.
+	// then, least recently used first (or in the policy's order), as many
+	// as the disk needs.
 	for i, it := range items {
 		if it.Reason == "" && p.MaxAge > 0 && now.Sub(idleSince(it)) > p.MaxAge {
 			items[i].Reason = ReasonMaxAge
 			plan.EstimatedBytes += it.Size
 		}
 	}
-	for i, it := range items {
-		if it.Reason != "" {
-			continue
-		}
+	space := p.spaceOrder(items)
+	for _, i := range space {
 		if plan.EstimatedBytes < plan.AmountToFree {
 			items[i].Reason = ReasonSpace
-			plan.EstimatedBytes += it.Size
+			plan.EstimatedBytes += items[i].Size
 		} else {
 			items[i].Reason = ReasonNotNeeded
 		}
@@ -209,11 +266,14 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 	// of a busy node's images is megabytes, planned by every pass and
 	// scrape, and appends would leave as much again behind.
 	out := make([]ImageItem, 0, len(items))
-	for _, r := range []Reason{ReasonMaxAge, ReasonSpace} {
-		for _, it := range items {
-			if it.Reason == r {
-				out = append(out, it)
-			}
+	for _, it := range items {
+		if it.Reason == ReasonMaxAge {
+			out = append(out, it)
+		}
+	}
+	for _, i := range space {
+		if items[i].Reason == ReasonSpace {
+			out = append(out, items[i])
 		}
 	}
 	plan.Delete, out = out[:len(out):len(out)], out[len(out):]
@@ -221,21 +281,43 @@ func PlanImages(states []*projection.State, disk DiskStats, p ImagePolicy, now t
 		switch it.Reason {
 		case ReasonMaxAge, ReasonSpace:
 			continue
-		case ReasonTooYoung, ReasonNotNeeded:
-			if it.Reason == ReasonTooYoung && plan.Triggered && plan.EstimatedBytes < plan.AmountToFree {
+		case ReasonTooYoung, ReasonNotNeeded, ReasonKeepListUnread:
+			if it.Reason != ReasonNotNeeded && plan.Triggered && plan.EstimatedBytes < plan.AmountToFree {
 				earliest(&plan.FirstEligibleAt, it.EligibleAt)
 			}
 			if p.MaxAge > 0 {
 				// Strictly older than MaxAge, like the kubelet. Idle time starts
 				// no earlier than first seen and MaxAge > MinAge, so by then the
-				// image is no longer too young.
-				earliest(&plan.NextAgeOut, idleSince(it).Add(p.MaxAge+time.Nanosecond))
+				// image is no longer too young; one the wait for the fleet keep
+				// list holds ages out when the wait ends.
+				earliest(&plan.NextAgeOut, later(idleSince(it).Add(p.MaxAge+time.Nanosecond), it.EligibleAt))
 			}
 		}
 		out = append(out, it)
 	}
 	plan.Keep = out
 	return plan
+}
+
+// spaceOrder returns the indexes of the candidates left in items (sorted
+// least recently used first) in the order threshold GC takes them: as they
+// are, or by the policy's Order, ties as they are.
+func (p ImagePolicy) spaceOrder(items []ImageItem) []int {
+	var idx []int
+	for i, it := range items {
+		if it.Reason == "" {
+			idx = append(idx, i)
+		}
+	}
+	if p.Order == nil {
+		return idx
+	}
+	rank := make(map[int]float64, len(idx))
+	for _, i := range idx {
+		rank[i] = p.Order.Rank(&items[i])
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rank[a], rank[b]) })
+	return idx
 }
 
 // Shortfall says, when the plan frees less than AmountToFree, why: how
@@ -252,8 +334,11 @@ func (plan ImagePlan) Shortfall() string {
 	parts := []string{"frees an estimated " + HumanBytes(plan.EstimatedBytes) + " of " + HumanBytes(plan.AmountToFree)}
 	for _, r := range slices.Sorted(maps.Keys(counts)) {
 		part := fmt.Sprintf("%d %s", counts[r], r)
-		if r == ReasonTooYoung && !plan.FirstEligibleAt.IsZero() {
+		switch {
+		case r == ReasonTooYoung && !plan.FirstEligibleAt.IsZero():
 			part += " (first eligible at " + plan.FirstEligibleAt.UTC().Format(time.RFC3339) + ")"
+		case r == ReasonKeepListUnread:
+			part += " (waiting for the fleet keep list until " + plan.KeepListWaitUntil.UTC().Format(time.RFC3339) + ")"
 		}
 		parts = append(parts, part)
 	}
@@ -297,7 +382,7 @@ func (plan *ImagePlan) measure(p ImagePolicy) {
 
 // screen describes img and gives the reason it must be kept whatever the
 // disk, in the fixed precedence in-use, pinned, sandbox image, keep pattern,
-// too young; the reason is empty for a candidate.
+// too young, keep list unread; the reason is empty for a candidate.
 func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time.Time) ImageItem {
 	it := ImageItem{
 		Namespace: s.Namespace,
@@ -320,9 +405,9 @@ func (p ImagePolicy) screen(s *projection.State, img *projection.Image, now time
 
 // rule is screen after in-use, allocating nothing (keep patterns aside,
 // which parse names): why an unused image is kept (pinned, sandbox image,
-// keep pattern, too young), the name and the policy entry that matched,
-// and when a too-young image passes MinAge; an empty reason for a
-// candidate.
+// keep pattern, too young, keep list unread), the name and the policy
+// entry that matched, and when a too-young image passes MinAge (or the
+// wait for the fleet keep list ends); an empty reason for a candidate.
 func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name, rule string, eligibleAt time.Time) {
 	for _, n := range img.Names {
 		if n.Labels[projection.LabelPinned] == projection.LabelPinnedValue {
@@ -341,7 +426,7 @@ func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name,
 			}
 		}
 	}
-	for _, pattern := range p.FleetKeepPatterns {
+	for _, pattern := range p.FleetKeep.Patterns {
 		for _, n := range img.Names {
 			if keepMatch(pattern, n.Name) {
 				return ReasonKeepPattern, n.Name, FleetRule(pattern), time.Time{}
@@ -350,6 +435,9 @@ func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name,
 	}
 	if eligible := img.FirstSeen.Time().Add(p.MinAge); now.Before(eligible) {
 		return ReasonTooYoung, "", "", eligible
+	}
+	if until, waiting := p.KeepListWait(now); waiting {
+		return ReasonKeepListUnread, "", RuleKeepListUnread, until
 	}
 	return "", "", "", time.Time{}
 }
@@ -398,19 +486,82 @@ func inUseReason(s *projection.State, img *projection.Image, users []string) Rea
 	return best
 }
 
-// keepMatch reports whether a keep pattern matches an image name as stored
-// (docker.io/library/nginx:1.25) or in its familiar form (nginx:1.25), the
-// usual reference normalization, so nginx:* and docker.io/library/nginx:*
-// both keep it.
+// keepMatch reports whether a keep pattern covers an image name
+// (KeepCovers).
 func keepMatch(pattern, name string) bool {
 	if ok, _ := path.Match(pattern, name); ok {
 		return true
 	}
-	if fam := FamiliarName(name); fam != name {
-		ok, _ := path.Match(pattern, fam)
-		return ok
+	if strings.HasPrefix(name, "sha256:") {
+		return false // CRI's image id: no reference, no short form
 	}
-	return false
+	ref, err := reference.ParseNormalizedNamed(name)
+	if err != nil {
+		return false
+	}
+	if ok, _ := path.Match(pattern, reference.FamiliarString(ref)); ok {
+		return true
+	}
+	repo, ok := repositoryPattern(pattern)
+	if !ok {
+		return false
+	}
+	if ok, _ := path.Match(repo, ref.Name()); ok {
+		return true
+	}
+	ok, _ = path.Match(repo, reference.FamiliarName(ref))
+	return ok
+}
+
+// KeepCovers reports whether a keep pattern (--keep-image, the fleet keep
+// list) keeps an image with this name. A pattern is a path.Match glob (*
+// does not cross a /) matched against the name as stored
+// (docker.io/library/nginx:1.25) and in its familiar form (nginx:1.25),
+// so nginx:* and docker.io/library/nginx:* both keep it. A repository
+// pattern, REPO or REPO:* (REPO a glob on the repository, no tag, no
+// digest), covers every name of the matching repositories: each tag, and
+// each digest reference (REPO@sha256:..., the only name a digest-pinned
+// pull gives an image). Any other tag glob (app:1.*) covers tags only: a
+// digest reference carries no tag to match.
+func KeepCovers(pattern, name string) bool { return keepMatch(pattern, name) }
+
+// repositoryPattern returns the repository glob of a repository pattern
+// (REPO or REPO:*), and false for any other pattern: a tag glob other than
+// *, a digest, a CRI image id.
+func repositoryPattern(pattern string) (string, bool) {
+	if strings.HasPrefix(pattern, "sha256:") {
+		return "", false
+	}
+	last := pattern[strings.LastIndexByte(pattern, '/')+1:]
+	switch {
+	case strings.ContainsRune(last, '@'):
+		return "", false
+	case !strings.ContainsRune(last, ':'):
+		return pattern, true
+	case strings.HasSuffix(last, ":*") && strings.Count(last, ":") == 1:
+		return strings.TrimSuffix(pattern, ":*"), true
+	}
+	return "", false
+}
+
+// DescribeKeepPattern says in one line what a keep pattern covers
+// (KeepCovers), for an operator adding one.
+func DescribeKeepPattern(pattern string) string {
+	if repo, ok := repositoryPattern(pattern); ok {
+		return fmt.Sprintf("every tag of %s and every digest-pinned reference %s@sha256:... (as stored and in short form)", repo, repo)
+	}
+	last := pattern[strings.LastIndexByte(pattern, '/')+1:]
+	switch i := strings.LastIndexByte(last, ':'); {
+	case strings.HasPrefix(pattern, "sha256:"):
+		return "image ids (sha256:<config digest>) matching " + pattern
+	case strings.ContainsRune(last, '@'):
+		return "digest references matching " + pattern + " (as stored and in short form)"
+	case i >= 0:
+		repo := pattern[:len(pattern)-len(last)+i]
+		return fmt.Sprintf("tags of %s matching %s, not its digest-pinned references (%s@sha256:..., no tag to match): add %s or %s:* to keep those too",
+			repo, last[i+1:], repo, repo, repo)
+	}
+	return "image names matching " + pattern
 }
 
 // FamiliarName is the short form of an image name, as keep patterns also

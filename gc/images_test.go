@@ -531,7 +531,7 @@ func TestFleetKeepPatterns(t *testing.T) {
 	s := projection.New()
 	s.Apply(events.ImageUpserted{At: now.Add(-time.Hour), Name: "registry.example/app:7", Digest: "sha256:app", Size: 10})
 	s.Apply(events.ImageUpserted{At: now.Add(-time.Hour), Name: "registry.example/other:1", Digest: "sha256:other", Size: 10})
-	p := ImagePolicy{HighThresholdPercent: 1, LowThresholdPercent: 0, FleetKeepPatterns: []string{"registry.example/app:*"}}
+	p := ImagePolicy{HighThresholdPercent: 1, LowThresholdPercent: 0, FleetKeep: KeepList{Input: KnownInput(now), Patterns: []string{"registry.example/app:*"}}}
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -542,7 +542,7 @@ func TestFleetKeepPatterns(t *testing.T) {
 	if len(plan.Keep) != 1 || plan.Keep[0].Reason != ReasonKeepPattern || plan.Keep[0].Rule != FleetRule("registry.example/app:*") {
 		t.Fatalf("keep %+v", plan.Keep)
 	}
-	p.FleetKeepPatterns = []string{"[x"}
+	p.FleetKeep.Patterns = []string{"[x"}
 	if err := p.Validate(); err == nil {
 		t.Fatal("a malformed fleet pattern passed Validate")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gcagent/gcagent/internal/promzero"
 	"strconv"
 	"time"
 
@@ -42,9 +43,10 @@ type RegretReporter struct {
 }
 
 // NewRegretReporter subscribes to the projection (call it before the
-// projection runs) and registers its metrics on reg (nil: none).
+// projection runs) and registers its metrics on reg (nil: none), with a
+// zero series for each of namespaces (the managed ones known at start).
 func NewRegretReporter(proj imageProjection, pub Publisher, record Recorder, now func() time.Time, log zerolog.Logger,
-	reg prometheus.Registerer) (*RegretReporter, error) {
+	reg prometheus.Registerer, namespaces ...string) (*RegretReporter, error) {
 	if proj == nil || pub == nil || record == nil {
 		return nil, errors.New("regret reporter: a projection, a publisher and a recorder are required")
 	}
@@ -56,6 +58,8 @@ func NewRegretReporter(proj imageProjection, pub Publisher, record Recorder, now
 			Name: "gcagent_image_gc_regret_bytes_total", Help: "Bytes (image sizes) of the deleted images that came back within the regret window, by containerd namespace.",
 		}, []string{"namespace"}),
 	}
+	promzero.Labels(r.regrets.WithLabelValues, namespaces)
+	promzero.Labels(r.regretBytes.WithLabelValues, namespaces)
 	if reg != nil {
 		for _, c := range []prometheus.Collector{r.regrets, r.regretBytes} {
 			if err := reg.Register(c); err != nil {

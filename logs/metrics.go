@@ -1,7 +1,15 @@
 package logs
 
 import (
+	"github.com/gcagent/gcagent/internal/promzero"
 	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The label values the counters are created with at start.
+var (
+	metricKinds    = []string{string(KindSymlink), string(KindPodDir)}
+	metricRemovals = []string{string(ReasonContainerExited), string(ReasonContainerUnknown), string(ReasonPodGone), string(ReasonPodUnknown)}
+	metricErrorOps = []string{"scan", "remove", "publish", "watch"}
 )
 
 // Metrics are the Cleaner's Prometheus metrics. A nil *Metrics records
@@ -18,7 +26,8 @@ type Metrics struct {
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
-// registered). It fails if reg already holds them.
+// registered), the counters with every known label value at zero. It fails
+// if reg already holds them.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -34,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Errors, by operation: scan, remove, publish, watch.",
 		}, []string{"op"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "gcagent_logs_removal_latency_seconds",
+			Name:    "gcagent_logs_removal_duration_seconds",
 			Help:    "Time from an entry becoming removable to its removal.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10), // 10ms .. ~44min
 		}, []string{"kind"}),
@@ -47,6 +56,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Log links kept by the last pass because their targets lie outside the pod log dir the agent sees (set --host-pod-log-dir).",
 		}),
 	}
+	promzero.Labels(m.removed.WithLabelValues, metricKinds, metricRemovals)
+	promzero.Labels(m.errors.WithLabelValues, metricErrorOps)
+	promzero.Labels(m.latency.WithLabelValues, metricKinds)
+	m.zeroSkipped()
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.removed, m.skipped, m.errors, m.latency, m.passes, m.unverifiable} {
 			if err := reg.Register(c); err != nil {
@@ -65,11 +78,18 @@ func (m *Metrics) pass(p Plan) {
 	n, _ := unverifiable(p)
 	m.unverifiable.Set(float64(n))
 	m.skipped.Reset()
+	m.zeroSkipped()
 	for _, d := range p.Decisions {
 		if d.Action != ActionRemove {
 			m.skipped.WithLabelValues(string(d.Kind), string(d.Reason)).Inc()
 		}
 	}
+}
+
+// zeroSkipped makes the entries waiting for their grace (of each kind) a
+// series at zero, so the gauge exists when nothing is kept.
+func (m *Metrics) zeroSkipped() {
+	promzero.Labels(m.skipped.WithLabelValues, metricKinds, []string{string(ReasonGrace)})
 }
 
 func (m *Metrics) removal(d Decision, seconds float64) {

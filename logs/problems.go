@@ -65,7 +65,7 @@ func (c *Cleaner) sayUnverifiable(p Plan) {
 	case n > 0 && !c.unverifiableSaid:
 		c.unverifiableSaid = true
 		c.log.Warn().Int("links", n).Str("path", c.path(first)).Str("reason", string(ReasonTargetUnverifiable)).
-			Str("detail", first.Detail).Str("podLogDir", c.cfg.PodLogDir).Str("hostPodLogDir", c.cfg.HostPodLogDir).
+			Str("detail", first.Detail).Str("pod_log_dir", c.cfg.PodLogDir).Str("host_pod_log_dir", c.cfg.HostPodLogDir).
 			Msg("log links kept: their targets lie outside the pod log dir the agent sees; " +
 				"set --host-pod-log-dir to the pod log dir's path on the host")
 	case n == 0 && c.unverifiableSaid:

@@ -155,6 +155,12 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 	log := o.Logger.With().Str("component", "natsbus").Logger()
 	var lastErr atomic.Value // string: the last connect error logged, so each is logged once
 	lastErr.Store("")
+	// where names the server in the log: the embedded one is reached in
+	// process, never through the URL it listens on.
+	where := func(nc *nats.Conn) string { return nc.ConnectedUrlRedacted() }
+	if o.InProcess != nil {
+		where = func(*nats.Conn) string { return "in-process" }
+	}
 	opts := []nats.Option{
 		nats.Name("gcagent/" + o.Cluster + "/" + o.Node),
 		nats.RetryOnFailedConnect(!o.FailFast),
@@ -166,11 +172,11 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 		nats.IgnoreAuthErrorAbort(),
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			lastErr.Store("")
-			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("connected to NATS")
+			log.Info().Str("url", where(nc)).Bool("embedded", o.InProcess != nil).Msg("connected to NATS")
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			lastErr.Store("")
-			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")
+			log.Info().Str("url", where(nc)).Bool("embedded", o.InProcess != nil).Msg("reconnected to NATS")
 		}),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if nc.IsClosed() {
@@ -180,7 +186,7 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil && lastErr.Swap(err.Error()) != err.Error() {
-				log.Warn().Err(err).Msg("cannot connect to NATS; retrying forever")
+				log.Warn().Err(err).Msg("cannot connect to NATS; retrying, events wait in the outbox")
 			}
 		}),
 		nats.ClosedHandler(func(*nats.Conn) {

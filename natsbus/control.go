@@ -407,7 +407,7 @@ func (c *control) reply(m *nats.Msg, id, verb string, who caller, data json.RawM
 		lvl = zerolog.ErrorLevel
 	}
 	ev := c.log.WithLevel(lvl).Str("request_id", id).Str("verb", verb).Str("subject", m.Subject).
-		Str("caller", who.declared).Bool("ok", r.OK).Float64("took_ms", float64(time.Since(start).Microseconds())/1000)
+		Str("caller", who.declared).Bool("ok", r.OK).Float64("took_s", time.Since(start).Seconds())
 	if who.account != "" || who.user != "" || who.name != "" {
 		ev = ev.Str("caller_account", who.account).Str("caller_user", who.user).Str("caller_name", who.name)
 	}

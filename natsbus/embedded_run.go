@@ -132,6 +132,10 @@ func (e *Embedded) try() bool {
 	}
 	if e.lastErr != nil {
 		e.log.Info().Float64("down_for_s", time.Since(e.since).Seconds()).Str("url", s.ClientURL()).Msg("embedded NATS server started after retrying")
+	} else {
+		// One line for the server's banner, which goes to debug.
+		e.log.Info().Str("url", s.ClientURL()).Int64("max_store_bytes", e.o.MaxStore).
+			Msg("embedded NATS server started")
 	}
 	e.srv, e.lastErr = s, nil
 	e.up.Set(1)

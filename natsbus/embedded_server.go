@@ -72,14 +72,16 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 	return s, nil
 }
 
-// serverLogger routes nats-server logs to zerolog (debug and trace are
-// dropped) and reports the first fatal error on fatal instead of exiting.
+// serverLogger routes nats-server logs to zerolog and reports the first
+// fatal error on fatal instead of exiting. Its notices (the start banner,
+// 28 lines at every start) go to debug: the agent says in one line of its
+// own that the server is up. Its debug and trace are dropped.
 type serverLogger struct {
 	log   zerolog.Logger
 	fatal chan<- string
 }
 
-func (l serverLogger) Noticef(format string, v ...any) { l.log.Info().Msgf(format, v...) }
+func (l serverLogger) Noticef(format string, v ...any) { l.log.Debug().Msgf(format, v...) }
 func (l serverLogger) Warnf(format string, v ...any)   { l.log.Warn().Msgf(format, v...) }
 func (l serverLogger) Errorf(format string, v ...any)  { l.log.Error().Msgf(format, v...) }
 func (l serverLogger) Debugf(string, ...any)           {}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -185,39 +186,133 @@ type KeepUpdate struct {
 	Err    error // a value that does not decode (the key's list is then unchanged)
 }
 
-// WatchKeep watches the keys of the bucket (an ephemeral ordered consumer
-// of the keys' subjects only) and calls fn with each update in order until
-// ctx ends or the watch fails. It returns jetstream.ErrBucketNotFound
-// (wrapped) when the bucket does not exist.
+// WatchKeep watches the keys of the bucket and calls fn with each update
+// in order until ctx ends or the watch fails. Each key has a watcher of
+// its own (an ephemeral ordered consumer with one filter subject): a
+// consumer with several filter subjects needs a 2.10 server, and 2.9
+// refuses it ("consumer delivery policy is deliver last per subject, but
+// optional filter subject is not set"), while one filter subject works on
+// every version. It returns a *ServerTooOld before watching anything on
+// a server older than MinServerVersion, jetstream.ErrBucketNotFound
+// (wrapped) when the bucket does not exist, and ErrFilterIgnored when the
+// server delivers a key it was not asked for.
 func WatchKeep(ctx context.Context, js jetstream.JetStream, keys []string, fn func(KeepUpdate)) error {
+	if err := CheckServerVersion(js.Conn().ConnectedServerVersion(), "the fleet keep list watch"); err != nil {
+		return err
+	}
 	kv, err := js.KeyValue(ctx, KeepBucket)
 	if err != nil {
 		return fmt.Errorf("keep list bucket %s: %w", KeepBucket, err)
 	}
-	// WatchFiltered rewrites the slice it is given into subjects: a copy.
-	w, err := kv.WatchFiltered(ctx, slices.Clone(keys))
-	if err != nil {
-		return fmt.Errorf("watch keep list: %w", err)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type delivery struct {
+		i     int
+		e     jetstream.KeyValueEntry
+		ended bool
 	}
-	defer func() { _ = w.Stop() }()
+	merged := make(chan delivery)
+	for i, key := range keys {
+		w, err := kv.Watch(ctx, key)
+		if err != nil {
+			return fmt.Errorf("watch keep list key %s: %w", key, err)
+		}
+		defer func() { _ = w.Stop() }()
+		go func() {
+			for e := range w.Updates() {
+				select {
+				case merged <- delivery{i: i, e: e}:
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case merged <- delivery{i: i, ended: true}:
+			case <-ctx.Done():
+			}
+		}()
+	}
+	pending := len(keys) // watchers that have not delivered their current value yet
+	if pending == 0 {
+		fn(KeepUpdate{Synced: true})
+	}
+	current := make([]bool, len(keys))
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch keep list: updates ended")
-			}
-			if e == nil {
-				fn(KeepUpdate{Synced: true})
+		case d := <-merged:
+			switch {
+			case d.ended:
+				return fmt.Errorf("watch keep list key %s: updates ended", keys[d.i])
+			case d.e == nil:
+				if !current[d.i] {
+					current[d.i] = true
+					if pending--; pending == 0 {
+						fn(KeepUpdate{Synced: true})
+					}
+				}
 				continue
+			case d.e.Key() != keys[d.i]:
+				// ADR-34: an old server may drop a consumer's filter
+				// silently; then it delivers every key of the bucket.
+				return fmt.Errorf("%w: watching %s, got %s", ErrFilterIgnored, keys[d.i], d.e.Key())
 			}
-			u := KeepUpdate{Key: e.Key()}
-			if e.Operation() == jetstream.KeyValuePut {
-				u.List, u.Err = DecodeKeep(e.Value())
-				u.List.Revision = e.Revision()
+			u := KeepUpdate{Key: d.e.Key()}
+			if d.e.Operation() == jetstream.KeyValuePut {
+				u.List, u.Err = DecodeKeep(d.e.Value())
+				u.List.Revision = d.e.Revision()
 			}
 			fn(u)
 		}
 	}
+}
+
+// ErrFilterIgnored says the server delivered a key a keep list watcher
+// did not ask for: it ignores the consumer's filter subject.
+var ErrFilterIgnored = errors.New("the NATS server ignores the watch's filter subject")
+
+// Causes of a failed keep list watch, as logged and counted
+// (KeepWatchCause).
+const (
+	KeepCauseServerTooOld   = "server-too-old"
+	KeepCauseFilterIgnored  = "filter-ignored"
+	KeepCauseNoJetStream    = "no-jetstream"
+	KeepCausePermission     = "permission"
+	KeepCauseTimeout        = "timeout"
+	KeepCauseDisconnected   = "disconnected"
+	KeepCauseWatchEnded     = "watch-ended"
+	KeepCauseBucketNotFound = "no-bucket"
+	KeepCauseOther          = "other"
+)
+
+// KeepWatchCauses are every cause KeepWatchCause returns.
+var KeepWatchCauses = []string{KeepCauseServerTooOld, KeepCauseFilterIgnored, KeepCauseNoJetStream, KeepCausePermission,
+	KeepCauseTimeout, KeepCauseDisconnected, KeepCauseWatchEnded, KeepCauseBucketNotFound, KeepCauseOther}
+
+// KeepWatchCause sorts the error of a keep list watch (WatchKeep,
+// EnsureKeepBucket) into one of KeepWatchCauses.
+func KeepWatchCause(err error) string {
+	var old *ServerTooOld
+	msg := strings.ToLower(fmt.Sprint(err))
+	switch {
+	case errors.As(err, &old):
+		return KeepCauseServerTooOld
+	case errors.Is(err, ErrFilterIgnored):
+		return KeepCauseFilterIgnored
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		return KeepCauseBucketNotFound
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		return KeepCauseNoJetStream
+	case errors.Is(err, nats.ErrPermissionViolation), errors.Is(err, nats.ErrAuthorization), strings.Contains(msg, "permissions violation"):
+		return KeepCausePermission
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return KeepCauseTimeout
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrNoServers),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrNoResponders):
+		return KeepCauseDisconnected
+	case strings.Contains(msg, "updates ended"):
+		return KeepCauseWatchEnded
+	}
+	return KeepCauseOther
 }

@@ -3,18 +3,36 @@ package natsbus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// keepServers runs fn against each server version the keep list must work
+// on: the Go module's (go.mod's version) and Debian's nats-server 2.9.10,
+// the oldest supported (MinServerVersion).
+func keepServers(t *testing.T, fn func(t *testing.T, url string)) {
+	t.Run("go-module", func(t *testing.T) { fn(t, runServer(t, -1, t.TempDir(), true).ClientURL()) })
+	t.Run("debian", func(t *testing.T) {
+		s := testenv.StartDebianNATS(t, testenv.DebianNATSOptions{})
+		t.Logf("nats-server %s", s.Version)
+		fn(t, s.URL)
+	})
+}
+
 // TestKeepWatch: a watch of a cluster's key and the all key sees their
-// current values, then each change, and nothing of another cluster's key.
-func TestKeepWatch(t *testing.T) {
-	s := runServer(t, -1, t.TempDir(), true)
-	nc, err := Connect(ConnOptions{URL: s.ClientURL(), Cluster: "prod", Node: "n1", InboxPrefix: InboxPrefix("prod", "n1")})
+// current values, then each change, and nothing of another cluster's key,
+// on every supported server version (Debian's 2.9.10 refuses a consumer
+// with several filter subjects).
+func TestKeepWatch(t *testing.T) { keepServers(t, testKeepWatch) }
+
+func testKeepWatch(t *testing.T, url string) {
+	nc, err := Connect(ConnOptions{URL: url, Cluster: "prod", Node: "n1", InboxPrefix: InboxPrefix("prod", "n1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,5 +92,50 @@ func TestKeepWatch(t *testing.T) {
 	lists, err := ReadKeep(ctx, kv)
 	if err != nil || len(lists) != 3 {
 		t.Fatalf("read %v %v", lists, err)
+	}
+}
+
+// TestCheckServerVersion: servers older than MinServerVersion are refused
+// with the version needed; newer ones, and a version not known (not
+// connected), are not.
+func TestCheckServerVersion(t *testing.T) {
+	for v, old := range map[string]bool{
+		"2.9.10": false, "v2.9.10": false, "2.9.11": false, "2.10.0": false, "2.10.0-beta.3": false, "3.0.0": false, "2.12.3": false,
+		"2.9.9": true, "2.9.0": true, "2.8.4": true, "2.2.6": true, "1.4.1": true,
+		"": false, "unknown": false,
+	} {
+		err := CheckServerVersion(v, "the fleet keep list watch")
+		var too *ServerTooOld
+		if errors.As(err, &too) != old {
+			t.Errorf("%q: %v, want too old %v", v, err, old)
+		}
+		if old && (too.Need != MinServerVersion || KeepWatchCause(fmt.Errorf("wrapped: %w", err)) != KeepCauseServerTooOld) {
+			t.Errorf("%q: %+v (cause %s)", v, too, KeepWatchCause(err))
+		}
+	}
+	want := "NATS server 2.8.4 is too old for the fleet keep list watch: it needs " + MinServerVersion + " or later"
+	if err := CheckServerVersion("2.8.4", "the fleet keep list watch"); err.Error() != want {
+		t.Errorf("%q, want %q", err, want)
+	}
+}
+
+// TestKeepWatchCause sorts the errors a watch meets.
+func TestKeepWatchCause(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("keep list bucket: %w", jetstream.ErrBucketNotFound), KeepCauseBucketNotFound},
+		{fmt.Errorf("x: %w", ErrFilterIgnored), KeepCauseFilterIgnored},
+		{jetstream.ErrJetStreamNotEnabled, KeepCauseNoJetStream},
+		{errors.New(`nats: permissions violation for subscription to "$JS.API.>"`), KeepCausePermission},
+		{context.DeadlineExceeded, KeepCauseTimeout},
+		{fmt.Errorf("watch: %w", nats.ErrConnectionClosed), KeepCauseDisconnected},
+		{errors.New("watch keep list key all: updates ended"), KeepCauseWatchEnded},
+		{errors.New("nats: API error: code=500 err_code=10012 description=insufficient resources"), KeepCauseOther},
+	} {
+		if got := KeepWatchCause(c.err); got != c.want || !slices.Contains(KeepWatchCauses, got) {
+			t.Errorf("%v: %s, want %s", c.err, got, c.want)
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package natsbus
 
 import (
+	"github.com/gcagent/gcagent/internal/promzero"
+	"github.com/gcagent/gcagent/schema"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -70,6 +72,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "1 for the current publishing mode (jetstream, core, disconnected), 0 for the others.",
 		}, []string{"mode"}),
 	}
+	// The counters exist from the start, at zero, for every known label value.
+	promzero.Labels(m.published.WithLabelValues, []string{schema.KindImage, schema.KindContainer, schema.KindLog, schema.KindGC, schema.KindAgent})
+	promzero.Labels(m.intents.WithLabelValues, []string{"recorded", "completed", "abandoned", "corrupt"})
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.published, m.acks, m.duplicates, m.republishes, m.depth, m.dropped, m.corrupt, m.intents, m.mode} {
 			if err := reg.Register(c); err != nil {

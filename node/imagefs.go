@@ -97,17 +97,20 @@ func (f *ImageFS) resolve() {
 		return
 	}
 	f.criPath, f.resolved, f.note = resp.ImageFilesystems[0].FsId.Mountpoint, true, ""
-	if f.Path != "" && !sameFilesystem(f.Path, f.criPath) {
+	// CRI names a host path; in a pod that mounts containerd's root
+	// elsewhere it cannot be seen: unknown is not different, so only a
+	// path both sides can read and that differs is worth a note.
+	if same, known := sameFilesystem(f.Path, f.criPath); f.Path != "" && known && !same {
 		f.note = fmt.Sprintf("--image-fs %s is not on CRI's image filesystem %s: the kubelet measures %s", f.Path, f.criPath, f.criPath)
 	}
 }
 
 // sameFilesystem reports whether a and b are on one filesystem (same
-// device); false when either cannot be read.
-func sameFilesystem(a, b string) bool {
+// device); known is false when either cannot be read.
+func sameFilesystem(a, b string) (same, known bool) {
 	var sa, sb unix.Stat_t
 	if unix.Stat(a, &sa) != nil || unix.Stat(b, &sb) != nil {
-		return false
+		return false, false
 	}
-	return sa.Dev == sb.Dev
+	return sa.Dev == sb.Dev, true
 }

@@ -57,3 +57,16 @@ func TestImageFSChoice(t *testing.T) {
 		t.Errorf("explicit, same filesystem: chose %s (note %q)", got, f.Note())
 	}
 }
+
+// TestImageFSNoteOnlyWhenKnownDifferent: a CRI path the agent cannot see
+// (a pod that mounts containerd's root elsewhere, k3s's root under
+// /var/lib/rancher) is unknown, not different: no note. At 7485972 every
+// start warned that --image-fs was not on CRI's image filesystem, and
+// /readyz said so for ever.
+func TestImageFSNoteOnlyWhenKnownDifferent(t *testing.T) {
+	given := t.TempDir()
+	f := &ImageFS{Path: given, Fallback: "/fallback", CRI: &fakeImageFs{mountpoint: "/var/lib/rancher/k3s/agent/containerd/not-mounted-here"}}
+	if got := f.Chosen(); got != given || f.Note() != "" {
+		t.Errorf("CRI's path unseen: chose %s (note %q), want %s and no note", got, f.Note(), given)
+	}
+}

@@ -58,7 +58,7 @@ func (s *Source) Run(ctx context.Context, out chan<- events.Scoped) error {
 			msg = "containerd subscription ended"
 		}
 		if log, n := s.failures.Fail(time.Now(), err.Error()); log || lost {
-			s.o.Log.Warn().Err(err).Int("failures", n).Int64("retry_in_ms", wait.Milliseconds()).Msg(msg)
+			s.o.Log.Warn().Err(err).Int("failures", n).Float64("retry_in_s", wait.Seconds()).Msg(msg)
 		}
 		select {
 		case <-ctx.Done():
@@ -138,7 +138,7 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 	ev := s.o.Log.Info().Str("namespaces", s.o.Namespaces.String()).Strs("listed", slices.Sorted(maps.Keys(s.listed))).
 		Str("reason", reason)
 	if n, since := s.failures.Recover(); n > 0 {
-		ev = ev.Int("failures", n).Int64("unreachable_ms", time.Since(since).Milliseconds())
+		ev = ev.Int("failures", n).Float64("unreachable_s", time.Since(since).Seconds())
 	}
 	ev.Msg("following containerd")
 	resync := time.NewTimer(jitter(s.o.ResyncInterval))

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"github.com/gcagent/gcagent/internal/promzero"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -114,8 +116,19 @@ func NewSource(o Options) *Source {
 		lookupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_lookup_errors_total", Help: "Failed lookups while enriching an envelope (a listing follows)."}),
 		reconnects:   prometheus.NewCounter(prometheus.CounterOpts{Name: "gcagent_events_reconnects_total", Help: "Subscriptions to containerd that were lost after the agent followed it (each is reopened); attempts that fail meanwhile are not counted."}),
 		listings:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gcagent_events_listings_total", Help: "Full listings of containerd, by reason."}, []string{"reason"}),
-		listSeconds:  prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gcagent_events_listing_seconds", Help: "Time to list images, containers and tasks.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		listSeconds:  prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gcagent_events_listing_duration_seconds", Help: "Time to list images, containers and tasks.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 	}
+	// The counters exist from the start, at zero: for every topic the
+	// agent subscribes to, and every reason to list.
+	var subscribed []string
+	for t := range knownTopics {
+		if strings.HasPrefix(t, "/images/") || strings.HasPrefix(t, "/containers/") || strings.HasPrefix(t, "/tasks/") {
+			subscribed = append(subscribed, t)
+		}
+	}
+	promzero.Labels(s.m.received.WithLabelValues, subscribed)
+	promzero.Labels(s.m.ignored.WithLabelValues, subscribed)
+	promzero.Labels(s.m.listings.WithLabelValues, []string{"start", "reconnect", "periodic", "repair"})
 	if o.Registerer != nil {
 		o.Registerer.MustRegister(s.m.received, s.m.ignored, s.m.unknown, s.m.malformed, s.m.dropped,
 			s.m.lookupErrors, s.m.reconnects, s.m.listings, s.m.listSeconds)

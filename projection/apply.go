@@ -51,6 +51,7 @@ func (s *State) upsertImage(e events.ImageUpserted) {
 		s.dropName(e.Name)
 	}
 	img := s.Images[e.Digest]
+	s.touch1(e.Digest)
 	if img == nil {
 		img = &Image{Digest: strings.Clone(e.Digest), FirstSeen: StampOf(e.At), Created: StampOf(e.Created)} // see interner: a copy of its own
 		s.Images[img.Digest] = img
@@ -84,6 +85,7 @@ func (s *State) dropName(name string) {
 		return
 	}
 	delete(s.Names, name)
+	s.touch1(digest)
 	if img := s.Images[digest]; img != nil {
 		img.Names.remove(name)
 		if len(img.Names) == 0 {
@@ -213,7 +215,11 @@ func (s *State) rekey(id string, old, now []UseKey, at time.Time) {
 func (s *State) touch(key UseKey, t time.Time) {
 	at := StampOf(t)
 	bump := func(img *Image) {
-		if img != nil && at.After(img.LastUsed) {
+		if img == nil {
+			return
+		}
+		s.touch1(img.Digest)
+		if at.After(img.LastUsed) {
 			img.LastUsed = at
 		}
 	}
@@ -225,6 +231,14 @@ func (s *State) touch(key UseKey, t time.Time) {
 		bump(s.Images[d])
 		return true
 	})
+}
+
+// touch1 notes, for a tracer, that the image with this digest may have
+// changed.
+func (s *State) touch1(digest string) {
+	if s.tracing {
+		s.touched = append(s.touched, digest)
+	}
 }
 
 func (s *State) leavePod(uid, id string, at time.Time) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/trace"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
@@ -44,6 +45,9 @@ type Live struct {
 	m     *liveMetrics
 	fault atomic.Pointer[JournalFault] // nil while persisting works
 	tried time.Time                    // last snapshot attempt; the applying goroutine only
+	// tr derives the usage trace when the store keeps one; the applying
+	// goroutine only, under mu.
+	tr *tracer
 }
 
 // snapshotRetry spaces snapshot attempts while writes fail: each encodes the
@@ -117,6 +121,7 @@ func NewLive(opts LiveOptions) (*Live, error) {
 		opts.Namespace = events.CRINamespace
 	}
 	l := &Live{opts: opts, state: New(), m: opts.metrics}
+	var restored *tracer
 	if l.m == nil {
 		l.m = newLiveMetrics()
 		l.m.register(opts.Registerer, func() []*Live { return []*Live{l} })
@@ -132,10 +137,15 @@ func NewLive(opts LiveOptions) (*Live, error) {
 		}
 		l.state = res.State
 		l.since = res.Replayed
+		restored = res.tracer
 		opts.Log.Info().Int("images", len(l.state.Images)).Int("containers", len(l.state.Containers)).
 			Int("pods", len(l.state.Pods)).Int("replayed", res.Replayed).Uint64("seq", l.state.Seq).Msg("projection restored")
 	}
 	l.state.Namespace = opts.Namespace
+	l.startTrace(restored)
+	for _, k := range events.Kinds { // the namespace's series exist at zero from its first sight
+		l.m.applied.WithLabelValues(opts.Namespace, string(k))
+	}
 	return l, nil
 }
 
@@ -155,6 +165,9 @@ func (l *Live) Apply(batch ...events.Event) {
 		}
 		for _, e := range evs {
 			l.state.Apply(e)
+			if l.tr != nil {
+				l.tr.observe(l.state, e)
+			}
 			l.m.applied.WithLabelValues(l.opts.Namespace, string(e.Kind())).Inc()
 		}
 		applied = append(applied, evs...)
@@ -168,11 +181,20 @@ func (l *Live) Apply(batch ...events.Event) {
 	var appendErr error
 	st := l.opts.Store
 	asSnapshot := st != nil && len(applied) >= l.opts.SnapshotEvery
+	var recs []trace.Record
+	if l.tr != nil && (asSnapshot || l.tr.due(l.opts.Now())) {
+		recs = l.tr.take()
+	}
 	if asSnapshot {
 		l.tried = l.opts.Now()
-		appendErr = st.Snapshot(l.state)
+		appendErr = st.Snapshot(l.state, recs...)
 	} else if st != nil {
-		appendErr = st.Append(l.state.Seq, applied)
+		appendErr = st.Append(l.state.Seq, applied, recs...)
+	}
+	if appendErr != nil && len(recs) > 0 {
+		if n := l.tr.keep(recs); n > 0 {
+			l.opts.Log.Warn().Int("records", n).Msg("usage trace: records dropped while the state file cannot be written")
+		}
 	}
 	l.mu.Unlock()
 
@@ -191,9 +213,64 @@ func (l *Live) Apply(batch ...events.Event) {
 		}
 		if l.since >= l.opts.SnapshotEvery && l.snapshotDue() {
 			l.snapshot()
+		} else if tl := st.Trace(); tl != nil && tl.CompactDue() {
+			l.compactTrace()
 		}
 	}
 	l.notify()
+}
+
+// startTrace derives the usage trace from here on when the store keeps
+// one: going on from restored, the tracer that went through the restore's
+// replay, or, for a trace that does not hold this namespace yet, from the
+// images present now, which it records.
+func (l *Live) startTrace(restored *tracer) {
+	tl := l.opts.Store.Trace()
+	if tl == nil {
+		l.state.tracing = false
+		return
+	}
+	if restored != nil && !tl.Fresh() {
+		l.tr = restored
+		return
+	}
+	l.tr = newTracer(l.state)
+	if len(l.state.Images) == 0 {
+		return
+	}
+	if err := l.opts.Store.PutTrace(l.state.Seq, l.tr.base(l.state, l.opts.Now())); err != nil {
+		l.m.journalErrors.Inc()
+		l.opts.Log.Error().Err(err).Msg("usage trace: the images present not recorded")
+	}
+}
+
+// FlushTrace writes the trace records made so far (they otherwise wait
+// for a thousand, a minute or a snapshot), so that a reader of the trace
+// sees everything applied. Safe for concurrent use.
+func (l *Live) FlushTrace() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.tr == nil || len(l.tr.recs) == 0 {
+		return nil
+	}
+	recs := l.tr.take()
+	if err := l.opts.Store.PutTrace(l.state.Seq, recs); err != nil {
+		l.tr.keep(recs)
+		return err
+	}
+	return nil
+}
+
+// compactTrace merges and bounds the usage trace (trace.Log.Compact).
+func (l *Live) compactTrace() {
+	tl := l.opts.Store.Trace()
+	if tl == nil {
+		return
+	}
+	if err := tl.Compact(l.opts.Now()); err != nil {
+		l.m.journalErrors.Inc()
+		l.opts.Log.Error().Err(err).Msg("usage trace not compacted")
+	}
 }
 
 // snapshotDue is false for a second after a failed attempt (a clock step
@@ -219,14 +296,22 @@ func (l *Live) snapshot() {
 	// Encoded in place, without a copy of the whole state: this goroutine
 	// is the only writer, and readers share the read lock meanwhile.
 	l.mu.RLock()
-	err := st.Snapshot(l.state)
+	var recs []trace.Record
+	if l.tr != nil {
+		recs = l.tr.take() // the tracer is this goroutine's
+	}
+	err := st.Snapshot(l.state, recs...)
 	l.mu.RUnlock()
 	if err != nil {
+		if len(recs) > 0 {
+			l.tr.keep(recs)
+		}
 		l.failed(err)
 		l.opts.Log.Error().Err(err).Msg("snapshot failed")
 		return
 	}
 	l.snapshotted()
+	l.compactTrace()
 }
 
 // snapshotted records a snapshot written: the journal restarts empty, and

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"sync"
@@ -289,6 +290,15 @@ func (s *Spaces) Synced() bool {
 		}
 	}
 	return true
+}
+
+// FlushTrace writes every namespace's pending trace records (Live.FlushTrace).
+func (s *Spaces) FlushTrace() error {
+	var errs []error
+	for _, l := range s.all() {
+		errs = append(errs, l.FlushTrace())
+	}
+	return errors.Join(errs...)
 }
 
 // JournalFault returns the first namespace's persistence failure, nil when

@@ -60,6 +60,11 @@ type State struct {
 	// container GC pass looks at those, not at every container of a busy
 	// node on every change. Derived (reindex), never persisted.
 	dead map[string]*Container
+	// tracing says a tracer reads touched: the digests of the images the
+	// event being applied may have changed (their names, size, keys or
+	// users). Neither is persisted or cloned.
+	tracing bool
+	touched []string
 }
 
 // Image is one target digest with all the names that point at it.

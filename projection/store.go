@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/trace"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -17,6 +18,9 @@ var (
 	bucketJournal = []byte("journal")  // big-endian seq -> events.Marshal
 	bucketMeta    = []byte("meta")     // "snapshot" -> encodeSnapshot(State)
 	keySnapshot   = []byte("snapshot") //
+	// keyTraceSeq (in meta) is the last event whose trace records the
+	// trace holds (big-endian seq).
+	keyTraceSeq = []byte("traceSeq")
 )
 
 // Store persists a projection: a journal of applied events plus a snapshot.
@@ -31,14 +35,42 @@ type Store struct {
 	// loaded, shared by a file's spaces, holds what a check at open
 	// decoded, by namespace, until each space's first Load takes it.
 	loaded *map[string]LoadResult
+	// trace, shared by a file's spaces, is the usage trace kept in the
+	// same file (OpenTrace); nil: none.
+	trace *trace.Log
 }
+
+// OpenTrace keeps the usage trace (package trace) in the store's file,
+// bounded by o: the spaces made afterwards (Space) journal the records
+// their events make in the same transactions as the events.
+func (st *Store) OpenTrace(o trace.Options) (*trace.Log, error) {
+	l, err := trace.Open(st.db, o)
+	if err != nil {
+		return nil, err
+	}
+	st.trace = l
+	return l, nil
+}
+
+// Trace returns the usage trace kept in the store's file; nil when none
+// is (OpenTrace).
+func (st *Store) Trace() *trace.Log {
+	if st == nil {
+		return nil
+	}
+	return st.trace
+}
+
+// DB returns the store's database, for reading the trace it holds
+// (trace.Read); nothing else may write it.
+func (st *Store) DB() *bolt.DB { return st.db }
 
 // Space returns the store of namespace ns's projection, in the same file.
 // CRI's namespace keeps the file's first buckets (journal, meta): they
 // hold the projection agents wrote before they managed namespaces, which
 // was CRI's by default. Buckets are created by the first write.
 func (st *Store) Space(ns string) *Store {
-	sp := &Store{db: st.db, ns: ns, journal: bucketJournal, meta: bucketMeta, loaded: st.loaded}
+	sp := &Store{db: st.db, ns: ns, journal: bucketJournal, meta: bucketMeta, loaded: st.loaded, trace: st.trace}
 	if ns != events.CRINamespace {
 		sp.journal, sp.meta = []byte(spacePrefixJournal+ns), []byte(spacePrefixMeta+ns)
 	}
@@ -136,6 +168,11 @@ type LoadResult struct {
 	State    *State
 	Replayed int     // journal entries applied on top of the snapshot
 	Skipped  []error // journal entries that could not be decoded
+	// tracer, when the file keeps a usage trace, went through the replay
+	// from the snapshot on: it holds the records of the replayed events
+	// that the trace does not hold yet (those after the namespace's trace
+	// seq), which a crash lost from memory.
+	tracer *tracer
 }
 
 // Load returns the snapshot with the journal replayed on top. An entry that
@@ -162,6 +199,16 @@ func (st *Store) Load() (LoadResult, error) {
 			s.fill()
 			res.State = s
 		}
+		// The trace holds the records of the events up to traceSeq; those
+		// of later ones were in memory only, and are made again here.
+		var traceSeq uint64
+		if trace.Kept(tx) {
+			res.State.Namespace = st.ns
+			res.tracer = newTracer(res.State)
+			if v := meta.Get(keyTraceSeq); len(v) == 8 {
+				traceSeq = binary.BigEndian.Uint64(v)
+			}
+		}
 		c := journal.Cursor()
 		for k, v := c.Seek(seqKey(res.State.Seq + 1)); k != nil; k, v = c.Next() {
 			ev, err := events.Unmarshal(v)
@@ -171,6 +218,12 @@ func (st *Store) Load() (LoadResult, error) {
 				continue
 			}
 			res.State.Apply(ev)
+			if res.tracer != nil {
+				res.tracer.observe(res.State, ev)
+				if binary.BigEndian.Uint64(k) <= traceSeq {
+					res.tracer.recs = res.tracer.recs[:0] // in the trace already
+				}
+			}
 			// The key, not the count, is the position: a batch that failed
 			// to journal (disk full) leaves a gap, and new entries must go
 			// after the last key, never over it.
@@ -186,12 +239,19 @@ func (st *Store) Load() (LoadResult, error) {
 }
 
 // Append journals events that were applied to reach seq last, in one
-// transaction (one fsync for a batch).
-func (st *Store) Append(last uint64, evs []events.Event) error {
-	if len(evs) == 0 {
+// transaction (one fsync for a batch). With recs (ignored without a
+// trace), the trace records of every event up to last not in the trace
+// yet, it adds them in the same transaction.
+func (st *Store) Append(last uint64, evs []events.Event, recs ...trace.Record) error {
+	if len(evs) == 0 && len(recs) == 0 {
 		return nil
 	}
 	return st.db.Update(func(tx *bolt.Tx) error {
+		if len(recs) > 0 {
+			if err := st.putTrace(tx, last, recs); err != nil {
+				return err
+			}
+		}
 		b, _, err := st.buckets(tx)
 		if err != nil {
 			return err
@@ -210,10 +270,37 @@ func (st *Store) Append(last uint64, evs []events.Event) error {
 	})
 }
 
-// Snapshot saves s and drops the journal entries it covers.
-func (st *Store) Snapshot(s *State) error {
+// putTrace adds recs, the trace records of the events up to seq, to the
+// trace in tx, if the store keeps one, and notes seq as traced.
+func (st *Store) putTrace(tx *bolt.Tx, seq uint64, recs []trace.Record) error {
+	if st.trace == nil {
+		return nil
+	}
+	if err := st.trace.PutTx(tx, recs); err != nil {
+		return err
+	}
+	_, meta, err := st.buckets(tx)
+	if err != nil {
+		return err
+	}
+	return meta.Put(keyTraceSeq, seqKey(seq))
+}
+
+// PutTrace adds recs, the trace records of the events up to seq, to the
+// trace (ignored without one), in a transaction of its own.
+func (st *Store) PutTrace(seq uint64, recs []trace.Record) error {
+	return st.db.Update(func(tx *bolt.Tx) error { return st.putTrace(tx, seq, recs) })
+}
+
+// Snapshot saves s and drops the journal entries it covers. With a trace,
+// recs must be the trace records of every event up to s.Seq not in the
+// trace yet: they are added in the same transaction.
+func (st *Store) Snapshot(s *State, recs ...trace.Record) error {
 	b := encodeSnapshot(s)
 	return st.db.Update(func(tx *bolt.Tx) error {
+		if err := st.putTrace(tx, s.Seq, recs); err != nil {
+			return err
+		}
 		j, meta, err := st.buckets(tx)
 		if err != nil {
 			return err

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"flag"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/gcagent/gcagent/internal/agent"
 )
 
 // FuzzConfigFile feeds arbitrary config file contents to parseRun. It must
@@ -29,7 +25,7 @@ func FuzzConfigFile(f *testing.F) {
 		if err := os.WriteFile(file, content, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := parseRun([]string{"--config", file}, func(string) string { return "" }, runHelp, io.Discard)
+		cfg, err := parseRun([]string{"--config", file}, nil)
 		if err == nil {
 			if verr := cfg.Validate(); verr != nil {
 				t.Fatalf("accepted a config that does not validate: %v", verr)
@@ -42,8 +38,7 @@ func FuzzConfigFile(f *testing.F) {
 // an arbitrary value. parseRun must return an error naming the variable or
 // a agent.Config that passes Validate, never panic.
 func FuzzEnvValue(f *testing.F) {
-	var names []string
-	runFlags("run", new(agent.Config)).VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
+	names := runSettings()
 	for i, v := range []string{"90", "-1", "1e400", "all", "5m", "-5m", "", "[x", "relative/dir", "\x00", "loud", "0x10", "true"} {
 		f.Add(uint8(i), v)
 	}
@@ -52,13 +47,7 @@ func FuzzEnvValue(f *testing.F) {
 		if name == "GCAGENT_CONFIG" {
 			return // a path: FuzzConfigFile covers the contents
 		}
-		env := func(k string) string {
-			if k == name {
-				return value
-			}
-			return ""
-		}
-		cfg, err := parseRun(nil, env, runHelp, io.Discard)
+		cfg, err := parseRun(nil, map[string]string{name: value})
 		if err == nil {
 			if verr := cfg.Validate(); verr != nil {
 				t.Fatalf("%s=%q accepted but does not validate: %v", name, value, verr)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,7 +47,7 @@ func TestKubeletConfigDefaults(t *testing.T) {
 				"minimum-image-ttl-duration": "file " + file + ":1", "image-maximum-gc-age": src("gc-on-eviction.yaml")}, 1}}, // 20% eviction after 75%
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseRun(tc.args, envOf(tc.env), runHelp, io.Discard)
+			cfg, err := parseRun(tc.args, tc.env)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +72,7 @@ func TestKubeletConfigDefaults(t *testing.T) {
 	}
 	for name, path := range map[string]string{"missing": "/nonexistent/config.yaml", "unknown field": td + "unknown-field.yaml"} {
 		t.Run(name, func(t *testing.T) {
-			_, err := parseRun([]string{"--kubelet-config", path}, envOf(nil), runHelp, io.Discard)
+			_, err := parseRun([]string{"--kubelet-config", path}, nil)
 			if _, ok := err.(usageError); !ok || !strings.Contains(err.Error(), "invalid --kubelet-config "+path) {
 				t.Fatalf("err %v, want a usage error naming --kubelet-config and the file", err)
 			}

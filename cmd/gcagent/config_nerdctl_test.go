@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,7 +32,7 @@ func TestParseRunNerdctlDataRoot(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseRun(tc.args, envOf(tc.env), runHelp, io.Discard)
+			cfg, err := parseRun(tc.args, tc.env)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), "\n") {
 					t.Fatalf("error %v, want one line containing %q", err, tc.wantErr)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +11,6 @@ import (
 
 	"github.com/gcagent/gcagent/internal/agent"
 )
-
-func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestParseRun(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "gcagent.conf")
@@ -50,8 +47,14 @@ func TestParseRun(t *testing.T) {
 		{name: "max age not above min age", args: []string{"--image-maximum-gc-age=1m"}, wantErr: "must be greater than --minimum-image-ttl-duration"},
 		{name: "bad prune mode", args: []string{"--prune-containers=some"}, wantErr: `invalid --prune-containers "some"`},
 		{name: "bad keep glob", args: []string{"--keep-image=[x"}, wantErr: "invalid --keep-image"},
-		{name: "bad duration", args: []string{"--pod-log-grace=soon"}, wantErr: "invalid value"},
-		{name: "unknown flag", args: []string{"--frobnicate"}, wantErr: "flag provided but not defined"},
+		{name: "bad duration", args: []string{"--pod-log-grace=soon"}, wantErr: `invalid argument "soon" for "--pod-log-grace" flag: want a duration with a unit`},
+		{name: "bad duration in env", env: map[string]string{"GCAGENT_POD_LOG_GRACE": "5"}, wantErr: `GCAGENT_POD_LOG_GRACE: invalid value "5" for --pod-log-grace: want a duration with a unit`},
+		{name: "percent with a sign", args: []string{"--image-gc-high-threshold=90%", "--image-gc-low-threshold", "70%"},
+			check: func(c agent.Config) bool { return c.ImageGCHighThreshold == 90 && c.ImageGCLowThreshold == 70 }},
+		{name: "bad percent", args: []string{"--image-gc-high-threshold=high"}, wantErr: "want a whole percent from 0 to 100"},
+		{name: "bad count", args: []string{"--maximum-dead-containers=many"}, wantErr: "want a whole number (-1 = no limit)"},
+		{name: "bad bool", args: []string{"--dry-run=maybe"}, wantErr: "want true or false"},
+		{name: "unknown flag", args: []string{"--frobnicate"}, wantErr: "unknown flag --frobnicate"},
 		{name: "bad env", env: map[string]string{"GCAGENT_IMAGE_GC_HIGH_THRESHOLD": "lots"}, wantErr: "GCAGENT_IMAGE_GC_HIGH_THRESHOLD"},
 		{name: "relative log dir", args: []string{"--log-dir=var/log/containers"}, wantErr: "invalid log dirs"},
 		{name: "nested log dirs", args: []string{"--log-dir=/var/log/pods/x"}, wantErr: "invalid log dirs"},
@@ -68,7 +71,7 @@ func TestParseRun(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseRun(tc.args, envOf(tc.env), runHelp, io.Discard)
+			cfg, err := parseRun(tc.args, tc.env)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), "\n") {
 					t.Fatalf("error %v, want one line containing %q", err, tc.wantErr)
@@ -87,7 +90,7 @@ func TestParseRun(t *testing.T) {
 
 func TestDispatchUsageErrors(t *testing.T) {
 	for _, args := range [][]string{{}, {"frob"}, {"run", "--image-gc-high-threshold=-1"}, {"status", "--nope"}} {
-		err := dispatch(context.Background(), args, nil, io.Discard, io.Discard)
+		_, _, err := runCLI(context.Background(), nil, args...)
 		var ue usageError
 		if !errors.As(err, &ue) {
 			t.Errorf("%v: got %v, want a usage error (exit 2)", args, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -15,69 +14,106 @@ import (
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/flagvalue"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
 )
 
-var keepHelp = help{Usage: "gcagent ctl keep add|rm PATTERN [--cluster NAME | --all-clusters] [flags]\n       gcagent ctl keep ls [flags]",
-	Env: "shared",
-	About: "Changes the fleet keep list: image name globs (as --keep-image, path.Match) that\n" +
-		"image GC keeps on every node of a cluster (--cluster) or of all clusters\n" +
-		"(--all-clusters), without a restart. The list is stored once in the NATS key-value\n" +
-		"bucket " + natsbus.KeepBucket + " (add creates it, with --replicas, when missing); every agent\n" +
-		"watches its cluster's key and the all-clusters key and applies a change within\n" +
-		"seconds. Writing needs credentials allowed to write the bucket. ls prints every list."}
-
-// ctlKeep runs `gcagent ctl keep add|rm|ls`.
-func ctlKeep(ctx context.Context, args []string, env func(string) string, stdout io.Writer) error {
+// keepCmd is `gcagent ctl keep add|rm PATTERN` and `gcagent ctl keep ls`.
+func (c *cli) keepCmd() *cobra.Command {
 	cfg := agent.DefaultConfig()
-	cfg.NATSURL = ""
-	fs := newFlagSet("keep")
-	natsClientFlags(fs, &cfg)
-	localStateDirFlag(fs, &cfg)
-	all := fs.Bool("all-clusters", false, "change the list of every cluster instead of --cluster's")
-	replicas := fs.Int("replicas", 1, "replicas of the bucket when add creates it (3 on a clustered JetStream)")
-	timeout := 10 * time.Second
-	fs.Var(durationValue{&timeout}, "timeout", "how long to wait for NATS at most")
-	asJSON := fs.Bool("json", false, "ls: print the lists as JSON")
-	target, err := parseNATSClient(fs, &cfg, flagsFirst(fs, args), env, keepHelp, stdout)
+	o := keepOptions{replicas: 1, timeout: 10 * time.Second}
+	cmd := &cobra.Command{
+		Use:   "keep add|rm PATTERN [flags]\ngcagent ctl keep ls [flags]",
+		Short: "change or show the fleet keep list in NATS (add, rm, ls)",
+		Long: "Changes the fleet keep list: image name globs (as --keep-image, path.Match) that\n" +
+			"image GC keeps on every node of a cluster (--cluster) or of all clusters\n" +
+			"(--all-clusters), without a restart. The list is stored once in the NATS key-value\n" +
+			"bucket " + natsbus.KeepBucket + " (add creates it, with --replicas, when missing); every agent\n" +
+			"watches its cluster's key and the all-clusters key and applies a change within\n" +
+			"seconds. Writing needs credentials allowed to write the bucket. ls prints every list.\n" +
+			"A pattern REPO or REPO:* also keeps REPO's digest-pinned images (REPO@sha256:...);\n" +
+			"another tag glob (REPO:1.*) does not: a digest reference has no tag. add says what\n" +
+			"the pattern covers.",
+		ValidArgs: []string{"add", "rm", "ls"},
+		Args:      keepArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.keep(cmd, &cfg, o, args)
+		},
+	}
+	fs := cmd.Flags()
+	flagvalue.Add(fs, flagvalue.Bool{P: &o.all}, "all-clusters", "change the list of every cluster instead of --cluster's")
+	flagvalue.Add(fs, flagvalue.Int{P: &o.replicas, Hint: "1 to 5"}, "replicas", "replicas of the bucket when add creates it (3 on a clustered JetStream)")
+	flagvalue.Add(fs, flagvalue.Duration{P: &o.timeout}, "timeout", "how long to wait for NATS at most")
+	flagvalue.Add(fs, flagvalue.Bool{P: &o.json}, "json", "ls: print the lists as JSON")
+	addNATSClientFlags(cmd, &cfg)
+	setEnvHelp(cmd, envShared)
+	return cmd
+}
+
+// keepOptions are the flags of ctl keep of its own.
+type keepOptions struct {
+	all, json bool
+	replicas  int
+	timeout   time.Duration
+}
+
+// keepArgs wants add PATTERN, rm PATTERN or ls.
+func keepArgs(cmd *cobra.Command, args []string) error {
+	switch {
+	case len(args) == 1 && args[0] == "ls":
+	case len(args) == 2 && (args[0] == "add" || args[0] == "rm"):
+		if strings.TrimSpace(args[1]) == "" {
+			return usagef("%sthe pattern must not be empty", where(cmd))
+		}
+		if err := gc.ValidKeepPattern(args[1]); err != nil {
+			return usagef("%sinvalid pattern: %v", where(cmd), err)
+		}
+	case len(args) > 0 && !slices.Contains([]string{"add", "rm", "ls"}, args[0]):
+		hint := didYouMean(args[0], []string{"add", "rm", "ls"})
+		if hint == "" {
+			hint = " (want add PATTERN, rm PATTERN or ls)"
+		}
+		return usagef("%sunknown verb %q%s", where(cmd), args[0], hint)
+	default:
+		return usagef("%swant add PATTERN, rm PATTERN or ls", where(cmd))
+	}
+	return nil
+}
+
+// keep runs `gcagent ctl keep add|rm|ls`.
+func (c *cli) keep(cmd *cobra.Command, cfg *agent.Config, o keepOptions, args []string) error {
+	ctx, stdout := cmd.Context(), c.stdout
+	verb, pattern := args[0], ""
+	if len(args) > 1 {
+		pattern = args[1]
+	}
+	if o.replicas < 1 || o.replicas > 5 {
+		return usagef("%sinvalid --replicas %d: must be 1 to 5", where(cmd), o.replicas)
+	}
+	target, err := c.natsTool(cmd, cfg)
 	if err != nil {
 		return err
 	}
-	verb, pattern := fs.Arg(0), fs.Arg(1)
-	switch {
-	case verb == "ls" && fs.NArg() == 1:
-	case (verb == "add" || verb == "rm") && fs.NArg() == 2:
-		if strings.TrimSpace(pattern) == "" {
-			return usageError{errors.New("keep: the pattern must not be empty")}
-		}
-		if err := gc.ValidKeepPattern(pattern); err != nil {
-			return usageError{fmt.Errorf("keep: invalid pattern: %v", err)}
-		}
-	default:
-		return usageError{errors.New("keep: want add PATTERN, rm PATTERN or ls")}
-	}
-	if *replicas < 1 || *replicas > 5 {
-		return usageError{fmt.Errorf("keep: invalid --replicas %d: must be 1 to 5", *replicas)}
-	}
 	key, scope := natsbus.KeepClusterKey(cfg.Cluster), "cluster "+cfg.Cluster
-	if *all {
+	if o.all {
 		key, scope = natsbus.KeepAllKey, "all clusters"
 	}
-	nc, err := connectTool(cfg, target)
+	nc, err := connectTool(*cfg, target)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := natsbus.NewJetStream(nc, cfg.NATSJSDomain)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	var kv jetstream.KeyValue
 	if verb == "add" {
-		kv, err = natsbus.EnsureKeepBucket(ctx, js, *replicas, 0)
+		kv, err = natsbus.EnsureKeepBucket(ctx, js, o.replicas, 0)
 	} else if kv, err = js.KeyValue(ctx, natsbus.KeepBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
 		if verb == "ls" {
 			fmt.Fprintf(stdout, "no fleet keep list on %s (no bucket %s)\n", target.url, natsbus.KeepBucket)
@@ -94,7 +130,7 @@ func ctlKeep(ctx context.Context, args []string, env func(string) string, stdout
 		if err != nil {
 			return err
 		}
-		return printKeep(stdout, lists, *asJSON)
+		return printKeep(stdout, lists, o.json)
 	case "add":
 		l, err := natsbus.EditKeep(ctx, kv, key, cfg.NodeName, time.Now, func(p []string) ([]string, error) {
 			if !slices.Contains(p, pattern) {
@@ -107,6 +143,7 @@ func ctlKeep(ctx context.Context, args []string, env func(string) string, stdout
 			return err
 		}
 		fmt.Fprintf(stdout, "kept %s on %s (revision %d, %d patterns); agents apply it within seconds\n", pattern, scope, l.Revision, len(l.Patterns))
+		fmt.Fprintf(stdout, "%s covers %s\n", pattern, gc.DescribeKeepPattern(pattern))
 	case "rm":
 		l, err := natsbus.EditKeep(ctx, kv, key, cfg.NodeName, time.Now, func(p []string) ([]string, error) {
 			i := slices.Index(p, pattern)
@@ -149,25 +186,4 @@ func printKeep(w io.Writer, lists map[string]natsbus.KeepList, asJSON bool) erro
 		fmt.Fprintln(w, "(the fleet keep list is empty)")
 	}
 	return nil
-}
-
-// flagsFirst moves the positional arguments after the flags, so that
-// `keep add PATTERN --cluster prod` parses as the usage says (Go's flag
-// package stops at the first argument that is not a flag). Arguments it
-// cannot parse are returned as given, for parseFlags to report.
-func flagsFirst(fs *flag.FlagSet, args []string) []string {
-	var flags, pos []string
-	rest := args
-	for len(rest) > 0 {
-		if err := fs.Parse(rest); err != nil {
-			return args
-		}
-		flags = append(flags, rest[:len(rest)-fs.NArg()]...)
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		rest = fs.Args()[1:]
-	}
-	return append(flags, pos...)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -14,9 +13,8 @@ import (
 func TestCtlKeep(t *testing.T) {
 	s := startTestNATS(t)
 	run := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		err := dispatch(context.Background(), append([]string{"ctl", "keep"}, args...), nil, &out, &out)
-		return out.String(), err
+		out, errOut, err := runCLI(context.Background(), nil, append([]string{"ctl", "keep"}, args...)...)
+		return out + errOut, err
 	}
 	url := "--nats-url=" + s.ClientURL()
 	if out, err := run("add", "registry.example/app:*", "--cluster", "prod", url); err != nil || !strings.Contains(out, "cluster prod") {

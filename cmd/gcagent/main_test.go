@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"io"
 	"runtime"
-	"strings"
 	"testing"
 
 	"github.com/gcagent/gcagent/internal/version"
@@ -15,11 +13,11 @@ import (
 func TestVersionCommand(t *testing.T) {
 	defer func(v, c string) { version.Version, version.Commit = v, c }(version.Version, version.Commit)
 	version.Version, version.Commit = "v9.8.7", "0123abc"
-	var out strings.Builder
-	if err := dispatch(context.Background(), []string{"version"}, nil, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := out.String(), "gcagent v9.8.7 commit 0123abc "+runtime.Version()+", with the embedded NATS server\n"; got != want {
-		t.Errorf("version printed %q, want %q", got, want)
+	want := "gcagent v9.8.7 commit 0123abc " + runtime.Version() + ", with the embedded NATS server\n"
+	for _, args := range [][]string{{"version"}, {"--version"}, {"-v"}} {
+		out, _, err := runCLI(context.Background(), nil, args...)
+		if err != nil || out != want {
+			t.Errorf("%v printed %q (%v), want %q", args, out, err, want)
+		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,30 +19,84 @@ import (
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/flagvalue"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
-// planCmd runs `gcagent plan`: a one-shot dry run against the local
-// containerd. It takes run's flags (and environment and config file) plus
-// --json, lists containerd, and prints what image GC would do now and why.
-// It deletes nothing and needs no running agent.
-func planCmd(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	rest, asJSON, err := splitJSONFlag(args)
-	if err != nil {
-		return usageError{err}
+// planShows are the flags of run that plan reads. It takes run's others
+// too, hidden in its help, so that run's command line can be given to it
+// as is.
+var planShows = []string{"config",
+	"image-gc-high-threshold", "image-gc-low-threshold", "minimum-image-ttl-duration", "image-maximum-gc-age",
+	"keep-image", "sandbox-image", "image-fs", "kubelet-config",
+	"prune-containers", "minimum-container-ttl-duration", "maximum-dead-containers-per-container",
+	"maximum-dead-containers", "uncollected-exit-grace",
+	"log-dir", "pod-log-dir", "host-pod-log-dir", "pod-log-grace",
+	"containerd-address", "namespace", "exclude-namespace", "state-dir", "cluster", "metrics-address"}
+
+// planCmd is `gcagent plan`: what GC would delete now, in order, and why.
+// It takes run's flags (and environment and config file) plus --json,
+// deletes nothing and needs no running agent.
+func (c *cli) planCmd() *cobra.Command {
+	cfg := agent.DefaultConfig()
+	asJSON := false
+	cmd := &cobra.Command{
+		Use:   "plan [flags]",
+		Short: "what GC would delete now, in order, and why, and the policy in force (deletes nothing)",
+		Long: "Prints what the agent would delete now, in the order it deletes, and why, and\n" +
+			"the policy in force with where each setting came from; deletes nothing.\n\n" +
+			"With an agent running (at --metrics-address), plan asks it: the plan comes from\n" +
+			"the agent's own history. The policy settings given here (flag, environment or\n" +
+			"file) that differ from the agent's are planned as given, as a what-if, while\n" +
+			"the agent goes on with its own: `gcagent plan --image-gc-high-threshold=70`.\n" +
+			"Without an agent, plan reads the agent's state dir, or applies the agent's\n" +
+			"first-start rule, and says which (history).\n\n" +
+			"It also takes run's other flags (not listed), so that run's command line can\n" +
+			"be given as is.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := c.settleRun(cmd, &cfg); err != nil {
+				return err
+			}
+			return plan(cmd.Context(), cfg, asJSON, c.stdout)
+		},
 	}
-	cfg, err := parseRun(rest, env, planHelp, stdout)
-	if err != nil {
-		return err
+	flagvalue.Add(cmd.Flags(), flagvalue.Bool{P: &asJSON}, "json", "print the plan as JSON (each delete list in the order of deletion)")
+	addRunFlags(cmd, &cfg, planShows)
+	setEnvHelp(cmd, envAll)
+	return cmd
+}
+
+// addRunFlags adds every flag of run to cmd, bound to cfg; with shows,
+// the others are hidden from its help.
+func addRunFlags(cmd *cobra.Command, cfg *agent.Config, shows []string) {
+	for _, g := range agent.RunFlags {
+		g.AddTo(cmd.Flags(), cfg)
 	}
+	if shows == nil {
+		return
+	}
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if readsSettings(f) && !slices.Contains(shows, f.Name) {
+			f.Hidden = true
+		}
+	})
+}
+
+// plan prints the plan of the agent at cfg.MetricsAddress, by cfg's policy
+// where it was given, or without one the plan from the node and the state
+// dir.
+func plan(ctx context.Context, cfg agent.Config, asJSON bool, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	doc, err := askAgentPlan(ctx, cfg.MetricsAddress)
+	doc, err := askAgentPlan(ctx, cfg.MetricsAddress, cfg.SettingValues(givenPolicy(cfg)))
 	switch {
 	case errors.Is(err, errNoAgent):
 		doc, err = agent.BuildPlan(ctx, cfg)
 	case err == nil:
-		if d := policyDiff(cfg.Policy(), doc.Policy); d != "" {
+		if d := policyDiff(cfg, doc.Policy); d != "" {
 			doc.HistoryNote += "; the agent's policy, not this command's: " + d
 		}
 	}
@@ -56,13 +112,26 @@ func planCmd(ctx context.Context, args []string, env func(string) string, stdout
 	return nil
 }
 
+// givenPolicy names the policy settings of cfg that were given (not
+// defaults) and that a running agent plans by as given when they differ
+// from its own, or refuses (where it looks: its namespaces).
+func givenPolicy(cfg agent.Config) []string {
+	var out []string
+	for _, s := range cfg.Policy() {
+		if s.Source != "default" && (slices.Contains(agent.WhatIfSettings, s.Name) || s.Name == "namespace" || s.Name == "exclude-namespace") {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
 // errNoAgent: nothing listens on the agent's metrics address.
 var errNoAgent = errors.New("no agent answers")
 
 // askAgentPlan asks a running agent for its own plan (GET /plan on its
 // metrics address): with an agent running, plan prints exactly what that
 // agent decides. errNoAgent when none listens there.
-func askAgentPlan(ctx context.Context, addr string) (agent.Plan, error) {
+func askAgentPlan(ctx context.Context, addr string, whatIf url.Values) (agent.Plan, error) {
 	var doc agent.Plan
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -71,10 +140,14 @@ func askAgentPlan(ctx context.Context, addr string) (agent.Plan, error) {
 	if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	url := "http://" + net.JoinHostPort(host, port) + "/plan"
+	endpoint := "http://" + net.JoinHostPort(host, port) + "/plan"
+	query := ""
+	if len(whatIf) > 0 {
+		query = "?" + whatIf.Encode()
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+query, nil)
 	if err != nil {
 		return doc, err
 	}
@@ -83,63 +156,41 @@ func askAgentPlan(ctx context.Context, addr string) (agent.Plan, error) {
 		return doc, errNoAgent
 	}
 	if err != nil {
-		return doc, fmt.Errorf("agent at %s: %w", url, err)
+		return doc, fmt.Errorf("agent at %s: %w", endpoint, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound {
-		return doc, fmt.Errorf("%s listens on %s but has no /plan: an older agent, or not gcagent", url, addr)
+		return doc, fmt.Errorf("%s listens on %s but has no /plan: an older agent, or not gcagent", endpoint, addr)
+	}
+	if resp.StatusCode == http.StatusBadRequest {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+		return doc, usagef("the agent at %s: %s", addr, strings.TrimSpace(string(body)))
 	}
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return doc, fmt.Errorf("agent at %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+		return doc, fmt.Errorf("agent at %s: %s: %s", endpoint, resp.Status, strings.TrimSpace(string(body)))
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
-		return doc, fmt.Errorf("agent at %s: bad plan: %w", url, err)
+		return doc, fmt.Errorf("agent at %s: bad plan: %w", endpoint, err)
 	}
 	return doc, nil
 }
 
-// policyDiff names the settings whose values differ between mine and the
-// agent's; empty when they agree.
-func policyDiff(mine, agents []agent.Setting) string {
+// policyDiff names the settings given to mine (not defaults) whose values
+// differ from the agent's: an agent that plans only by its own policy
+// (older than what-if plans) answered. Empty when they agree.
+func policyDiff(mine agent.Config, agents []agent.Setting) string {
 	theirs := map[string]string{}
 	for _, s := range agents {
 		theirs[s.Name] = s.Value
 	}
 	var diffs []string
-	for _, s := range mine {
-		if v, ok := theirs[s.Name]; ok && v != s.Value {
+	for _, s := range mine.Policy() {
+		if v, ok := theirs[s.Name]; ok && v != s.Value && s.Source != "default" {
 			diffs = append(diffs, fmt.Sprintf("%s=%s (given %s)", s.Name, v, s.Value))
 		}
 	}
 	return strings.Join(diffs, ", ")
-}
-
-// splitJSONFlag takes --json (-json, --json=BOOL) out of args, so that the
-// rest parses with run's flag set.
-func splitJSONFlag(args []string) ([]string, bool, error) {
-	var rest []string
-	asJSON := false
-	for i, a := range args {
-		if a == "--" {
-			rest = append(rest, args[i:]...)
-			break
-		}
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "json" {
-			rest = append(rest, a)
-			continue
-		}
-		asJSON = true
-		if hasVal {
-			b, err := strconv.ParseBool(val)
-			if err != nil {
-				return nil, false, fmt.Errorf("invalid --json %q: %v", val, err)
-			}
-			asJSON = b
-		}
-	}
-	return rest, asJSON, nil
 }
 
 // printPlan prints the plan for humans, one section per kind.
@@ -151,6 +202,9 @@ func printPlan(w io.Writer, doc agent.Plan) {
 		fmt.Fprintf(w, " (%s)", doc.HistoryNote)
 	}
 	fmt.Fprintln(w)
+	if len(doc.WhatIf) > 0 {
+		fmt.Fprintf(w, "WHAT IF: planned with %s as given here; the agent runs on with its own (POLICY says which)\n", strings.Join(doc.WhatIf, ", "))
+	}
 	for _, n := range doc.KubeletNotes {
 		fmt.Fprintf(w, "kubelet: %s\n", n)
 	}
@@ -191,9 +245,13 @@ func printImagePlan(w io.Writer, doc agent.Plan) {
 		}
 		return "now"
 	}
+	if len(p.Delete) > 0 {
+		fmt.Fprintln(w, "deleted in ORDER: images past --image-maximum-gc-age first, then for space the least recently used first")
+		fmt.Fprintln(w, "(an image never used by when it was first seen), until the low threshold is reached")
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DECISION\tREASON\tNAMESPACE\tIMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tDETAIL")
-	row := func(decision string, it gc.ImageItem) {
+	fmt.Fprintln(tw, "ORDER\tDECISION\tREASON\tNAMESPACE\tIMAGE\tDIGEST\tSIZE\tFIRST SEEN\tLAST USED\tDETAIL")
+	row := func(order, decision string, it gc.ImageItem) {
 		detail := it.Rule
 		switch {
 		case len(it.Users) > 0:
@@ -205,23 +263,23 @@ func printImagePlan(w io.Writer, doc agent.Plan) {
 		case it.Name != "":
 			detail = it.Name
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", decision, it.Reason, it.Namespace, strings.Join(it.Names, ","),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", order, decision, it.Reason, it.Namespace, strings.Join(it.Names, ","),
 			projection.ShortDigest(it.Digest), humanBytes(it.Size), ago(it.FirstSeen), ago(it.LastUsed), detail)
 	}
-	for _, it := range p.Delete {
-		row("delete", it)
+	for i, it := range p.Delete {
+		row(strconv.Itoa(i+1), "delete", it)
 	}
 	for _, it := range p.Keep {
-		row("keep", it)
+		row("-", "keep", it)
 	}
 	tw.Flush()
 	if why := p.Shortfall(); why != "" {
 		fmt.Fprintf(w, "\nshort of the low threshold: %s\n", why)
 	}
 	if doc.Next != nil {
-		fmt.Fprintf(w, "at %s, if the disk stays as it is, a pass deletes:", doc.Next.Now.Format(time.RFC3339))
-		for _, it := range doc.Next.Delete {
-			fmt.Fprintf(w, " %s", cmp.Or(firstOf(it.Names), projection.ShortDigest(it.Digest)))
+		fmt.Fprintf(w, "at %s, if the disk stays as it is, a pass deletes in this order:", doc.Next.Now.Format(time.RFC3339))
+		for i, it := range doc.Next.Delete {
+			fmt.Fprintf(w, " %d. %s", i+1, cmp.Or(firstOf(it.Names), projection.ShortDigest(it.Digest)))
 		}
 		fmt.Fprintln(w)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,9 +20,12 @@ func printContainerPlan(w io.Writer, p gc.ContainerPolicy, plan gc.ContainerPlan
 	if !plan.NextEligible.IsZero() {
 		fmt.Fprintf(w, "next TTL expiry: %s\n", plan.NextEligible.Format(time.RFC3339Nano))
 	}
+	if len(plan.Remove) > 0 {
+		fmt.Fprintln(w, "removed in ORDER: in each namespace, containers before sandboxes, the oldest created first")
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DECISION\tREASON\tNAMESPACE\tCONTAINER\tKIND\tSTATE\tPOD\tEXITED\tDETAIL")
-	row := func(decision string, it gc.ContainerItem) {
+	fmt.Fprintln(tw, "ORDER\tDECISION\tREASON\tNAMESPACE\tCONTAINER\tKIND\tSTATE\tPOD\tEXITED\tDETAIL")
+	row := func(order, decision string, it gc.ContainerItem) {
 		kind := it.CRIKind
 		if kind == "" {
 			kind = gc.ContainerKindNative
@@ -39,13 +43,13 @@ func printContainerPlan(w io.Writer, p gc.ContainerPolicy, plan gc.ContainerPlan
 		case len(it.Containers) > 0:
 			detail = "containers " + strings.Join(it.Containers, ",")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", decision, it.Reason, it.Namespace, short(it.ID), kind, it.State, pod, exited, detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", order, decision, it.Reason, it.Namespace, short(it.ID), kind, it.State, pod, exited, detail)
 	}
-	for _, it := range plan.Remove {
-		row("remove", it)
+	for i, it := range plan.Remove {
+		row(strconv.Itoa(i+1), "remove", it)
 	}
 	for _, it := range plan.Keep {
-		row("keep", it)
+		row("-", "keep", it)
 	}
 	tw.Flush()
 }

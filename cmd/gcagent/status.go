@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,31 +12,55 @@ import (
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/flagvalue"
 	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/spf13/cobra"
 )
 
-// status asks a running agent for its projection and prints it.
-func status(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status")
-	addr := fs.String("address", cmp.Or(env("GCAGENT_METRICS_ADDRESS"), agent.DefaultConfig().MetricsAddress),
-		"the agent's --metrics-address (default: GCAGENT_METRICS_ADDRESS, as the agent reads it)")
-	asJSON := fs.Bool("json", false, "print the raw /status document")
-	h := help{Usage: "gcagent status [--address host:port] [--json]",
-		About: "Prints a running agent's projection, disk and policy, from its /status endpoint.\n" +
-			"GCAGENT_METRICS_ADDRESS, as set for the agent (e.g. in its pod), is the default address."}
-	if err := parseFlags(fs, args, h, stdout, 0); err != nil {
-		return err
+// statusCmd is `gcagent status`: a running agent's projection.
+func (c *cli) statusCmd() *cobra.Command {
+	cfg := agent.DefaultConfig()
+	asJSON, address := false, ""
+	cmd := &cobra.Command{
+		Use:   "status [flags]",
+		Short: "print a running agent's projection, disk and policy",
+		Long: "Prints a running agent's projection, disk and policy, from its /status endpoint\n" +
+			"at --metrics-address (GCAGENT_METRICS_ADDRESS, as set for the agent, e.g. in its\n" +
+			"pod, is the default).",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("address") && !cmd.Flags().Changed("metrics-address") {
+				fmt.Fprintln(c.stderr, "gcagent: status: --address is deprecated, use --metrics-address (the agent's flag, as every command names it)")
+				if err := cmd.Flags().Set("metrics-address", address); err != nil {
+					return usagef("status: --address: %v", err)
+				}
+			}
+			if _, err := c.settle(cmd.Flags()); err != nil {
+				return err
+			}
+			return status(cmd.Context(), cfg.MetricsAddress, asJSON, c.stdout)
+		},
 	}
+	flagvalue.Add(cmd.Flags(), flagvalue.Bool{P: &asJSON}, "json", "print the raw /status document")
+	agent.EndpointFlags.AddTo(cmd.Flags(), &cfg, "metrics-address")
+	cmd.Flags().StringVar(&address, "address", "", "the agent's --metrics-address")
+	cmd.Flags().Lookup("address").Hidden = true // deprecated: said when used
+	setEnvHelp(cmd, envShared)
+	return cmd
+}
+
+// status asks the agent at addr for its projection and prints it.
+func status(ctx context.Context, addr string, asJSON bool, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
 	if err != nil {
-		return usageError{fmt.Errorf("invalid --address %q: %v", *addr, err)}
+		return usagef("invalid --metrics-address %q: %v", addr, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("agent at %s: %w", *addr, err)
+		return fmt.Errorf("agent at %s: %w", addr, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -45,15 +68,15 @@ func status(ctx context.Context, args []string, env func(string) string, stdout,
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("agent at %s: %s", *addr, resp.Status)
+		return fmt.Errorf("agent at %s: %s", addr, resp.Status)
 	}
-	if *asJSON {
+	if asJSON {
 		_, err = stdout.Write(body)
 		return err
 	}
 	var doc agent.StatusDoc
 	if err := json.Unmarshal(body, &doc); err != nil {
-		return fmt.Errorf("agent at %s: bad /status: %w", *addr, err)
+		return fmt.Errorf("agent at %s: bad /status: %w", addr, err)
 	}
 	printReport(stdout, doc.Report)
 	printPolicy(stdout, doc.Policy)

@@ -12,10 +12,12 @@ import (
 
 	"github.com/gcagent/gcagent/fleet"
 	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/flagvalue"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/schema"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
 )
 
 // watchOptions are the flags of `gcagent watch`.
@@ -37,35 +39,51 @@ type watchMsg struct {
 	loaded bool // the fleet's last values are all in (data is nil)
 }
 
+// watchCmd is `gcagent watch`: the fleet live from NATS.
+func (c *cli) watchCmd() *cobra.Command {
+	o := watchOptions{cfg: agent.DefaultConfig(), since: time.Minute, refresh: 2 * time.Second, tail: 15,
+		statusStream: natsbus.DefaultStatusStream, view: defaultView}
+	cmd := &cobra.Command{
+		Use:   "watch [flags]",
+		Short: "live fleet view from NATS",
+		Long: "Shows the fleet live from NATS: every node's last status (from the status stream,\n" +
+			"no history replayed), the nodes that need a look first, and the actions as they\n" +
+			"come (and those of the last --since). The columns that count actions (FREED 1H,\n" +
+			"FAILURES 1H, REMOVED) count the actions seen: from --since before watch started.\n" +
+			"A node heard from but not yet by a heartbeat since it started is \"starting\".\n" +
+			"Without --nats-url it reads the local agent's embedded server (credentials from\n" +
+			"--state-dir).",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.watch(cmd, &o)
+		},
+	}
+	fs := cmd.Flags()
+	flagvalue.Add(fs, flagvalue.Duration{P: &o.since}, "since", "also show the actions of this long ago (0: only new ones); node status comes from the last values, not from history")
+	flagvalue.Add(fs, flagvalue.Bool{P: &o.json}, "json", "print JSON lines instead of the table: {\"status\":...} per node value, {\"loaded\":...} once all are in, then the CloudEvents")
+	flagvalue.Add(fs, flagvalue.Duration{P: &o.refresh}, "refresh", "how often the table is redrawn")
+	flagvalue.Add(fs, flagvalue.Int{P: &o.tail}, "tail", "how many recent actions the table shows")
+	fs.StringVar(&o.node, "node", "", "show only nodes whose name matches this `glob` (path.Match: node-1*, *-gpu-?)")
+	flagvalue.Add(fs, flagvalue.Int{P: &o.view.top}, "top", "how many of the nodes that need a look are listed")
+	flagvalue.Add(fs, flagvalue.Int{P: &o.view.rows, Hint: "0 = all"}, "rows", "how many node rows the table shows (0: all)")
+	fs.StringVar(&o.statusStream, "nats-status-stream", o.statusStream, "JetStream stream of the nodes' last values")
+	addNATSClientFlags(cmd, &o.cfg)
+	setEnvHelp(cmd, envShared)
+	return cmd
+}
+
 // watch shows the fleet from NATS: it loads every node's last value from
 // the status stream, then follows the status stream and the events (from
 // --since ago) live, as a table refreshed every --refresh with the nodes
 // that need a look first and a tail of actions, or as JSON lines (--json).
-func watch(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) error {
+func (c *cli) watch(cmd *cobra.Command, op *watchOptions) error {
+	ctx, stdout, stderr := cmd.Context(), c.stdout, c.stderr
 	start := time.Now()
-	o := watchOptions{cfg: agent.DefaultConfig(), since: time.Minute, refresh: 2 * time.Second, tail: 15,
-		statusStream: natsbus.DefaultStatusStream, view: defaultView}
-	o.cfg.NATSURL = ""
-	fs := newFlagSet("watch")
-	natsClientFlags(fs, &o.cfg)
-	localStateDirFlag(fs, &o.cfg)
-	fs.Var(durationValue{&o.since}, "since", "also show the actions of this long ago (0: only new ones); node status comes from the last values, not from history")
-	fs.BoolVar(&o.json, "json", o.json, "print JSON lines instead of the table: {\"status\":...} per node value, {\"loaded\":...} once all are in, then the CloudEvents")
-	fs.Var(durationValue{&o.refresh}, "refresh", "how often the table is redrawn")
-	fs.IntVar(&o.tail, "tail", o.tail, "how many recent actions the table shows")
-	fs.StringVar(&o.node, "node", "", "show only nodes whose name matches this glob (path.Match: node-1*, *-gpu-?)")
-	fs.IntVar(&o.view.top, "top", o.view.top, "how many of the nodes that need a look are listed")
-	fs.IntVar(&o.view.rows, "rows", o.view.rows, "how many node rows the table shows (0: all)")
-	fs.StringVar(&o.statusStream, "nats-status-stream", o.statusStream, "JetStream stream of the nodes' last values")
-	h := help{Usage: "gcagent watch [flags]", Env: "shared",
-		About: "Shows the fleet live from NATS: every node's last status (from the status stream,\n" +
-			"no history replayed), the nodes that need a look first, and the actions as they\n" +
-			"come (and those of the last --since). Without --nats-url it reads the local\n" +
-			"agent's embedded server (credentials from --state-dir)."}
-	target, err := parseNATSClient(fs, &o.cfg, args, env, h, stdout)
+	target, err := c.natsTool(cmd, &op.cfg) // settles the flags bound to *op
 	if err != nil {
 		return err
 	}
+	o := *op
 	if _, err := path.Match(o.node, ""); err != nil {
 		return usageError{fmt.Errorf("invalid --node %q: %v", o.node, err)}
 	}
@@ -114,6 +132,7 @@ func watch(ctx context.Context, args []string, env func(string) string, stdout, 
 		case m := <-msgs:
 			if m.loaded {
 				loaded = true
+				o.view.from, o.view.since = time.Now().Add(-o.since), o.since // what tail replays from
 				renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view) // at once: the whole fleet is in
 				if err := tail(); err != nil {
 					return err

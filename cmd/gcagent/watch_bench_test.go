@@ -68,7 +68,7 @@ func BenchmarkWatchStart(b *testing.B) {
 		start := time.Now()
 		done := make(chan error, 1)
 		go func() {
-			done <- watch(ctx, []string{"--nats-url", s.ClientURL(), "--cluster", "*", "--refresh", "1h"}, func(string) string { return "" }, &out, &errOut)
+			done <- execute(ctx, []string{"watch", "--nats-url", s.ClientURL(), "--cluster", "*", "--refresh", "1h"}, nil, &out, &errOut)
 		}()
 		want := fmt.Sprintf("nodes: %d", nodes)
 		for !strings.Contains(out.String(), want) {

@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/spf13/cobra"
 )
 
 func ce(t *testing.T, node, kind, action, subject string, at time.Time, data any) natsbus.CloudEvent {
@@ -154,7 +156,7 @@ func TestWatchJSONReplaysThenFollows(t *testing.T) {
 	var out, errOut syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- watch(ctx, []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--json", "--since", "10m"}, func(string) string { return "" }, &out, &errOut)
+		done <- execute(ctx, []string{"watch", "--nats-url", s.ClientURL(), "--cluster", "c1", "--json", "--since", "10m"}, nil, &out, &errOut)
 	}()
 	lines := func() []natsbus.CloudEvent {
 		var evs []natsbus.CloudEvent
@@ -215,28 +217,31 @@ func TestCtlCommand(t *testing.T) {
 		done <- natsbus.ServeControl(ctx, nc, agent.NewControl(cfg, live), natsbus.ControlOptions{Cluster: "c1", Node: "n1", Logger: agent.NewLogger(cfg, &logs)})
 	}()
 	defer func() { cancel(); <-done }()
-	env := func(string) string { return "" }
 	wait.For(t, 5*time.Second, func() string {
-		var out, errOut bytes.Buffer
-		err := ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--node", "n1", "--timeout", "1s", "gc"}, env, &out, &errOut)
-		if err == nil || !strings.Contains(out.String(), "remote gc is disabled") {
-			return "gc reply: " + out.String() + errOut.String()
+		out, errOut, err := runCLI(context.Background(), nil, "ctl", "--nats-url", s.ClientURL(), "--cluster", "c1", "--node", "n1", "--timeout", "1s", "gc")
+		if err == nil || !strings.Contains(out, "remote gc is disabled") {
+			return "gc reply: " + out + errOut
 		}
 		return ""
 	})
-	if !strings.Contains(logs.String(), `"caller":"gcagent/c1/ctl@`) || !strings.Contains(logs.String(), `"component":"control"`) {
-		t.Errorf("control log does not name the ctl caller:\n%s", logs.String())
-	}
-	var out, errOut bytes.Buffer
-	err = ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "explain", "--image", "x"}, env, &out, &errOut)
-	if err == nil {
-		t.Errorf("flags after the verb must be refused")
-	}
-	out.Reset()
-	err = ctl(context.Background(), []string{"--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "--image", "x", "--json", "explain"}, env, &out, &errOut)
-	var r natsbus.ControlReply
-	if jerr := json.Unmarshal(out.Bytes(), &r); jerr != nil || r.ID != "x1" || r.Node != "n1" || r.OK || !strings.Contains(r.Error, "not known to this node") {
-		t.Errorf("explain of an unknown image to all: %v %s %v", err, out.String(), jerr)
+	// The node logs a request after it replied.
+	wait.For(t, 5*time.Second, func() string {
+		if !strings.Contains(logs.String(), `"caller":"gcagent/c1/ctl@`) || !strings.Contains(logs.String(), `"component":"control"`) {
+			return "control log does not name the ctl caller:\n" + logs.String()
+		}
+		return ""
+	})
+	// Flags before and after the verb alike.
+	for _, args := range [][]string{
+		{"ctl", "--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "--image", "x", "--json", "explain"},
+		{"ctl", "explain", "--nats-url", s.ClientURL(), "--cluster", "c1", "--timeout", "300ms", "--id", "x1", "--image", "x", "--json"},
+		{"ctl", "--nats-url", s.ClientURL(), "--cluster", "c1", "explain", "--timeout", "300ms", "--id", "x1", "--image", "x", "--json"},
+	} {
+		out, _, err := runCLI(context.Background(), nil, args...)
+		var r natsbus.ControlReply
+		if jerr := json.Unmarshal([]byte(out), &r); jerr != nil || r.ID != "x1" || r.Node != "n1" || r.OK || !strings.Contains(r.Error, "not known to this node") {
+			t.Errorf("%v: explain of an unknown image to all: %v %s %v", args, err, out, jerr)
+		}
 	}
 }
 
@@ -244,15 +249,13 @@ func TestCtlCommand(t *testing.T) {
 // URL, at once; with one agent on a fleet's NATS, --node all returns soon
 // after its reply and prints it for a person.
 func TestCtlNamesWhatDoesNotAnswer(t *testing.T) {
-	env := func(string) string { return "" }
 	run := func(args ...string) (string, error) {
-		var out, errOut bytes.Buffer
 		start := time.Now()
-		err := ctl(context.Background(), args, env, &out, &errOut)
+		out, _, err := runCLI(context.Background(), nil, append([]string{"ctl"}, args...)...)
 		if took := time.Since(start); took > 5*time.Second {
 			t.Errorf("ctl %v took %s", args, took)
 		}
-		return out.String(), err
+		return out, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -308,23 +311,35 @@ func TestCtlNamesWhatDoesNotAnswer(t *testing.T) {
 	}
 }
 
-// TestNATSClientEnvOnlySharedSettings: GCAGENT_<FLAG> sets the NATS
-// settings shared with run, never a tool's own flags.
-func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
-	cfg := agent.DefaultConfig()
-	fs := flag.NewFlagSet("ctl", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	natsClientFlags(fs, &cfg)
-	image := fs.String("image", "", "")
-	env := envOf(map[string]string{"GCAGENT_NATS_URL": "nats://127.0.0.1:4999", "GCAGENT_IMAGE": "evil:1"})
-	if _, err := parseNATSClient(fs, &cfg, nil, env, help{}, io.Discard); err != nil {
+// parseTool parses a NATS tool's args and env as ctl does; image is
+// --image, a flag of the tool's own.
+func parseTool(t *testing.T, args []string, env map[string]string) (cfg agent.Config, image string, err error) {
+	t.Helper()
+	cfg = agent.DefaultConfig()
+	cmd := &cobra.Command{Use: "ctl"}
+	addNATSClientFlags(cmd, &cfg)
+	cmd.Flags().StringVar(&image, "image", "", "")
+	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.NATSURL != "nats://127.0.0.1:4999" {
-		t.Errorf("nats url %q, want it from GCAGENT_NATS_URL", cfg.NATSURL)
+	environ := environOf(env)
+	c := &cli{environ: environ, env: lookupIn(environ), stdout: io.Discard, stderr: io.Discard}
+	_, err = c.natsTool(cmd, &cfg)
+	return cfg, image, err
+}
+
+// TestNATSClientEnvOnlySharedSettings: GCAGENT_<FLAG> sets the NATS
+// settings shared with run; the other settings of run are left to run, and
+// a variable named after a tool's own flag is unknown.
+func TestNATSClientEnvOnlySharedSettings(t *testing.T) {
+	cfg, _, err := parseTool(t, nil, map[string]string{"GCAGENT_NATS_URL": "nats://127.0.0.1:4999", "GCAGENT_KEEP_IMAGE": "x"})
+	if err != nil || cfg.NATSURL != "nats://127.0.0.1:4999" {
+		t.Errorf("nats url %q (%v), want it from GCAGENT_NATS_URL", cfg.NATSURL, err)
 	}
-	if *image != "" {
-		t.Errorf("--image set to %q from the environment", *image)
+	_, image, err := parseTool(t, nil, map[string]string{"GCAGENT_NATS_URL": "nats://127.0.0.1:4999", "GCAGENT_IMAGE": "evil:1"})
+	var ue usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "GCAGENT_IMAGE") || image != "" {
+		t.Errorf("GCAGENT_IMAGE: %v, --image %q; want a usage error naming it and no image", err, image)
 	}
 }
 
@@ -342,13 +357,8 @@ func TestNATSClientLocalCredentials(t *testing.T) {
 	}
 	parse := func(args []string, env map[string]string) agent.Config {
 		t.Helper()
-		cfg := agent.DefaultConfig()
-		cfg.NATSURL = ""
-		fs := flag.NewFlagSet("watch", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		natsClientFlags(fs, &cfg)
-		localStateDirFlag(fs, &cfg)
-		if _, err := parseNATSClient(fs, &cfg, args, envOf(env), help{}, io.Discard); err != nil {
+		cfg, _, err := parseTool(t, args, env)
+		if err != nil {
 			t.Fatal(err)
 		}
 		return cfg
@@ -471,5 +481,37 @@ func TestRenderRegrets(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("fleet view lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestWatchTableSaysWhatItCounts: the REMOVED column names when its count
+// starts (--since before watch tailed), a line says what the counting
+// columns count, and a node without a heartbeat since its agent started is
+// "starting", not stale under NEEDS A LOOK.
+func TestWatchTableSaysWhatItCounts(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.Local)
+	f := fleet.New(5)
+	f.Apply(ce(t, "n1", "agent", "started", "n1", t0, nil))
+	f.Apply(ce(t, "n2", "agent", "heartbeat", "n2", t0.Add(time.Minute), map[string]any{"diskUsagePercent": 10, "images": 1, "natsMode": "jetstream"}))
+	f.Apply(ce(t, "n2", "image", "removed", "sha256:aa", t0, map[string]any{"reason": "space"}))
+	v := defaultView
+	v.from, v.since = t0.Add(-time.Minute), time.Minute
+	var out bytes.Buffer
+	renderView(&out, f, t0.Add(10*time.Second), "nats://127.0.0.1:4222", 0, v)
+	text := out.String()
+	for _, want := range []string{"REMOVED SINCE 11:59:00 (img/ctr/log)",
+		"counted of the actions seen since 11:59:00 (--since 1m0s before watch started): FREED 1H and FAILURES 1H in the last hour, REMOVED all",
+		"nodes 2 in 1 clusters, starting 1,"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("table lacks %q:\n%s", want, text)
+		}
+	}
+	if !regexp.MustCompile(`\nc1\s+n1\s.*\sstarting\n`).MatchString(text) || strings.Contains(text, "NEEDS A LOOK") {
+		t.Errorf("n1 should be starting and nothing need a look:\n%s", text)
+	}
+	out.Reset()
+	renderView(&out, f, t0.Add(100*time.Second), "nats://127.0.0.1:4222", 0, v)
+	if !regexp.MustCompile(`NEEDS A LOOK \(1 nodes, worst first\)\nc1\s+n1\s+stale`).MatchString(out.String()) {
+		t.Errorf("after 3 intervals without a heartbeat n1 should be stale:\n%s", out.String())
 	}
 }

@@ -18,6 +18,10 @@ import (
 type view struct {
 	top  int // nodes that need a look, at most
 	rows int // rows of the node table, at most (0: every node)
+	// from is when the actions counted start (--since before watch began
+	// to tail them), since the --since given; zero while not tailing.
+	from  time.Time
+	since time.Duration
 }
 
 var defaultView = view{top: 20, rows: 50}
@@ -67,7 +71,7 @@ func renderView(w io.Writer, f *fleet.Fleet, now time.Time, url string, bad int,
 		defer fmt.Fprintf(w, "... %d more nodes (--rows 0 shows all, --node and --cluster filter, --json for scripts)\n", len(ordered)-v.rows)
 		ordered = ordered[:v.rows]
 	}
-	renderRows(w, ordered, now)
+	renderRows(w, ordered, now, v)
 	renderRegrets(w, f)
 	renderTail(w, f)
 }
@@ -91,9 +95,22 @@ func renderRegrets(w io.Writer, f *fleet.Fleet) {
 	tw.Flush()
 }
 
-func renderRows(w io.Writer, rows []fleet.Row, now time.Time) {
+// renderRows prints the node table and what its counting columns count:
+// the actions seen, which start --since before watch began to tail them.
+func renderRows(w io.Writer, rows []fleet.Row, now time.Time, v view) {
+	removed := "REMOVED"
+	if !v.from.IsZero() {
+		removed += " SINCE " + v.from.Format(time.TimeOnly)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tNODE\tDISK\tIMAGES\tLAST GC\tFREED 1H (MEASURED)\tFAILURES 1H\tREMOVED (img/ctr/log)\tOUTBOX\tHEARTBEAT")
+	fmt.Fprintf(tw, "CLUSTER\tNODE\tDISK\tIMAGES\tLAST GC\tFREED 1H (MEASURED)\tFAILURES 1H\t%s (img/ctr/log)\tOUTBOX\tHEARTBEAT\n", removed)
+	defer func() {
+		seen := "the actions seen"
+		if !v.from.IsZero() {
+			seen += fmt.Sprintf(" since %s (--since %s before watch started)", v.from.Format(time.TimeOnly), v.since)
+		}
+		fmt.Fprintf(w, "counted of %s: FREED 1H and FAILURES 1H in the last hour, REMOVED all\n", seen)
+	}()
 	for _, r := range rows {
 		disk, images, hb, last := "?", "?", "never", "never"
 		if r.DiskUsagePercent >= 0 {
@@ -102,7 +119,10 @@ func renderRows(w io.Writer, rows []fleet.Row, now time.Time) {
 		if r.Images >= 0 {
 			images = fmt.Sprint(r.Images)
 		}
-		if r.HeartbeatAge >= 0 {
+		switch {
+		case r.Starting:
+			hb = "starting" // no heartbeat yet since the agent started
+		case r.HeartbeatAge >= 0:
 			hb = r.HeartbeatAge.Round(time.Second).String() + " ago"
 		}
 		if !r.LastGC.IsZero() {

@@ -60,7 +60,7 @@ func TestWatchStartsFromLastValues(t *testing.T) {
 		var out, errOut syncBuffer
 		done := make(chan error, 1)
 		go func() {
-			done <- watch(ctx, append([]string{"--nats-url", s.ClientURL(), "--refresh", "1h"}, args...), func(string) string { return "" }, &out, &errOut)
+			done <- execute(ctx, append([]string{"watch", "--nats-url", s.ClientURL(), "--refresh", "1h"}, args...), nil, &out, &errOut)
 		}()
 		wait.For(t, 10*time.Second, func() string {
 			if !strings.Contains(out.String(), "nodes: ") && !strings.Contains(out.String(), `"loaded"`) {

@@ -1,14 +1,20 @@
 package agent
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/internal/testenv"
+	"github.com/gcagent/gcagent/natsbus"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestCheckJudges(t *testing.T) {
@@ -55,5 +61,95 @@ func TestCheckJudges(t *testing.T) {
 		if tc.got.Status != tc.status || !strings.Contains(tc.got.Detail, tc.detail) {
 			t.Errorf("%s: %s %q, want %s with %q", tc.name, tc.got.Status, tc.got.Detail, tc.status, tc.detail)
 		}
+	}
+}
+
+// TestCheckNATSSaysWhatKeepListTheNodeHas: the nats line reads the fleet
+// keep list as the agent does, on Debian's 2.9.10 too; without NATS and
+// without a saved list it says image deletes wait for one at start.
+func TestCheckNATSSaysWhatKeepListTheNodeHas(t *testing.T) {
+	debian := testenv.StartDebianNATS(t, testenv.DebianNATSOptions{})
+	nc, err := natsbus.Connect(natsbus.ConnOptions{URL: debian.URL, Node: "op"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(nc)
+	kv, err := natsbus.EnsureKeepBucket(ctx, js, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsbus.EditKeep(ctx, kv, natsbus.KeepClusterKey("prod"), "op", time.Now, func([]string) ([]string, error) {
+		return []string{"registry.example/app:*"}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	noBucket := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
+	for _, tc := range []struct {
+		name, url, status, detail string
+	}{
+		{"debian 2.9.10 with a list", debian.URL, CheckOK, "server 2.9.10); fleet keep list: 1 patterns for cluster prod (registry.example/app:*); no list saved"},
+		{"no bucket", noBucket.ClientURL(), CheckOK, "fleet keep list: none (no bucket gcagent_keep)"},
+		{"NATS refused", "nats://127.0.0.1:" + fmt.Sprint(freePort(t)), CheckFail,
+			"fleet keep list: not read (NATS does not answer), no list saved in "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.NATSURL, cfg.Cluster, cfg.StateDir = tc.url, "prod", t.TempDir()
+			r := checkNATS(ctx, cfg)
+			if r.Status != tc.status || !strings.Contains(r.Detail, tc.detail) {
+				t.Errorf("%s %s, want %s with %q", r.Status, r.Detail, tc.status, tc.detail)
+			}
+			if tc.name == "NATS refused" && !strings.Contains(r.Detail, "wait for it up to --keep-list-wait 5m0s at start, then go on with --keep-image only") {
+				t.Errorf("does not say deletes wait: %s", r.Detail)
+			}
+			t.Logf("%s nats: %s", r.Status, r.Detail)
+		})
+	}
+}
+
+// TestFirstStartKeepList: `gcagent plan` without a running agent plans
+// with the list the agent saved; without one, with what NATS gives (on
+// Debian's 2.9.10 too) or none on the embedded server run would start;
+// when NATS does not answer, with a list never read, as the agent would.
+func TestFirstStartKeepList(t *testing.T) {
+	debian := testenv.StartDebianNATS(t, testenv.DebianNATSOptions{})
+	nc, err := natsbus.Connect(natsbus.ConnOptions{URL: debian.URL, Node: "op"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(nc)
+	kv, err := natsbus.EnsureKeepBucket(ctx, js, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsbus.EditKeep(ctx, kv, natsbus.KeepAllKey, "op", time.Now, func([]string) ([]string, error) { return []string{"base/*"}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now
+	saved := t.TempDir()
+	saveFleetKeep(t, saved, time.Now().Add(-time.Hour), "saved/*")
+	for _, tc := range []struct {
+		name, url, stateDir string
+		state               gc.InputState
+		patterns            []string
+	}{
+		{"saved", "nats://127.0.0.1:1", saved, gc.InputStale, []string{"saved/*"}},
+		{"embedded", "", t.TempDir(), gc.InputKnown, nil},
+		{"debian 2.9.10", debian.URL, t.TempDir(), gc.InputKnown, []string{"base/*"}},
+		{"NATS refused", "nats://127.0.0.1:" + fmt.Sprint(freePort(t)), t.TempDir(), gc.InputUnknown, nil},
+	} {
+		cfg := DefaultConfig()
+		cfg.NATSURL, cfg.StateDir = tc.url, tc.stateDir
+		l, s := firstStartKeepList(ctx, cfg, now)
+		if l.State != tc.state || !slices.Equal(l.Patterns, tc.patterns) {
+			t.Errorf("%s: %+v (%s), want %s %v", tc.name, l, s.Source, tc.state, tc.patterns)
+		}
+		t.Logf("%s: %s %v; setting %s = %q (%s)", tc.name, l.State, l.Patterns, s.Name, s.Value, s.Source)
 	}
 }

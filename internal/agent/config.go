@@ -18,6 +18,7 @@ import (
 	"github.com/gcagent/gcagent/internal/kubeletconfig"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
+	"github.com/gcagent/gcagent/trace"
 	"github.com/rs/zerolog"
 )
 
@@ -47,11 +48,23 @@ type Config struct {
 	ImageMaximumGCAge time.Duration
 	// SandboxImage is the pause image; it is also learned from CRI. Default empty.
 	SandboxImage string
-	// KeepImages are globs; an image with a matching name is never deleted. Default none.
+	// KeepImages are globs; an image with a name one covers is never
+	// deleted (gc.KeepCovers: REPO and REPO:* cover REPO's digest
+	// references too). Default none.
 	KeepImages []string
+	// KeepListWait bounds how long image deletes by threshold or maximum
+	// age wait, at start, for a fleet keep list this node never read (none
+	// saved in the state dir, NATS not answering); after it, image GC goes
+	// on with KeepImages only. 0: no wait. Default 5m.
+	KeepListWait time.Duration
 	// RegretWindow is how long after image GC deleted an image its return
 	// to the node is reported as image.regretted. Default 24h.
 	RegretWindow time.Duration
+	// TraceMaxAge is how long the usage trace (what `gcagent replay` needs)
+	// keeps its records; 0 turns the trace off. Default 720h (30 days).
+	TraceMaxAge time.Duration
+	// TraceMaxBytes bounds the usage trace in the state file. Default 16MiB.
+	TraceMaxBytes int64
 	// DiskInterval is how often the image filesystem is sampled near the high threshold (up to 1s apart far from it). Default 100ms.
 	DiskInterval time.Duration
 	// MinimumContainerTTL is how long a dead container is kept after it exits. Default 0s.
@@ -131,6 +144,9 @@ type Config struct {
 	LogFormat string
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string
+	// ConfigFile is the settings file (--config, GCAGENT_CONFIG), one
+	// `flag-name = value` per line; cmd/gcagent reads it. Default empty: none.
+	ConfigFile string
 	// KubeletConfig is the node's KubeletConfiguration file: its image GC
 	// thresholds and ages become the defaults of the settings not given
 	// otherwise, and its image GC and eviction thresholds are checked
@@ -158,6 +174,9 @@ func DefaultConfig() Config {
 		UncollectedExitGrace: gc.DefaultUncollectedGrace,
 		DiskInterval:         gc.DefaultDiskInterval,
 		RegretWindow:         gc.DefaultRegretWindow,
+		KeepListWait:         DefaultKeepListWait,
+		TraceMaxAge:          trace.DefaultMaxAge,
+		TraceMaxBytes:        trace.DefaultMaxBytes,
 		MaxDeadPerContainer:  1,
 		MaxDeadContainers:    -1,
 		PruneContainers:      "native",
@@ -209,6 +228,7 @@ func (c Config) Validate() error {
 			return nil
 		}(),
 		nonNeg("pod-log-grace", c.PodLogGrace),
+		nonNeg("keep-list-wait", c.KeepListWait),
 	}
 	for name, v := range map[string]string{"containerd-address": c.ContainerdAddress,
 		"state-dir": c.StateDir, "node-name": c.NodeName, "cluster": c.Cluster} {
@@ -224,6 +244,12 @@ func (c Config) Validate() error {
 	}
 	if c.RegretWindow <= 0 {
 		checks = append(checks, fmt.Errorf("invalid --regret-window %s: must be positive", c.RegretWindow))
+	}
+	if c.TraceMaxAge < 0 {
+		checks = append(checks, fmt.Errorf("invalid --trace-max-age %s: must not be negative (0 turns the trace off)", c.TraceMaxAge))
+	}
+	if c.TraceMaxAge > 0 && c.TraceMaxBytes < minTraceMaxBytes {
+		checks = append(checks, fmt.Errorf("invalid --trace-max-bytes %d: must be at least %d (1 MiB)", c.TraceMaxBytes, minTraceMaxBytes))
 	}
 	if c.DiskInterval <= 0 {
 		checks = append(checks, fmt.Errorf("invalid --disk-interval %s: must be positive", c.DiskInterval))
@@ -324,6 +350,10 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// minTraceMaxBytes is the least --trace-max-bytes: the base alone (the
+// images present) takes about 100 bytes an image.
+const minTraceMaxBytes = 1 << 20
 
 // validAddress checks a host:port listen address; the host may be empty
 // (every address) and the port 0 (any free port).

@@ -53,7 +53,7 @@ const containerGCMinGap = 50 * time.Millisecond
 // setupContainerGC builds the container GC and subscribes it to the
 // projection; call it before the projection runs (Subscribe's contract).
 func (a *agent) setupContainerGC() error {
-	m, err := gc.NewContainerMetrics(a.reg)
+	m, err := gc.NewContainerMetrics(a.reg, a.cfg.metricNamespaces()...)
 	if err != nil {
 		return err
 	}

@@ -208,7 +208,13 @@ func explainImage(it gc.ImageItem, p gc.ImagePlan, cfg Config) string {
 	case gc.ReasonSandboxImage:
 		return fmt.Sprintf("kept: %s is the sandbox image %s", it.Name, it.Rule)
 	case gc.ReasonKeepPattern:
+		if pattern, ok := strings.CutPrefix(it.Rule, gc.FleetRule("")); ok {
+			return fmt.Sprintf("kept: %s matches the fleet keep list's %s", it.Name, pattern)
+		}
 		return fmt.Sprintf("kept: %s matches --keep-image %s", it.Name, it.Rule)
+	case gc.ReasonKeepListUnread:
+		return fmt.Sprintf("kept for now: the fleet keep list was never read from NATS and could name it; image deletes wait for it until %s (--keep-list-wait %s)",
+			it.EligibleAt.Format(time.RFC3339), cfg.KeepListWait)
 	case gc.ReasonTooYoung:
 		return fmt.Sprintf("kept: first seen %s, younger than --minimum-image-ttl-duration %s; eligible at %s",
 			it.FirstSeen.Format(time.RFC3339), cfg.MinimumImageTTL, it.EligibleAt.Format(time.RFC3339))

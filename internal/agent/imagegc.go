@@ -12,10 +12,14 @@ import (
 // setupImageGC builds the image GC and subscribes it to the projection;
 // call it before the projection runs (Subscribe's contract).
 func (a *agent) setupImageGC() error {
-	g, err := gc.NewImageGC(gc.ImageGCDeps{
+	deps := gc.ImageGCDeps{
 		Projection: a.live, Runtime: a.runtime, Disk: a.imageFS, Deletes: a.deletes, Publisher: a.pub,
-		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.Patterns,
-	}, gc.ImageGCOptions{
+		LearnSandboxImages: a.runtime.SandboxImages, Record: a.record, FleetKeep: a.keep.KeepList,
+	}
+	if a.trace != nil {
+		deps.Trace = newTraceRecorder(a.trace, a.cfg.DryRun, a.log.With().Str("component", "trace").Logger())
+	}
+	g, err := gc.NewImageGC(deps, gc.ImageGCOptions{
 		Policy:       a.cfg.ImagePolicy(),
 		RegretWindow: a.cfg.RegretWindow,
 		DryRun:       a.cfg.DryRun,
@@ -23,16 +27,23 @@ func (a *agent) setupImageGC() error {
 		Clock:        clock.System(a.clock.Now),
 		Log:          a.log.With().Str("component", "imagegc").Logger(),
 		Registerer:   a.reg,
+		Namespaces:   a.cfg.metricNamespaces(),
 	})
 	if err != nil {
 		return err
 	}
 	a.imageGC = g
 	// A new fleet keep list is planned with at once: an image it no longer
-	// keeps goes in the next pass, not at the next retry.
+	// keeps goes in the next pass, not at the next retry. Its first read,
+	// or the end of the wait for it, does so when a plan held an image
+	// for it.
 	a.keep.changed = func() { g.Nudge("keep-list") }
+	a.keep.settled = func() { g.Reconsider("keep-list") }
+	for _, p := range a.cfg.KeepImages {
+		a.log.Info().Str("component", "imagegc").Str("pattern", p).Str("covers", gc.DescribeKeepPattern(p)).Msg("--keep-image pattern")
+	}
 	a.regrets, err = gc.NewRegretReporter(a.live, a.pub, a.record, a.clock.Now,
-		a.log.With().Str("component", "imagegc").Logger(), a.reg)
+		a.log.With().Str("component", "imagegc").Logger(), a.reg, a.cfg.metricNamespaces()...)
 	if err != nil {
 		return err
 	}

@@ -11,12 +11,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// LogTimeFormat is the time of every log line: RFC 3339 in UTC with
+// milliseconds (zerolog's default has whole seconds, too coarse for
+// reactions measured in milliseconds).
+const LogTimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
 // NewLogger is the agent's logger as cfg says (format, level, node). In
 // console format, colours go only to a terminal, and a size field (named
-// *_bytes, as in JSON) reads as a person would write it.
+// *_bytes, as in JSON) reads as a person would write it. It sets zerolog's
+// time format (a process-wide setting) to LogTimeFormat.
 func NewLogger(cfg Config, w io.Writer) zerolog.Logger {
+	zerolog.TimeFieldFormat = LogTimeFormat
+	zerolog.TimestampFunc = func() time.Time { return time.Now().UTC() }
 	if cfg.LogFormat == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !IsTerminal(w), FormatPrepare: humanSizes}
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: !IsTerminal(w), FormatPrepare: humanSizes}
 	}
 	level, err := zerolog.ParseLevel(cfg.LogLevel)
 	if err != nil || cfg.LogLevel == "" {

@@ -33,11 +33,9 @@ func (c Config) PublisherOptions() natsbus.PublisherOptions {
 		StreamMaxAge:    max(c.OutboxMaxAge, natsbus.DefaultStreamMaxAge),
 	}
 	if c.NATSURL == "" {
-		// The embedded server's stream lives on this node's disk: it gets the
-		// store's bound (JetStream refuses a stream larger than its store),
-		// less what the fleet keep list bucket and the status stream reserve
-		// of it, and its own age.
-		o.StreamMaxBytes = c.EmbeddedNATSMaxStore - natsbus.EmbeddedKeepMaxBytes - c.embeddedStatusMaxBytes()
+		// The embedded server's stream lives on this node's disk: it gets
+		// its share of the store (embeddedShares) and its own age.
+		o.StreamMaxBytes, _ = embeddedShares(c.EmbeddedNATSMaxStore)
 		o.StreamMaxAge = max(c.EmbeddedNATSMaxAge, o.DuplicateWindow)
 	}
 	return o
@@ -49,15 +47,20 @@ func (c Config) StatusOptions(log zerolog.Logger) natsbus.StatusOptions {
 	o := natsbus.StatusOptions{Cluster: c.Cluster, Node: c.NodeName, Domain: c.NATSJSDomain,
 		NoCreateStream: c.NATSNoCreateStream, Logger: log}
 	if c.NATSURL == "" {
-		o.MaxBytes = c.embeddedStatusMaxBytes()
+		_, o.MaxBytes = embeddedShares(c.EmbeddedNATSMaxStore)
 	}
 	return o
 }
 
-// embeddedStatusMaxBytes is the status stream's share of the embedded
-// server's store.
-func (c Config) embeddedStatusMaxBytes() int64 {
-	return min(natsbus.DefaultStatusMaxBytes, max(c.EmbeddedNATSMaxStore/16, 1<<16))
+// embeddedShares divides the embedded server's store between the three
+// streams it holds: the fleet keep list bucket's fixed share, the node
+// status (a sixteenth, between 64 KiB and the status stream's default
+// bound) and the events (the rest). JetStream reserves each stream's
+// MaxBytes in the store and refuses a stream that does not fit, so the
+// shares add up to the store exactly.
+func embeddedShares(store int64) (events, status int64) {
+	status = min(natsbus.DefaultStatusMaxBytes, max(store/16, 1<<16))
+	return store - natsbus.EmbeddedKeepMaxBytes - status, status
 }
 
 // Embedded NATS store bounds: the default, and the least that holds a
@@ -146,7 +149,12 @@ func (a *agent) startNATS() (*bus, error) {
 		b.close()
 		return nil, fmt.Errorf("nats status: %w", err)
 	}
-	a.log.Info().Str("component", "natsbus").Str("url", natsbus.RedactURL(opts.URL)).Bool("embedded", b.emb != nil).Str("stream", cfg.NATSStream).Msg("nats publisher ready")
+	url := natsbus.RedactURL(opts.URL)
+	if b.emb != nil {
+		url = b.emb.ClientURL() // where local tools reach it ("" until it listens)
+	}
+	a.log.Info().Str("component", "natsbus").Str("url", url).Bool("embedded", b.emb != nil).Bool("connected", nc.IsConnected()).
+		Str("stream", cfg.NATSStream).Msg("event outbox open: events go to NATS as it stores them")
 	return b, nil
 }
 
@@ -292,7 +300,7 @@ func (a *agent) imagePolicy() gc.ImagePolicy {
 func (c Config) ImagePolicy() gc.ImagePolicy {
 	p := gc.ImagePolicy{
 		HighThresholdPercent: c.ImageGCHighThreshold, LowThresholdPercent: c.ImageGCLowThreshold,
-		MinAge: c.MinimumImageTTL, MaxAge: c.ImageMaximumGCAge, KeepPatterns: c.KeepImages,
+		MinAge: c.MinimumImageTTL, MaxAge: c.ImageMaximumGCAge, KeepPatterns: c.KeepImages, FleetKeepWait: c.KeepListWait,
 	}
 	if c.SandboxImage != "" {
 		p.SandboxImages = []string{c.SandboxImage}

@@ -38,8 +38,8 @@ func newOpsCollector(a *agent) *opsCollector {
 	return &opsCollector{
 		a:           a,
 		build:       d("gcagent_build_info", "Always 1; the labels name the running build.", "version", "commit", "goversion"),
-		high:        d("gcagent_image_gc_high_threshold_percent", "Disk usage percent at which image GC starts (--image-gc-high-threshold; 100 disables it)."),
-		low:         d("gcagent_image_gc_low_threshold_percent", "Disk usage percent image GC frees down to (--image-gc-low-threshold)."),
+		high:        d("gcagent_image_gc_high_threshold_ratio", "Disk usage (0-1) at which image GC starts (--image-gc-high-threshold/100; 1 disables it)."),
+		low:         d("gcagent_image_gc_low_threshold_ratio", "Disk usage (0-1) image GC frees down to (--image-gc-low-threshold/100)."),
 		capacity:    d("gcagent_image_fs_capacity_bytes", "Capacity of the image filesystem at image GC's last sample."),
 		available:   d("gcagent_image_fs_available_bytes", "Bytes available to unprivileged users on the image filesystem at image GC's last sample."),
 		sampledAt:   d("gcagent_image_fs_sample_timestamp_seconds", "When image GC last sampled the image filesystem (0: never)."),
@@ -64,8 +64,8 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(c.build, 1, version.Version, version.Commit, runtime.Version())
-	gauge(c.high, float64(a.cfg.ImageGCHighThreshold))
-	gauge(c.low, float64(a.cfg.ImageGCLowThreshold))
+	gauge(c.high, float64(a.cfg.ImageGCHighThreshold)/100)
+	gauge(c.low, float64(a.cfg.ImageGCLowThreshold)/100)
 	if a.imageGC != nil {
 		st := a.imageGC.Status()
 		gauge(c.capacity, float64(st.Disk.CapacityBytes))
@@ -89,6 +89,17 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 	connected := a.source.Connected()
 	gauge(c.connected, b2f(connected))
 	gauge(c.ready, b2f(connected && a.live.Synced()))
+}
+
+// metricNamespaces are the managed namespaces known at start, whose
+// metric series exist at zero from the start: the listed ones, none under
+// --namespace=* (a namespace's series appear as it is first seen).
+func (c Config) metricNamespaces() []string {
+	nss, err := c.Namespaces()
+	if err != nil || nss.All {
+		return nil
+	}
+	return nss.Names
 }
 
 func b2f(b bool) float64 {

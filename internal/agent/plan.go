@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,6 +41,10 @@ type Plan struct {
 	// start sees it, every image and container first seen now).
 	History     string `json:"history"`
 	HistoryNote string `json:"historyNote,omitempty"`
+	// WhatIf names the settings a running agent planned by as they were
+	// given (GET /plan?name=value), not as it runs with; their sources in
+	// Policy say the agent's own values.
+	WhatIf []string `json:"whatIf,omitempty"`
 	// Policy is the settings in force and where each came from.
 	Policy []Setting `json:"policy"`
 	// KubeletNotes warn about the kubelet's config (--kubelet-config): its
@@ -120,15 +125,9 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	}
 
 	p := cfg.ImagePolicy()
-	// The fleet keep list the agent saved last: what it keeps now, as far
-	// as a tool without its NATS can tell.
-	if kd, err := ReadKeepFile(cfg.StateDir); err == nil {
-		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: kd, now: time.Now, started: time.Now()}
-		p.FleetKeepPatterns = k.Patterns()
-		s := k.Setting(time.Now())
-		s.Source = "file " + filepath.Join(cfg.StateDir, KeepListFile) + " (" + strings.TrimPrefix(s.Source, "nats bucket "+natsbus.KeepBucket+", ") + ")"
-		doc.Policy = append(doc.Policy, s)
-	}
+	var s Setting
+	p.FleetKeep, s = firstStartKeepList(ctx, cfg, clk.Now)
+	doc.Policy = append(doc.Policy, s)
 	learned, err := (&node.Runtime{CRI: cri}).SandboxImages(ctx)
 	if err != nil {
 		doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; sandbox image not learned from CRI: "+err.Error(), "; ")
@@ -170,10 +169,18 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 
 // servePlan answers GET /plan with the running agent's own plan: what its
 // next passes would do now, from its live projection, measured disk and
-// learned sandbox images.
-func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
-	doc := Plan{At: a.clock.Now(), Containerd: a.cfg.ContainerdAddress, Namespace: a.cfg.Namespace,
-		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.policySettings(), KubeletNotes: a.kubeletNotes(),
+// learned sandbox images. Query parameters named after run's flags
+// (/plan?image-gc-high-threshold=70) plan by another policy from the same
+// history: a what-if that changes nothing in the agent (WithSettings says
+// which settings may differ; 400 for the others).
+func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
+	cfg, changed, err := a.cfg.WithSettings(r.URL.Query())
+	if err != nil {
+		http.Error(w, "what-if: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	doc := Plan{At: a.clock.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace,
+		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.policyOf(cfg), KubeletNotes: a.kubeletNotes(),
 		HistoryNote: fmt.Sprintf("the running agent's own projection (pid %d)", os.Getpid())}
 	if !a.live.Synced() {
 		doc.HistoryNote += "; not yet synced with containerd"
@@ -184,6 +191,11 @@ func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	p := a.imagePolicy()
+	if len(changed) > 0 {
+		doc.WhatIf = changed
+		doc.HistoryNote += "; what if: " + strings.Join(changed, ", ") + " as given, not the agent's"
+		p = whatIfImagePolicy(p, a.cfg, cfg)
+	}
 	doc.SandboxImages = p.SandboxImages
 	a.live.ViewAll(func(states []*projection.State) {
 		criState := projection.New()
@@ -193,7 +205,7 @@ func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
 				criState = s
 			}
 		}
-		err = doc.decide(a.cfg, states, criState, disk, p)
+		err = doc.decide(cfg, states, criState, disk, p)
 	})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -201,6 +213,20 @@ func (a *agent) servePlan(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(doc)
+}
+
+// whatIfImagePolicy is the live image policy p (with the sandbox images
+// learned and the fleet keep list) with the settings of cfg in place of
+// those of the agent's own config was. A what-if sandbox image is kept
+// besides those learned.
+func whatIfImagePolicy(p gc.ImagePolicy, was, cfg Config) gc.ImagePolicy {
+	np := cfg.ImagePolicy()
+	p.HighThresholdPercent, p.LowThresholdPercent = np.HighThresholdPercent, np.LowThresholdPercent
+	p.MinAge, p.MaxAge, p.KeepPatterns = np.MinAge, np.MaxAge, np.KeepPatterns
+	if cfg.SandboxImage != was.SandboxImage && cfg.SandboxImage != "" && !slices.Contains(p.SandboxImages, cfg.SandboxImage) {
+		p.SandboxImages = append(slices.Clone(p.SandboxImages), cfg.SandboxImage)
+	}
+	return p
 }
 
 // loadHistory restores the agent's persisted projections (by namespace)
@@ -221,4 +247,44 @@ func loadHistory(path, metricsAddress string) (map[string]projection.LoadResult,
 		return nil, "agent state " + path + " not readable (" + err.Error() + "): every image and container first seen now, as on the agent's first start", nil
 	}
 	return res, fmt.Sprintf("agent state %s plus a fresh listing", path), nil
+}
+
+// firstStartKeepList is the fleet keep list an agent starting now on cfg
+// would plan with, as `gcagent plan` without a running agent tells it:
+// the list the agent saved; without one, what NATS gives (the embedded
+// server, which run starts and creates the bucket on, gives none); when
+// NATS does not answer, a list never read, which the agent would wait for
+// (--keep-list-wait).
+func firstStartKeepList(ctx context.Context, cfg Config, now func() time.Time) (gc.KeepList, Setting) {
+	k := loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, now, zerolog.Nop())
+	l := k.KeepList()
+	s := k.Setting(now())
+	file := filepath.Join(cfg.StateDir, KeepListFile)
+	if l.State != gc.InputUnknown {
+		s.Source = "file " + file + ", " + strings.TrimPrefix(s.Source, "nats bucket "+natsbus.KeepBucket+", ")
+		return l, s
+	}
+	if cfg.NATSURL == "" {
+		s.Source = "none saved in " + file + "; the embedded server run starts holds none yet"
+		return gc.KeepList{Input: gc.KnownInput(now())}, s
+	}
+	o := cfg.ConnOptions()
+	o.FailFast = true
+	nc, err := natsbus.Connect(o)
+	var patterns []string
+	if err == nil {
+		defer nc.Close()
+		patterns, err = readKeepList(ctx, cfg, nc)
+	}
+	switch {
+	case err == nil:
+		s.Value, s.Source = strings.Join(patterns, ","), "nats bucket "+natsbus.KeepBucket+", read now (none saved in "+file+")"
+		return gc.KeepList{Input: gc.KnownInput(now()), Patterns: patterns}, s
+	case natsbus.KeepWatchCause(err) == natsbus.KeepCauseBucketNotFound:
+		s.Source = "nats: no bucket " + natsbus.KeepBucket + " (none saved in " + file + ")"
+		return gc.KeepList{Input: gc.KnownInput(now())}, s
+	}
+	l.Cause = natsbus.KeepWatchCause(err) + ": " + err.Error()
+	s.Source = "never read: none saved in " + file + ", NATS does not give it (" + l.Cause + "): an agent starting now waits for it up to --keep-list-wait"
+	return l, s
 }

@@ -26,6 +26,7 @@ func (c Config) Policy() []Setting {
 		{"minimum-image-ttl-duration", dur(c.MinimumImageTTL)},
 		{"image-maximum-gc-age", dur(c.ImageMaximumGCAge)},
 		{"keep-image", strings.Join(c.KeepImages, ",")},
+		{"keep-list-wait", dur(c.KeepListWait)},
 		{"sandbox-image", c.SandboxImage},
 		{"namespace", c.Namespace},
 		{"exclude-namespace", c.ExcludeNamespace},
@@ -51,8 +52,11 @@ func (c Config) Policy() []Setting {
 
 // policySettings are the settings in force (Config.Policy) plus the fleet
 // keep list the agent applies and how old it is.
-func (a *agent) policySettings() []Setting {
-	out := a.cfg.Policy()
+func (a *agent) policySettings() []Setting { return a.policyOf(a.cfg) }
+
+// policyOf is policySettings with the settings of cfg.
+func (a *agent) policyOf(cfg Config) []Setting {
+	out := cfg.Policy()
 	if a.keep != nil {
 		out = append(out, a.keep.Setting(a.clock.Now()))
 	}
@@ -68,7 +72,7 @@ func policyLog(e *zerolog.Event, policy []Setting) *zerolog.Event {
 		if s.Source != "default" {
 			v = fmt.Sprintf("%s (%s)", s.Value, s.Source)
 		}
-		d.Str(s.Name, v)
+		d.Str(strings.ReplaceAll(s.Name, "-", "_"), v) // a log field is snake_case, as every other
 	}
 	return e.Dict("policy", d)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/gcagent/gcagent/node"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
+	"github.com/gcagent/gcagent/trace"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -77,12 +78,23 @@ type agent struct {
 	// clock is the one time every planner reads (internal/clock: a
 	// wall-clock step, running or while down, moves no age).
 	clock *clock.Clock
+	// store is the state file; trace, the usage trace in it (nil: off).
+	store *projection.Store
+	trace *trace.Log
 }
 
 // Run is the daemon: it returns when ctx ends or a part fails for good.
 func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	sampleAllocations(cfg.Profiling)
 	log := NewLogger(cfg, logOut)
+	nss, err := cfg.Namespaces()
+	if err != nil {
+		return err
+	}
+	// The first line says what runs and with which policy.
+	policyLog(log.Info(), cfg.Policy()).Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
+		Strs("exclude_namespaces", nss.Exclude).
+		Str("state_dir", cfg.StateDir).Str("metrics", cfg.MetricsAddress).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -95,10 +107,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	nss, err := cfg.Namespaces()
-	if err != nil {
-		return err
-	}
 	// client.New does not dial: containerd may come later, and the Source
 	// retries until it does. No default namespace: every call names its own.
 	cl, err := client.New(cfg.ContainerdAddress, node.ClientOpts()...)
@@ -138,6 +146,10 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer store.Close()
+	tl, err := openTrace(cfg, store, clk.Now(), log)
+	if err != nil {
+		return err
+	}
 	live, err = projection.NewSpaces(projection.SpacesOptions{
 		Store: store, Managed: nss.Match, Registerer: reg,
 		Live:       projection.LiveOptions{Log: log.With().Str("component", "projection").Logger(), Now: clk.Now},
@@ -147,12 +159,12 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	close(restored)
-	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk,
+	a := &agent{cfg: cfg, log: log, reg: reg, live: live, source: src, pub: gc.Discard{}, clock: clk, store: store, trace: tl,
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.evs = evs
-	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, clk.Now, log.With().Str("component", "keeplist").Logger())
-	reg.MustRegister(keepMetrics{a.keep})
+	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
+	reg.MustRegister(keepMetrics{a.keep}, a.keep.failures)
 	a.version = cl.Version
 	a.imageFS = node.NewImageFS(cfg.ImageFS, DefaultContainerdRoot, a.runtime.CRIImages)
 
@@ -179,10 +191,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return fmt.Errorf("metrics address: %w", err)
 	}
 	srv := &http.Server{Handler: a.routes(reg), ReadHeaderTimeout: 5 * time.Second}
-
-	policyLog(log.Info(), cfg.Policy()).Str("version", version.Version).Str("containerd", cfg.ContainerdAddress).Str("namespaces", nss.String()).
-		Strs("exclude_namespaces", nss.Exclude).
-		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
 	a.start(g, gctx, evs, srv, ln, boot, skew, clockFile)
 	err = g.Wait()
@@ -305,9 +313,13 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 		}
 	}
 	// Components that act on the projection start here, one g.Go each.
-	g.Go(afterIntents(a.runImageGC))
+	// Image GC's first pass follows the keep list's first watch (bounded:
+	// a NATS that does not answer leaves it unknown, which the planner
+	// keeps for), so that a list NATS gives is read before anything goes.
+	g.Go(afterIntents(func(ctx context.Context) error { a.keep.firstTry(ctx); return a.runImageGC(ctx) }))
 	g.Go(func() error { return a.runControl(gctx) })
-	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.bus.emb != nil) })
+	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.cfg.NATSJSDomain, a.bus.emb != nil) })
+	g.Go(func() error { a.keep.awaitRead(gctx, clock.System(a.clock.Now)); return nil })
 	g.Go(func() error { return a.regrets.Run(gctx) })
 	g.Go(afterIntents(a.containerGC.Run))
 	g.Go(afterIntents(a.runLogs))
@@ -346,6 +358,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /trace", a.serveTrace)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		var problems []string
 		if !a.source.Connected() {
@@ -384,7 +397,7 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 			defer fmt.Fprintln(w, d) // not a readiness failure: GC goes on
 		}
 		if d := a.keep.detail(a.clock.Now()); d != "" {
-			defer fmt.Fprintln(w, d) // not a readiness failure: GC keeps the last list seen
+			defer fmt.Fprintln(w, d) // not a readiness failure: GC keeps what the list could protect
 		}
 		if n := a.deletes.Unsettled(); n > 0 {
 			// Not a readiness failure: the delete is settled as soon as

@@ -122,6 +122,9 @@ type Containerd struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	logFile string
+	// afterStop runs at the end of cleanup, once the daemon and its shims
+	// are gone (the cgroups of a kubelet's pods).
+	afterStop []func()
 }
 
 // StartContainerd starts a private daemon and returns it connected.
@@ -364,6 +367,9 @@ func (c *Containerd) cleanup() {
 	unmountUnder(c.Dir)
 	if err := os.RemoveAll(c.Dir); err != nil {
 		c.t.Logf("remove %s: %v", c.Dir, err)
+	}
+	for _, fn := range c.afterStop {
+		fn()
 	}
 }
 

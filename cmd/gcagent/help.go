@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Help is kubectl's and crictl's: -h or --help (or `gcagent help CMD`)
+// prints on standard output the command's usage line, what it does, its
+// subcommands, its own flags, then the flags it takes from run, one block
+// per area (image GC, container GC, NATS, ...), and how the environment
+// sets them. Hidden flags (accepted, not read) and deprecated ones are not
+// listed.
+
+const envAll = `Environment and config file: each flag listed under an area (General, Image GC,
+...) is also read from GCAGENT_<FLAG> (upper case, - as _:
+GCAGENT_IMAGE_GC_HIGH_THRESHOLD=90) and from a "flag-name = value" line of the
+--config file (or GCAGENT_CONFIG). A flag wins over the environment, the
+environment over the file, the file over the kubelet's config
+(--kubelet-config). An unknown GCAGENT_ variable or file key is an error.
+Percents may end in %; sizes take B, KiB, MiB, GiB (or KB, MB, GB); durations
+need a unit (90s, 5m, 2h).`
+
+const envShared = `Environment: each flag listed under an area (NATS, State, Endpoint) is also
+read from GCAGENT_<FLAG> (upper case, - as _: GCAGENT_NATS_URL), as the agent
+reads it; a flag wins. An unknown GCAGENT_ variable is an error.`
+
+// envAnnotation holds the environment paragraph of a command's help.
+const envAnnotation = "gcagent.env"
+
+func setEnvHelp(cmd *cobra.Command, text string) {
+	if cmd.Annotations == nil {
+		cmd.Annotations = map[string]string{}
+	}
+	cmd.Annotations[envAnnotation] = text
+	cmd.Flags().SortFlags = false
+}
+
+// helpWidth is the width help wraps flag descriptions to.
+const helpWidth = 100
+
+// printHelp writes cmd's help to w.
+func printHelp(w io.Writer, cmd *cobra.Command) {
+	use := cmd.UseLine()
+	if !cmd.HasParent() {
+		use = cmd.Name() + " <command> [flags]"
+	}
+	fmt.Fprintf(w, "Usage:\n  %s\n", strings.ReplaceAll(use, "\n", "\n  "))
+	if about := cmd.Long; about != "" {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimRight(about, "\n"))
+	}
+	var subs []*cobra.Command
+	for _, s := range cmd.Commands() {
+		if s.IsAvailableCommand() && s.Name() != "help" {
+			subs = append(subs, s)
+		}
+	}
+	if len(subs) > 0 {
+		fmt.Fprintln(w, "\nCommands:")
+		width := 0
+		for _, s := range subs {
+			width = max(width, len(s.Name()))
+		}
+		for _, s := range subs {
+			fmt.Fprintf(w, "  %-*s  %s\n", width, s.Name(), s.Short)
+		}
+	}
+	for _, g := range flagBlocks(cmd) {
+		if usage := g.flags.FlagUsagesWrapped(helpWidth); usage != "" {
+			fmt.Fprintf(w, "\n%s:\n%s", g.title, usage)
+		}
+	}
+	if env := cmd.Annotations[envAnnotation]; env != "" {
+		fmt.Fprintf(w, "\n%s\n", env)
+	}
+	if len(subs) > 0 {
+		fmt.Fprintf(w, "\nUse \"%s <command> -h\" for a command's flags.\n", cmd.CommandPath())
+	}
+}
+
+type flagBlock struct {
+	title string
+	flags *pflag.FlagSet
+}
+
+// flagBlocks are cmd's flags by area, in order: its own flags, then run's
+// areas in the order they were added. -h, --help goes without saying.
+func flagBlocks(cmd *cobra.Command) []flagBlock {
+	own := flagBlock{"Flags", pflag.NewFlagSet("", pflag.ContinueOnError)}
+	own.flags.SortFlags = false
+	blocks := []flagBlock{own}
+	add := func(f *pflag.Flag) {
+		if f.Name == "help" || f.Hidden {
+			return
+		}
+		title := "Flags"
+		if t := f.Annotations[agent.GroupAnnotation]; len(t) > 0 {
+			title = t[0] + " flags"
+		}
+		i := slices.IndexFunc(blocks, func(b flagBlock) bool { return b.title == title })
+		if i < 0 {
+			fs := pflag.NewFlagSet("", pflag.ContinueOnError)
+			fs.SortFlags = false
+			blocks = append(blocks, flagBlock{title, fs})
+			i = len(blocks) - 1
+		}
+		if blocks[i].flags.Lookup(f.Name) == nil {
+			blocks[i].flags.AddFlag(f)
+		}
+	}
+	cmd.LocalFlags().VisitAll(add)
+	cmd.InheritedFlags().VisitAll(add)
+	return blocks
+}

@@ -1,0 +1,186 @@
+package replay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/trace"
+)
+
+// CommandOptions are `gcagent replay`'s.
+type CommandOptions struct {
+	// Source is the trace: --trace FILE, else the agent at
+	// --metrics-address, else --state-dir's state file.
+	Source trace.Source
+	// Policy is Options.Policy (Given: run's flags given change the
+	// recorded policy).
+	Policy func(*trace.Policy) gc.ImagePolicy
+	// LowGiven says --image-gc-low-threshold was given: a sweep of the
+	// high threshold keeps it instead of moving it along.
+	LowGiven bool
+	Order    string // lru (default) or gdsf
+	Sweep    string // FLAG=A..B[:STEP]; empty: one replay
+	JSON     bool
+	Detail   bool // list every deletion (with --json)
+}
+
+// Validate checks the options that need no trace: one line naming the
+// flag.
+func (o CommandOptions) Validate() error {
+	switch o.Order {
+	case "", OrderLRU, OrderGDSF:
+	default:
+		return fmt.Errorf("invalid --order %q: must be %s or %s", o.Order, OrderLRU, OrderGDSF)
+	}
+	if o.Sweep != "" {
+		if _, err := ParseSweep(o.Sweep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Command runs `gcagent replay`: it reads the trace, replays it (once,
+// or once per value of the sweep) and prints the outcome next to what
+// happened, as text or JSON. Lines of a trace file that are not records
+// are counted, said on stderr, and skipped.
+func Command(ctx context.Context, o CommandOptions, stdout, stderr io.Writer) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	bad := 0
+	o.Source.Bad = func(line int, err error) {
+		if bad++; bad <= 3 {
+			fmt.Fprintf(stderr, "gcagent: trace line %d skipped: %v\n", line, err)
+		}
+	}
+	header, recs, from, err := trace.Fetch(ctx, o.Source)
+	if err != nil {
+		return fmt.Errorf("read the trace: %w", err)
+	}
+	if bad > 0 {
+		fmt.Fprintf(stderr, "gcagent: %d trace lines skipped (not records)\n", bad)
+	}
+	if len(recs) == 0 {
+		return fmt.Errorf("the trace from %s holds no record", from)
+	}
+	opts := Options{Policy: o.Policy, Order: o.Order, Detail: o.Detail}
+	start := time.Now()
+	if o.Sweep != "" {
+		sw, _ := ParseSweep(o.Sweep)
+		res := RunSweep(recs, opts, sw, o.LowGiven)
+		if o.JSON {
+			return writeJSON(stdout, res)
+		}
+		printSweep(stdout, header, res, time.Since(start))
+		return nil
+	}
+	res := Simulate(recs, opts)
+	if o.JSON {
+		return writeJSON(stdout, res)
+	}
+	printResult(stdout, header, res, time.Since(start))
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// window describes the trace's extent for people.
+func window(header trace.Record, from, to time.Time, records, images int) string {
+	node := ""
+	if header.Node != "" {
+		node = "node " + header.Node + ", "
+	}
+	return fmt.Sprintf("%s%s .. %s (%s), %d records, %d images", node, from.UTC().Format(time.RFC3339),
+		to.UTC().Format(time.RFC3339), roundDur(to.Sub(from)), records, images)
+}
+
+// describe writes a policy for people.
+func describe(p trace.Policy) string {
+	maxAge := "off"
+	if p.MaxAge > 0 {
+		maxAge = time.Duration(p.MaxAge).String()
+	}
+	s := fmt.Sprintf("high %d%%, low %d%%, minimum age %s, maximum age %s, order %s", p.High, p.Low,
+		time.Duration(p.MinAge), maxAge, cmpOrder(p.Order))
+	if len(p.KeepPatterns) > 0 {
+		s += ", keep " + strings.Join(p.KeepPatterns, ",")
+	}
+	if len(p.SandboxImages) > 0 {
+		s += ", sandbox " + strings.Join(p.SandboxImages, ",")
+	}
+	return s
+}
+
+func printResult(w io.Writer, header trace.Record, res Result, took time.Duration) {
+	fmt.Fprintf(w, "trace: %s, disk %s\n", window(header, res.From, res.To, res.Records, res.Images), gc.HumanBytes(int64(res.Capacity)))
+	fmt.Fprintf(w, "replayed: %s\n\n", describe(res.Policy))
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	rec, rep := res.Recorded, res.Replayed
+	row := func(name, a, b string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", name, a, b) }
+	row("", "recorded", "replayed")
+	row("deletions", fmt.Sprint(rec.Deletions), fmt.Sprint(rep.Deletions))
+	row("  bytes", gc.HumanBytes(rec.DeletedBytes), gc.HumanBytes(rep.DeletedBytes))
+	row("re-pulls", fmt.Sprint(rec.Repulls), fmt.Sprint(rep.Repulls))
+	row("  bytes", gc.HumanBytes(rec.RepulledBytes), gc.HumanBytes(rep.RepulledBytes))
+	row("  median time away", roundDur(rec.MedianReturn), roundDur(rep.MedianReturn))
+	row("time above high", roundDur(rec.AboveHigh), roundDur(rep.AboveHigh))
+	row("peak usage", fmt.Sprintf("%d%%", rec.PeakUsage), fmt.Sprintf("%d%%", rep.PeakUsage))
+	row("mean free", fmt.Sprintf("%.1f%%", rec.MeanFree), fmt.Sprintf("%.1f%%", rep.MeanFree))
+	row("passes that deleted", fmt.Sprint(rec.Passes), fmt.Sprint(rep.Passes))
+	tw.Flush()
+	fmt.Fprintf(w, "\nfootprint: a delete frees %.2f times the image's size (measured over the recorded deletions)\n", res.FootprintRatio)
+	fmt.Fprintf(w, "replayed in %s\n", took.Round(time.Millisecond))
+}
+
+func printSweep(w io.Writer, header trace.Record, res SweepResult, took time.Duration) {
+	fmt.Fprintf(w, "trace: %s\n", window(header, res.From, res.To, res.Records, res.Images))
+	fmt.Fprintf(w, "sweep: %s, order %s; recorded: %d re-pulls, %s, %.1f%% free on average\n\n", res.Flag, res.Order,
+		res.Recorded.Repulls, gc.HumanBytes(res.Recorded.RepulledBytes), res.Recorded.MeanFree)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "high\tlow\tmin age\tmax age\tmean free\tpeak\tre-pulls\tre-pulled\tdeletions\tabove high\tfrontier\t")
+	for _, p := range res.Points {
+		if p.Error != "" {
+			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\n", p.Value, "invalid: "+p.Error)
+			continue
+		}
+		o, maxAge := p.Replayed, "off"
+		if p.Policy.MaxAge > 0 {
+			maxAge = time.Duration(p.Policy.MaxAge).String()
+		}
+		front := ""
+		if p.Frontier {
+			front = "*"
+		}
+		fmt.Fprintf(tw, "%d%%\t%d%%\t%s\t%s\t%.1f%%\t%d%%\t%d\t%s\t%d\t%s\t%s\t\n", p.Policy.High, p.Policy.Low,
+			time.Duration(p.Policy.MinAge), maxAge, o.MeanFree, o.PeakUsage, o.Repulls, gc.HumanBytes(o.RepulledBytes),
+			o.Deletions, roundDur(o.AboveHigh), front)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\n* on the frontier: no other point keeps more free and re-pulls fewer bytes\n")
+	fmt.Fprintf(w, "%d replays in %s\n", len(res.Points), took.Round(time.Millisecond))
+}
+
+// roundDur writes d to a precision a person reads: 7h31m, 2m5s, 350ms.
+func roundDur(d time.Duration) string {
+	switch {
+	case d >= 24*time.Hour:
+		d = d.Round(time.Hour)
+		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
+	case d >= time.Hour:
+		return d.Round(time.Minute).String()
+	case d >= time.Minute:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
