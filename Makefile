@@ -89,6 +89,7 @@ image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION),
 TEST_PARALLEL ?= 8
 # TEST_REPORT reads `go test -json`: it prints what go test prints, the
 # kubelet differential's figures, and at the end the ten slowest tests.
+# The events themselves are kept in bin/test-events.json.
 TEST_REPORT := bin/testreport
 
 test: deps lint image ## install what is missing, build the image, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3, and the differential against the kubelet's container GC); prints the ten slowest tests
@@ -96,14 +97,14 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 	@set -o pipefail; { status=0; \
 		$(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./... || status=1; \
 		(cd kubeletdiff && $(GO) test -json -count=1 ./...) || status=1; \
-		exit $$status; } | $(TEST_REPORT) -v '/kubeletdiff$$'
+		exit $$status; } | tee bin/test-events.json | $(TEST_REPORT) -v '/kubeletdiff$$'
 
 unit: ## run the tests that need no daemon
 	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/ ./internal/testreport/
 
 e2e: deps image ## run only the end-to-end tests; prints the ten slowest
 	$(GO) build -o $(TEST_REPORT) ./internal/testreport
-	@set -o pipefail; $(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./e2e/ | $(TEST_REPORT)
+	@set -o pipefail; $(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./e2e/ | tee bin/test-events.json | $(TEST_REPORT)
 
 bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
 	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
