@@ -104,7 +104,7 @@ unit: ## run the tests that need no daemon
 
 e2e: deps image ## run only the end-to-end tests; prints the ten slowest
 	$(GO) build -o $(TEST_REPORT) ./internal/testreport
-	@set -o pipefail; $(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./e2e/ | tee bin/test-events.json | $(TEST_REPORT)
+	@set -o pipefail; $(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./e2e/... | tee bin/test-events.json | $(TEST_REPORT)
 
 bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
 	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
