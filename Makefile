@@ -83,15 +83,28 @@ image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION),
 	CGO_ENABLED=0 $(GO) build -tags "$(BUILD_TAGS)" -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-static ./cmd/gcagent
 	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -o bin/gcagent-image.tar
 
-test: deps lint image ## install what is missing, build the image, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3, and the differential against the kubelet's container GC)
-	$(GO) test -count=1 -timeout 60m ./...
-	cd kubeletdiff && $(GO) test -count=1 -v ./...
+# TEST_PARALLEL is how many tests of one package run at once (go test
+# -parallel): the end-to-end tests mostly wait on daemons and agents, so
+# four times as many as cores share the machine (docs/testing.md).
+TEST_PARALLEL ?= 8
+# TEST_REPORT reads `go test -json`: it prints what go test prints, the
+# kubelet differential's figures, and at the end the ten slowest tests.
+# The events themselves are kept in bin/test-events.json.
+TEST_REPORT := bin/testreport
+
+test: deps lint image ## install what is missing, build the image, then gofmt, vet and all tests (unit and end-to-end on containerd 1.6 and 2.3, and the differential against the kubelet's container GC); prints the ten slowest tests
+	$(GO) build -o $(TEST_REPORT) ./internal/testreport
+	@set -o pipefail; { status=0; \
+		$(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./... || status=1; \
+		(cd kubeletdiff && $(GO) test -json -count=1 ./...) || status=1; \
+		exit $$status; } | tee bin/test-events.json | $(TEST_REPORT) -v '/kubeletdiff$$'
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/ ./internal/testreport/
 
-e2e: deps image ## run only the end-to-end tests
-	$(GO) test -count=1 -timeout 60m -v ./e2e/
+e2e: deps image ## run only the end-to-end tests; prints the ten slowest
+	$(GO) build -o $(TEST_REPORT) ./internal/testreport
+	@set -o pipefail; $(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./e2e/... | tee bin/test-events.json | $(TEST_REPORT)
 
 bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
 	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
@@ -114,7 +127,7 @@ lint: ## gofmt and go vet (also of the agent built without the embedded NATS ser
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags noembeddednats ./cmd/gcagent/
-	$(GO) vet -tags testhooks ./internal/agent/
+	$(GO) vet -tags testhooks ./internal/agent/ ./node/
 	cd kubeletdiff && $(GO) vet ./...
 
 chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deploy/kubernetes/gcagent.yaml, every value set, strict typed decode), gofmt, vet and tidy-check of its module

@@ -16,9 +16,10 @@ import (
 // none of golang.org/x/net/trace and html/template. Those parse templates
 // when the process starts, and a reflect method lookup reachable from the
 // binary keeps every exported method of every type: 6 MiB more, resident
-// on every node. The tests' binary has the crash hooks (-tags testhooks),
-// the shipped one must not.
+// on every node. The tests' binary has the crash hooks and the call
+// timeout hook (-tags testhooks), the shipped one must not.
 func TestShippedBinaryLeavesOutTracing(t *testing.T) {
+	t.Parallel()
 	testenv.AgentImage(t) // make image: writes bin/gcagent-static
 	shipped := filepath.Join(testenv.RepoRoot(t), "bin", "gcagent-static")
 	for _, bin := range []string{shipped, testenv.AgentBinary(t)} {
@@ -38,9 +39,12 @@ func TestShippedBinaryLeavesOutTracing(t *testing.T) {
 				t.Errorf("%s (%.1f MiB) holds code of %s", bin, float64(len(b))/(1<<20), strings.TrimSuffix(pkg, "."))
 			}
 		}
-		// The crash hooks are the tests' alone: never in what ships.
-		if hooks := bytes.Contains(b, []byte("GCAGENT_TEST_KILL_AFTER_DELETE")); hooks != (bin != shipped) {
-			t.Errorf("%s: test hooks built in %v, want %v", bin, hooks, bin != shipped)
+		// The crash and call timeout hooks are the tests' alone: never in
+		// what ships.
+		for _, hook := range []string{"GCAGENT_TEST_KILL_AFTER_DELETE", testenv.CallTimeoutEnv} {
+			if hooks := bytes.Contains(b, []byte(hook)); hooks != (bin != shipped) {
+				t.Errorf("%s: test hook %s built in %v, want %v", bin, hook, hooks, bin != shipped)
+			}
 		}
 		t.Logf("%s: %.1f MiB", bin, float64(len(b))/(1<<20))
 	}

@@ -24,8 +24,9 @@ import (
 // With an agent running on the state dir, the NATS line reaches its
 // embedded server.
 func TestCheck(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testCheck(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testCheck(t, v) })
 	}
 }
 

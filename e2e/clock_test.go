@@ -69,8 +69,9 @@ func (l *clockTruth) life(image bool, key string) (born, deleted time.Time) {
 // each go no earlier than their real minimum age (measured by containerd's
 // unstepped stamps) and not much later.
 func TestClockStep(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testClockStep(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testClockStep(t, v) })
 	}
 }
 

@@ -191,6 +191,8 @@ func assertStays(t *testing.T, c *testenv.Containerd, running, created string) {
 // plain containers); a running and a never-started container stay. Then the
 // same with TTL 0: removed within a second of exit plus grace.
 func TestContainerGCNativeTTL(t *testing.T) {
+	// Not parallel: it asserts removals within a second of their due time,
+	// which a machine busy with other tests' imports may miss.
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		l := recordLifecycle(t, c)
@@ -232,6 +234,7 @@ func TestContainerGCNativeTTL(t *testing.T) {
 // TestContainerGCDryRunDeletesNothing: with --dry-run the agent decides the
 // same removals and deletes nothing.
 func TestContainerGCDryRunDeletesNothing(t *testing.T) {
+	t.Parallel()
 	v := testenv.Versions()[0]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable(gcImage))
@@ -340,6 +343,7 @@ func (v criView) agree() string {
 // log dir gone for --pod-log-grace) goes, through CRI; CRI and containerd
 // agree afterwards.
 func TestContainerGCCRIPods(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

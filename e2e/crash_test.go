@@ -116,6 +116,7 @@ func crashIterations(t *testing.T) int {
 // not removed, every event id is stored once, and every agent that
 // answered /status has its agent.started event.
 func TestCrashConsistency(t *testing.T) {
+	t.Parallel()
 	seed := crashSeed(t)
 	n := crashIterations(t)
 	t.Logf("seed %d (GCAGENT_TEST_CRASH_SEED=%d replays it), %d iterations per daemon", seed, seed, n)

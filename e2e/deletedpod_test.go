@@ -25,6 +25,7 @@ import (
 // beside it keeps the last dead container of each container name and its
 // running one. CRI and containerd agree at the end.
 func TestContainerGCDeletedPod(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

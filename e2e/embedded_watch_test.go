@@ -20,8 +20,10 @@ import (
 // hold the status stream beside the event stream ("insufficient storage
 // resources available" at every heartbeat) and watch saw no node.
 func TestDefaultInstallWatchSeesNode(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
 		t.Run(string(v), func(t *testing.T) {
+			t.Parallel()
 			c := testenv.StartContainerd(t, testenv.Options{Version: v})
 			state := filepath.Join(t.TempDir(), "state")
 			a := testenv.StartAgent(t, c, state, "--heartbeat-interval", "1s")
@@ -73,8 +75,10 @@ func TestDefaultInstallWatchSeesNode(t *testing.T) {
 // the line read `image skipped ... detail="would remove (space)"`: an
 // operator grepping for "remov" found nothing that would go.
 func TestDryRunLogsWouldRemove(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
 		t.Run(string(v), func(t *testing.T) {
+			t.Parallel()
 			c := testenv.StartContainerd(t, testenv.Options{Version: v})
 			imgs := c.Import(t, testenv.Runnable("example.test/dry:1", testenv.Layer{Seed: "dry-run", Size: 512 << 10}))
 			digest := imgs[0].Target.Digest.String()

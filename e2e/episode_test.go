@@ -31,8 +31,10 @@ import (
 // no containerd event announces: the test asserts that a pass starts on
 // it and prints how long after the write it started.
 func TestEpisode(t *testing.T) {
+	// Not parallel: its images must come of age in a planned order a few
+	// seconds apart, which imports slowed by other tests may upset.
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testEpisode(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testEpisode(t, v) })
 	}
 }
 
@@ -156,6 +158,7 @@ func testEpisode(t *testing.T, v testenv.Version) {
 
 	// The young images come 3 s apart, the last just after the old ones
 	// come of age: at the crossing they are 3 to 9 s from it.
+	// The sleeps are the scenario's timetable, not waits for a result.
 	oldAt := firstSeen(status(), old[0]).Add(ttl)
 	time.Sleep(time.Until(oldAt.Add(-5 * time.Second)))
 	for i, name := range young {
@@ -271,7 +274,8 @@ func testEpisode(t *testing.T, v testenv.Version) {
 		t.Fatalf("test setup: usage %d%% after the late image, want between %d%% and %d%%", u, low, high)
 	}
 	// A change pass would run within a second of the change, a min-age
-	// one when the image comes of age.
+	// one when the image comes of age: nothing must happen until 2 s past
+	// that (a window in which a pass would show, not a wait for a result).
 	time.Sleep(time.Until(lateAt.Add(ttl + 2*time.Second)))
 	if st := status(); st.ImageGC.Passes != passes || !st.ImageGC.Episode.IsZero() {
 		t.Fatalf("between the thresholds after the episode: %d passes (was %d), episode %s, last %+v",

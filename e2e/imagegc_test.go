@@ -91,8 +91,9 @@ func imgRemoved(t testing.TB, a *testenv.Agent) []string {
 // image in use (running or exited container), pinned, the sandbox image, or
 // kept by a pattern.
 func TestImageGC(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testImageGC(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testImageGC(t, v) })
 	}
 }
 
@@ -336,8 +337,9 @@ func testImageGC(t *testing.T, v testenv.Version) {
 // skips it (in-flight-pull) while deleting the other candidate, then deletes
 // it on a pass after the lease is gone.
 func TestImageGCInFlightPull(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testImageGCInFlightPull(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testImageGCInFlightPull(t, v) })
 	}
 }
 

@@ -19,11 +19,16 @@ const maxQueuedEvents = "/proc/sys/fs/inotify/max_queued_events"
 // watcher; it is restored right after), then a burst of dangling links
 // overflows it while the agent is frozen. The agent says so and rescans in full: every link goes.
 func TestLogsInotifyOverflow(t *testing.T) {
+	// Not parallel: it sets fs.inotify.max_queued_events, which every inotify
+	// instance created meanwhile reads, other tests' agents included.
 	if os.Geteuid() != 0 {
 		testenv.Require(t, false, "root (to set fs.inotify.max_queued_events)")
 	}
 	v := testenv.Versions()[len(testenv.Versions())-1]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
+	// Another test process doing the same meanwhile would read 16 as the
+	// value to restore.
+	testenv.Exclusive(t, "sysctl-inotify", 10*time.Minute)
 	old, err := os.ReadFile(maxQueuedEvents)
 	if err != nil {
 		t.Fatal(err)

@@ -70,6 +70,7 @@ func logHas(t *testing.T, a *testenv.Agent, msg string) bool {
 // deletes the new copy too; the two removals of one digest are two events
 // with two ids, not one dropped as a duplicate.
 func TestIntentKillBetweenDeleteAndEvent(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
@@ -150,6 +151,7 @@ func TestIntentKillBetweenDeleteAndEvent(t *testing.T) {
 // symlink, checked on the file system. One containerd version suffices:
 // the log cleaner does not depend on the daemon's version.
 func TestIntentKillBetweenLogRemovalAndEvent(t *testing.T) {
+	t.Parallel()
 	v := testenv.Versions()[len(testenv.Versions())-1]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})

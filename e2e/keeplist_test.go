@@ -173,6 +173,7 @@ func firstLogged(t *testing.T, a *testenv.Agent, msg string, want map[string]str
 // fails. On 7485972 both images went: the watch never started on 2.9.10,
 // and app:* did not cover a digest reference on either server.
 func TestFleetKeepListOnEveryServer(t *testing.T) {
+	t.Parallel()
 	forEachKeepServer(t, func(t *testing.T, v testenv.Version, kind string) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		ns := startKeepServer(t, kind, 0, "")
@@ -229,6 +230,7 @@ func TestFleetKeepListOnEveryServer(t *testing.T) {
 // keeps the image the fleet pattern names and deletes the other. On
 // 7485972 both images went in the first pass.
 func TestFleetKeepListNATSDownAtStart(t *testing.T) {
+	t.Parallel()
 	forEachKeepServer(t, func(t *testing.T, v testenv.Version, kind string) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		ns := startKeepServer(t, kind, 0, "")
@@ -324,6 +326,7 @@ func TestFleetKeepListNATSDownAtStart(t *testing.T) {
 // warn: the image --keep-image names stays, the other goes, not before
 // the wait ended.
 func TestFleetKeepListWaitEnds(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		kept := testenv.Image{Name: "registry.example/app:7", Layers: []testenv.Layer{{Seed: "wait-app", Size: 2 << 20}}}
@@ -394,6 +397,7 @@ func TestFleetKeepListWaitEnds(t *testing.T) {
 // the watch asked the leaf's own domain, found no bucket there and took
 // that for an empty list.
 func TestFleetKeepListThroughLeaf(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		hub, leaf, _ := testenv.StartHubAndLeaf(t)

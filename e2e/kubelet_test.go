@@ -28,6 +28,7 @@ import (
 // is over, /var/log/containers and /var/lib/kubelet are as they were
 // (StartKubelet checks) and the pods' cgroups are gone.
 func TestKubeletStaticPods(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		var k *testenv.Kubelet
 		cgroupsGoneAfter(t, func() *testenv.Kubelet { return k })

@@ -76,8 +76,9 @@ func policyOf(p []agent.Setting) map[string]agent.Setting {
 // say when the kubelet's own image GC is on or its eviction fires first,
 // and let a flag still win.
 func TestKubeletConfig(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testKubeletConfig(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testKubeletConfig(t, v) })
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 // every event is stored on the hub exactly once, the node's last value is
 // in the hub's status stream, and no stream is on the leaf.
 func TestLeafNodeAgentExactlyOnce(t *testing.T) {
+	t.Parallel()
 	v := testenv.Versions()[len(testenv.Versions())-1]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))

@@ -22,6 +22,7 @@ import (
 // With GCAGENT_HOST_POD_LOG_DIR set to that prefix, the really dangling
 // link goes and the one whose log exists stays.
 func TestLogsHostPodLogDirElsewhere(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

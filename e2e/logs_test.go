@@ -131,6 +131,7 @@ func bindMount(t testing.TB, src, dst string) {
 // and removed containers and the orphaned, unmounted pod dirs go; every
 // other byte, in and outside the directories, stays as it was.
 func TestLogsHostileTrees(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)
@@ -264,6 +265,7 @@ func TestLogsHostileTrees(t *testing.T) {
 // an orphan past its grace, and says why. (That CRI must agree before a pod
 // dir the projection does not see goes is TestPodStateConfirmsWithCRI.)
 func TestLogsOffWithoutCRINamespace(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartContainerd(t, testenv.Options{Version: testenv.Versions()[0]})
 	c.Import(t, testenv.Pause(c.SandboxImage))
 	rt, _ := c.CRI(t)
@@ -295,6 +297,8 @@ func TestLogsOffWithoutCRINamespace(t *testing.T) {
 // --pod-log-dir is missing while CRI containers run removes no link (every
 // link would look dangling to it).
 func TestLogsDeepRemovalAndBlindPodDir(t *testing.T) {
+	// Not parallel: it asserts a link goes within a second of its target,
+	// which a machine busy with other tests' imports may miss.
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

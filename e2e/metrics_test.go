@@ -65,6 +65,7 @@ var onlyWhen = map[string]string{
 // families (images, containers and logs removed, events received, regret
 // among them) were absent until their first increment.
 func TestMetricFamiliesBeforeFirstEvent(t *testing.T) {
+	t.Parallel()
 	promtool, err := exec.LookPath("promtool")
 	testenv.Require(t, err == nil, "promtool (Debian package prometheus)")
 	root := testenv.RepoRoot(t)
@@ -74,6 +75,7 @@ func TestMetricFamiliesBeforeFirstEvent(t *testing.T) {
 	}
 	for _, v := range testenv.Versions() {
 		t.Run(string(v), func(t *testing.T) {
+			t.Parallel()
 			c := testenv.StartContainerd(t, testenv.Options{Version: v})
 			a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"))
 			natsWaitSynced(t, a)

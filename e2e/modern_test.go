@@ -58,6 +58,7 @@ func imageExists(t *testing.T, c *testenv.Containerd, digest string) bool {
 // tag's new image among them), and says why in `gcagent plan --json`; the
 // same after kill -9 and a restart.
 func TestModernPodsKeepTheirImages(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)
@@ -181,6 +182,7 @@ func runPlan(t *testing.T, c *testenv.Containerd, v any, flags ...string) {
 // kubelet's choice), here a tmpfs root; an explicit --image-fs elsewhere is
 // measured as given, and the agent says it is not CRI's.
 func TestImageFSFollowsCRI(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "96m"})
 		var st unix.Statfs_t

@@ -18,8 +18,9 @@ import (
 // k8s.io's copy runs); moby is never touched. The LRU history of every
 // namespace survives a restart of the agent.
 func TestNamespaces(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testNamespaces(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testNamespaces(t, v) })
 	}
 }
 

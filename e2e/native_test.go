@@ -107,6 +107,7 @@ func overlayfsOnlyHolders(t *testing.T, c *testenv.Containerd, chain string) []s
 // the image of a running native container, so the executor deleted it.
 // overlayfsOnlyHolders repeats that walk here: it finds nothing either.
 func TestNativeSnapshotterRecheck(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, testNativeSnapshotterRecheck)
 }
 
@@ -174,6 +175,7 @@ func testNativeSnapshotterRecheck(t *testing.T, v testenv.Version) {
 // of the container being created on both daemons: its re-check looked at
 // overlayfs only.
 func TestNativeSnapshotterKeepsImage(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, testNativeSnapshotterKeepsImage)
 }
 

@@ -91,6 +91,7 @@ func watchJSON(t *testing.T, cmd *exec.Cmd, within time.Duration, cond func([]na
 // credentials the agent wrote (0600) into its state dir. One containerd
 // version suffices: nothing here depends on the daemon.
 func TestEmbeddedNATSPortTakenAndLocalAuth(t *testing.T) {
+	t.Parallel()
 	v := testenv.Versions()[len(testenv.Versions())-1]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))
@@ -184,6 +185,7 @@ func TestEmbeddedNATSPortTakenAndLocalAuth(t *testing.T) {
 // outbox.db.corrupt-<time>, the log and gcagent_natsbus_outbox_corrupt_total
 // say so, and the next removal reaches the stream exactly once.
 func TestCorruptOutboxAgentRuns(t *testing.T) {
+	t.Parallel()
 	v := testenv.Versions()[len(testenv.Versions())-1]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))
@@ -263,6 +265,7 @@ accounts {
 // _INBOX.default.test-node) and answers an operator's control request,
 // with no permission violation in its log.
 func TestPerNodeCredentialsEndToEnd(t *testing.T) {
+	t.Parallel()
 	v := testenv.Versions()[len(testenv.Versions())-1]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))

@@ -280,6 +280,7 @@ func usagePercent(t *testing.T, dir string) int {
 // nothing but documented kinds and actions, the agent answers control
 // requests, and `gcagent watch --json` replays the same events.
 func TestNATSEveryActionExactlyOnce(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
@@ -554,6 +555,7 @@ func waitDelivered(t *testing.T, a *testenv.Agent, nc *nats.Conn, ids []string, 
 // delivery of events to NATS, which does not depend on the daemon (the
 // removals themselves are tested on every version elsewhere).
 func TestNATSOutageAndKill9(t *testing.T) {
+	t.Parallel()
 	v := testenv.Versions()[len(testenv.Versions())-1]
 	c := testenv.StartContainerd(t, testenv.Options{Version: v})
 	c.Import(t, testenv.Runnable("example.test/job:1", testenv.Layer{Seed: "job", Size: 256 << 10}))
@@ -635,6 +637,7 @@ func containerGCRemoved(t testing.TB, a *testenv.Agent) uint64 {
 // line, nothing written), and with one prunes a dead container and stores
 // its removal exactly once, on both daemons.
 func TestSlimBinary(t *testing.T) {
+	t.Parallel()
 	full, slim := testenv.AgentBinary(t), testenv.AgentBuild(t, testenv.Build{Tags: "noembeddednats"})
 	for bin, want := range map[string]bool{full: true, slim: false} {
 		out, err := exec.Command("go", "version", "-m", bin).CombinedOutput()

@@ -164,6 +164,7 @@ func ncAgentLog(t *testing.T, a *testenv.Agent) []ncLogLine {
 // whose nerdctl/state-dir lies outside --nerdctl-data-root is never
 // deleted, its state untouched, and the agent logs why it keeps it.
 func TestNerdctlContainers(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		d := c.InNamespace(ncNS)

@@ -43,8 +43,10 @@ func logLines(t *testing.T, a *testenv.Agent, msgs ...string) []map[string]any {
 // (a link to a running daemon's) the agent follows containerd within
 // seconds and says how many attempts failed.
 func TestMissingSocketLogsAFewLines(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
 		t.Run(string(v), func(t *testing.T) {
+			t.Parallel()
 			c := testenv.StartContainerd(t, testenv.Options{Version: v})
 			dir := t.TempDir()
 			sock := filepath.Join(dir, "later.sock")
@@ -134,8 +136,10 @@ func runTool(t *testing.T, stateDir string, args ...string) (string, string, err
 // pid; a clean stop ends without a reconnect warning; then ctl and watch,
 // with no agent left, fail at once saying no agent answers.
 func TestOperatorMessages(t *testing.T) {
+	// Not parallel: it asserts `gcagent ctl status` answers in under a second.
 	for _, v := range testenv.Versions() {
 		t.Run(string(v), func(t *testing.T) {
+			t.Parallel()
 			c := testenv.StartContainerd(t, testenv.Options{Version: v})
 			c.Import(t, testenv.Runnable("docker.io/library/app4:v1", testenv.Layer{Seed: "app4", Size: 64 << 10}))
 			state := filepath.Join(t.TempDir(), "state")

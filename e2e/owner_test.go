@@ -39,10 +39,14 @@ type ctrRun struct {
 	ended  time.Time // when ctr returned
 }
 
-// runCtr runs ctr against c's socket in its namespace.
+// runCtr runs ctr against c's socket in its namespace. runc's state dir
+// and the cgroup are the daemon's, as CreateNative makes them: by default
+// both are named by namespace and id alone, and the same ids run on the
+// other daemon at the same time.
 func runCtr(t testing.TB, bin string, c *testenv.Containerd, mode, id string, args ...string) ctrRun {
 	t.Helper()
-	full := []string{"-a", c.Address, "-n", testenv.Namespace, "run"}
+	full := []string{"-a", c.Address, "-n", testenv.Namespace, "run",
+		"--runc-root", filepath.Join(c.Dir, "runc"), "--cgroup", "/" + filepath.Base(c.Dir) + "/" + id}
 	switch mode {
 	case "rm":
 		full = append(full, "--rm")
@@ -169,6 +173,8 @@ func stderrLines(runs []ctrRun) map[string]bool {
 // task delete; detached: from exit plus grace); a running container and one
 // whose restart policy wants it running stay.
 func TestOwnerClientsUndisturbed(t *testing.T) {
+	// Not parallel: it asserts removals within 3 s of the owner being done,
+	// 300 times, which a machine busy with other tests' imports may miss.
 	const n, grace, within = 50, time.Second, 3 * time.Second
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		bin := ctrBinary(t, v)

@@ -27,8 +27,9 @@ import (
 // would name another order than the agent, which sees them all first at
 // its start and breaks the tie by digest.
 func TestPlanPredictsRun(t *testing.T) {
+	t.Parallel()
 	for _, v := range testenv.Versions() {
-		t.Run(string(v), func(t *testing.T) { testPlanPredictsRun(t, v) })
+		t.Run(string(v), func(t *testing.T) { t.Parallel(); testPlanPredictsRun(t, v) })
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 // served (and allocations are not sampled: cmd/gcagent
 // TestSampleAllocations).
 func TestProfiling(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		// One agent per containerd (its agent lock): one after the other.

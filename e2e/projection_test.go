@@ -190,15 +190,20 @@ func truthDiff(got, want testenv.Truth) string {
 // workload alone decides what exists.
 var observeOnly = []string{"--prune-containers=off", "--image-gc-high-threshold=100"}
 
+// forEachVersion runs fn once per daemon (testenv.Versions), each in a
+// subtest named containerd-<version>. The subtests run in parallel with
+// each other, and, in a test that called t.Parallel, with the package's
+// other parallel tests (at most go test -parallel at once).
 func forEachVersion(t *testing.T, fn func(t *testing.T, v testenv.Version)) {
 	for _, v := range testenv.Versions() {
-		t.Run("containerd-"+string(v), func(t *testing.T) { fn(t, v) })
+		t.Run("containerd-"+string(v), func(t *testing.T) { t.Parallel(); fn(t, v) })
 	}
 }
 
 // TestProjectionMatchesContainerd: the agent follows a scripted workload
 // and its projection equals what containerd and CRI list.
 func TestProjectionMatchesContainerd(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), observeOnly...)
@@ -285,6 +290,7 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 // containerd is down (a container killed behind its back) and changes made
 // right after it returns are repaired by the resync on reconnect.
 func TestProjectionRepairedAfterContainerdRestart(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), observeOnly...)
@@ -330,6 +336,7 @@ func TestProjectionRepairedAfterContainerdRestart(t *testing.T) {
 // are exactly what they were, and what happened while the agent was down is
 // picked up.
 func TestProjectionSurvivesKill9(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		state := filepath.Join(t.TempDir(), "state")
@@ -418,6 +425,7 @@ func mustMetrics(t *testing.T, a *testenv.Agent) string {
 // --resync-interval, and a listing that finds nothing new applies exactly
 // one event, its Synced marker.
 func TestPeriodicResync(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartContainerd(t, testenv.Options{Version: testenv.Versions()[0]})
 	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), append(observeOnly, "--resync-interval=1s")...)
 	c.Import(t, testenv.Image{Name: "example.test/one:1", Layers: []testenv.Layer{{Seed: "one", Size: 1024}}})

@@ -175,6 +175,7 @@ var metricNameRE = regexp.MustCompile(`\bgcagent_[a-z_]+\b`)
 // rules and the dashboard name exists; every rule evaluates without error;
 // every dashboard expression returns data.
 func TestPrometheusScrapesAgent(t *testing.T) {
+	t.Parallel()
 	promBin, err1 := exec.LookPath("prometheus")
 	promtool, err2 := exec.LookPath("promtool")
 	testenv.Require(t, err1 == nil && err2 == nil, "prometheus and promtool (Debian package prometheus)")

@@ -42,6 +42,7 @@ func regretsIn(t *testing.T, evs []storedEvent) (regrets []schema.ImageRegret, r
 // while it is stopped, are each reported once as image.regretted, with the
 // bytes the removal published, and counted in the metrics.
 func TestImageRegret(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		ns := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
@@ -75,8 +76,9 @@ func TestImageRegret(t *testing.T) {
 		}
 		waitGone(live.Name, down.Name)
 
-		// Back while the agent runs.
-		c.Import(t, live)
+		// Back while the agent runs: pulled under a lease, as a pull is (the
+		// agent, with no minimum age, may delete it as soon as it is whole).
+		c.ImportLeased(t, live)
 		waitRegret := func(name string) schema.ImageRegret {
 			var got []schema.ImageRegret
 			testenv.Eventually(t, 30*time.Second, func() string {
@@ -154,6 +156,7 @@ func gcagentCtl(t *testing.T, args ...string) (string, error) {
 // embedded NATS server holds the bucket), plan names the fleet list as
 // the rule, and after keep rm the image goes.
 func TestFleetKeepList(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		img := testenv.Image{Name: "registry.example/app:7", Layers: []testenv.Layer{{Seed: "fleet-app", Size: 3 << 20}}}
@@ -228,8 +231,14 @@ func TestFleetKeepList(t *testing.T) {
 		if out, err := gcagentCtl(t, "keep", "ls", "--state-dir", state); err != nil || !strings.Contains(out, "registry.example/app:*") {
 			t.Fatalf("keep ls: %v\n%s", err, out)
 		}
-		// Past the minimum age, under pressure: still there.
+		// Past the minimum age, under pressure: still there, and the plan,
+		// made now, keeps it by the fleet keep list. The sleep is the age
+		// itself (20 s and a margin), not a wait for a result: no pass need
+		// run when a kept image comes of age.
 		time.Sleep(time.Until(start.Add(23 * time.Second)))
+		if got := keptBy(); got != "keep-pattern fleet keep list: registry.example/app:*" {
+			t.Errorf("past its minimum age, %s is kept by: %s", img.Name, got)
+		}
 		if imageGone(t, c, img.Name) {
 			t.Fatalf("%s deleted although the fleet keep list names it", img.Name)
 		}

@@ -23,6 +23,7 @@ import (
 // passes ran), and the projection must list the container as its user,
 // whether it found the container in a listing or in a create event.
 func TestRemapKeepsImage(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, testRemapKeepsImage)
 }
 

@@ -30,6 +30,7 @@ const replayTolerance = 10 * time.Second
 // each at most replayTolerance earlier) and its re-pulls, and the trace's
 // deletions are the images containerd lost.
 func TestReplayReproducesTheAgent(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		testenv.Require(t, testenv.HasBusybox(), "busybox-static (make deps)")
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
@@ -77,6 +78,7 @@ func TestReplayReproducesTheAgent(t *testing.T) {
 		importNamed(c, t, digest, e) // over the high threshold: c, a, d go
 		gone(cc.Name, a.Name, d.Name)
 		importNamed(c, t, digest, cc, a) // both come back
+		// Both past the minimum age: the age itself, not a wait for a result.
 		time.Sleep(minAge + 2*time.Second)
 		importNamed(c, t, digest, img("f")) // over again: e (never used), c, a
 		gone(e.Name, cc.Name, a.Name)

@@ -21,6 +21,7 @@ import (
 // same id while the agent was down (another creation time) is read afresh
 // from its new spec. Periodic listings decode every spec.
 func TestSandboxAcrossRestart(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

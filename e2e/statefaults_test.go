@@ -79,6 +79,7 @@ func stateFaultNode(t *testing.T, v testenv.Version, job string) (*testenv.Conta
 // history lost), and deletes what the policy says and nothing else. A
 // third start on the rebuilt file finds nothing to reset.
 func TestCorruptStateDB(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c, ns := stateFaultNode(t, v, "example.test/job:1")
 		nc := natsConn(t, ns.ClientURL())
@@ -239,6 +240,7 @@ func fillDir(t *testing.T, dir string) string {
 // waiting for an event: a kill -9 after that loses nothing, not even the
 // first-seen time of an image that arrived while the disk was full.
 func TestStateDiskFull(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c, ns := stateFaultNode(t, v, "keep.test/job:1")
 		state := filepath.Join(t.TempDir(), "state")
@@ -267,9 +269,10 @@ func TestStateDiskFull(t *testing.T) {
 			t.Fatalf("state dir not full: %d blocks available (%v)", st.Bavail, err)
 		}
 		// While the state disk is full: a container dies, an unused image
-		// and a kept one arrive.
+		// and a kept one arrive (pulled under a lease: the agent, with no
+		// minimum age, may delete the unused one as soon as it is whole).
 		c.WaitExit(t, c.RunNative(t, "dead-full", "keep.test/job:1", "true"))
-		c.Import(t,
+		c.ImportLeased(t,
 			testenv.Runnable("example.test/idle:1", testenv.Layer{Seed: "idle", Size: 2 << 20}),
 			testenv.Runnable("keep.test/during:1", testenv.Layer{Seed: "during", Size: 1 << 20}),
 		)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -62,18 +61,18 @@ func (n *notifySocket) count(prefix string) int {
 // containerd is up, READY=1 comes, and the projection is synced when it
 // does; the watchdog keeps being fed; SIGTERM sends STOPPING=1.
 func TestSystemdNotify(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		c.Stop() // containerd is "not up yet"
 		ns := listenNotify(t)
 		const watchdog = 400 * time.Millisecond
-		t.Setenv("NOTIFY_SOCKET", ns.Path)
-		t.Setenv("WATCHDOG_USEC", fmt.Sprint(watchdog.Microseconds()))
-		a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"))
 		// Only the agent has them: containerd, started below, would send
-		// its own READY=1 to the same socket.
-		os.Unsetenv("NOTIFY_SOCKET")
-		os.Unsetenv("WATCHDOG_USEC")
+		// its own READY=1 to the same socket (and so would any process
+		// another test starts meanwhile, were they in the test's own
+		// environment).
+		a := testenv.StartAgentEnv(t, c, filepath.Join(t.TempDir(), "state"),
+			[]string{"NOTIFY_SOCKET=" + ns.Path, "WATCHDOG_USEC=" + fmt.Sprint(watchdog.Microseconds())})
 		testenv.Eventually(t, 30*time.Second, func() string {
 			if code, err := a.Get("/healthz", nil); code != 200 {
 				return fmt.Sprintf("agent not serving: %d %v", code, err)

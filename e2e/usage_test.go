@@ -90,6 +90,7 @@ var badRunValues = map[string]struct {
 // (its state dir is not created). So do an unknown GCAGENT_ variable and
 // bad flags of the other commands.
 func TestBadSettingsExitTwo(t *testing.T) {
+	t.Parallel()
 	bin := testenv.AgentBinary(t)
 	flags := runFlagNames(t, bin)
 	for _, f := range flags {

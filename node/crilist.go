@@ -66,7 +66,7 @@ func CRIContainers(ctx context.Context, cri runtime.RuntimeServiceClient, filter
 // streamCRIContainers collects StreamContainers' lists; Unimplemented when
 // the runtime predates it.
 func streamCRIContainers(ctx context.Context, cri runtime.RuntimeServiceClient, filter *runtime.ContainerFilter) ([]*runtime.Container, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout) // a stream has no deadline of its own
+	ctx, cancel := context.WithTimeout(ctx, callTimeout) // a stream has no deadline of its own
 	defer cancel()
 	stream, err := cri.StreamContainers(ctx, &runtime.StreamContainersRequest{Filter: filter})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 // CallTimeout bounds every unary call to containerd and CRI that its
 // caller did not bound: a hung daemon fails calls instead of stalling GC.
+// (Only a test build can shorten it: calltimeout_testhooks.go.)
 const CallTimeout = 30 * time.Second
 
 // maxCRIMessage lets CRI listings of tens of thousands of containers in
@@ -46,7 +47,7 @@ const reconnectMax = 5 * time.Second
 func ClientOpts() []client.Opt {
 	sd := &socketDial{}
 	return []client.Opt{client.WithExtraDialOpts(append(sd.options(),
-		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(CallTimeout)),
+		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(callTimeout)),
 		grpc.WithConnectParams(connectParams()),
 	))}
 }
@@ -64,7 +65,7 @@ func connectParams() grpc.ConnectParams {
 func DialCRI(address string) (*grpc.ClientConn, error) {
 	sd := &socketDial{}
 	conn, err := grpc.NewClient("unix://"+address, append(sd.options(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(CallTimeout)), grpc.WithConnectParams(connectParams()),
+		grpc.WithChainUnaryInterceptor(DeadlineInterceptor(callTimeout)), grpc.WithConnectParams(connectParams()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxCRIMessage)))...)
 	if err != nil {
 		return nil, fmt.Errorf("cri %s: %w", address, err)

@@ -228,7 +228,7 @@ func TestRunGathersABatch(t *testing.T) {
 	go func() { done <- sp.Run(ctx, in) }()
 	for i := range 3 {
 		in <- events.Scoped{Namespace: "k8s.io", Event: img(t0, fmt.Sprintf("a:%d", i), fmt.Sprintf("sha256:%d", i))}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the events spread over time inside the window, not a wait for a result
 	}
 	select {
 	case <-changes:

@@ -113,6 +113,9 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := testCallTimeout(log); err != nil { // only in a build with -tags testhooks
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// client.New does not dial: containerd may come later, and the Source

@@ -4,12 +4,14 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"syscall"
 	"time"
 
 	"github.com/gcagent/gcagent/deletion"
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/node"
 	"github.com/rs/zerolog"
 )
 
@@ -25,6 +27,25 @@ const killAfterDeleteEnv = "GCAGENT_TEST_KILL_AFTER_DELETE"
 // killAfterIntentEnv is the same one step earlier: SIGKILL right after the
 // intent is recorded, before the delete.
 const killAfterIntentEnv = "GCAGENT_TEST_KILL_AFTER_INTENT"
+
+// callTimeoutEnv, a Go duration, replaces node.CallTimeout (30 s): the
+// end-to-end tests of a hung containerd wait out seconds, not 30 s.
+const callTimeoutEnv = "GCAGENT_TEST_CALL_TIMEOUT"
+
+// testCallTimeout applies callTimeoutEnv; it runs before any client is made.
+func testCallTimeout(log zerolog.Logger) error {
+	s := os.Getenv(callTimeoutEnv)
+	if s == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return fmt.Errorf("%s=%q: want a positive duration", callTimeoutEnv, s)
+	}
+	node.SetCallTimeout(d)
+	log.Warn().Float64("call_timeout_s", d.Seconds()).Msg("test call timeout enabled (" + callTimeoutEnv + ")")
+	return nil
+}
 
 // crashHooks arms the kill hooks the environment asks for.
 func crashHooks(o *deletion.Options) {

@@ -14,6 +14,8 @@ import (
 
 func crashHooks(*deletion.Options) {}
 
+func testCallTimeout(zerolog.Logger) error { return nil }
+
 func testSkew() (*clock.Skew, error) { return nil, nil }
 
 func followTestSkew(context.Context, *clock.Skew, string, zerolog.Logger) error { return nil }

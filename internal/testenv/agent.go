@@ -40,6 +40,23 @@ const ShippedTags = "grpcnotrace"
 // shipped binary has none (TestShippedBinaryLeavesOutTracing).
 const TestTags = "testhooks"
 
+// CallTimeoutEnv, in the environment of an agent of a test build
+// (StartAgentEnv), is a Go duration that replaces node.CallTimeout (30 s).
+// The shipped binary has no such hook (TestShippedBinaryLeavesOutTracing).
+const CallTimeoutEnv = "GCAGENT_TEST_CALL_TIMEOUT"
+
+// ShortCallTimeout is the containerd call timeout of an agent started with
+// ShortCallTimeoutEnv: a test that waits out a hung containerd's calls
+// waits this instead of node.CallTimeout. A call of a loaded machine's
+// working daemon takes far less.
+const ShortCallTimeout = 5 * time.Second
+
+// ShortCallTimeoutEnv is the environment (for StartAgentEnv) that gives the
+// agent ShortCallTimeout.
+func ShortCallTimeoutEnv() []string {
+	return []string{CallTimeoutEnv + "=" + ShortCallTimeout.String()}
+}
+
 // Build says how AgentBuild builds cmd/gcagent (with ShippedTags).
 type Build struct {
 	// Tags are Go build tags beside ShippedTags, such as "noembeddednats".
@@ -106,15 +123,30 @@ type Agent struct {
 	done     chan struct{}
 }
 
-// FreeAddr returns a loopback address with a port that was free just now.
+var (
+	addrMu    sync.Mutex
+	addrsLent = map[string]bool{}
+)
+
+// FreeAddr returns a loopback address with a port that was free just now
+// and that no other FreeAddr of this test process returned: tests running
+// in parallel do not get the same port before either has bound it.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	addrMu.Lock()
+	defer addrMu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !addrsLent[addr] {
+			addrsLent[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // StartAgent runs `gcagent run` against the daemon with stateDir and extra

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -99,6 +100,11 @@ type Options struct {
 	// MaxSendBytes, if set, is the daemon's gRPC send limit
 	// ([grpc] max_send_message_size; containerd's default is 16 MiB).
 	MaxSendBytes int
+	// Nice, if set, is the niceness the daemon and its shims run at
+	// (nice(1)): a test that only needs the daemon's throughput (seeding
+	// tens of thousands of records) leaves the CPU to the tests beside it
+	// that measure how soon something happens.
+	Nice int
 }
 
 // SandboxImage is the pause image name tests configure for CRI.
@@ -115,6 +121,7 @@ type Containerd struct {
 	SandboxImage string
 	Client       *client.Client
 	maxSend      int
+	nice         int
 
 	t       testing.TB
 	ns      string // the helpers' namespace; empty: Namespace
@@ -154,6 +161,7 @@ func StartContainerd(t testing.TB, opts Options) *Containerd {
 		LogDir:       filepath.Join(dir, "containers"),
 		SandboxImage: opts.SandboxImage,
 		maxSend:      opts.MaxSendBytes,
+		nice:         opts.Nice,
 		t:            t,
 		bin:          bin,
 		logFile:      filepath.Join(dir, "containerd.log"),
@@ -246,7 +254,11 @@ func (c *Containerd) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(c.bin, "containerd"), "--config", filepath.Join(c.Dir, "config.toml"), "--log-level", "info")
+	args := []string{filepath.Join(c.bin, "containerd"), "--config", filepath.Join(c.Dir, "config.toml"), "--log-level", "info"}
+	if c.nice != 0 {
+		args = append([]string{"nice", "-n", strconv.Itoa(c.nice)}, args...) // nice execs the daemon: the same pid
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	// The daemon finds its shim on PATH; a 2.3 daemon cannot start the 1.6 shim.
 	cmd.Env = append(os.Environ(), "PATH="+c.bin+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	cmd.Stdout, cmd.Stderr = logf, logf
