@@ -100,7 +100,7 @@ test: deps lint image ## install what is missing, build the image, then gofmt, v
 		exit $$status; } | tee bin/test-events.json | $(TEST_REPORT) -v '/kubeletdiff$$'
 
 unit: ## run the tests that need no daemon
-	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./internal/ociimage/ ./internal/testreport/
+	$(GO) test -count=1 ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./internal/tracegen/ ./logs/ ./deletion/ ./natsbus/ ./fleet/ ./internal/agent/ ./internal/streak/ ./internal/kubeletconfig/ ./cmd/... ./deploy/ ./docs/ ./internal/ociimage/ ./internal/testreport/
 
 e2e: deps image ## run only the end-to-end tests; prints the ten slowest
 	$(GO) build -o $(TEST_REPORT) ./internal/testreport
