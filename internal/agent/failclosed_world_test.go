@@ -39,7 +39,7 @@ type keepReader = func() gc.KeepList
 // agent's reader, restored from stateDir (none saved there: never read),
 // for an agent started at now with --keep-list-wait wait.
 func fleetKeepFor(stateDir string, wait time.Duration, now func() time.Time) keepReader {
-	return loadFleetKeep(stateDir, "default", wait, now, zerolog.Nop()).KeepList
+	return loadFleetKeep(stateDir, "default", testKeepSource, wait, now, zerolog.Nop()).KeepList
 }
 
 // knownFleetKeep is a fleet keep list NATS confirmed at now.
@@ -51,7 +51,8 @@ func knownFleetKeep(now time.Time, patterns ...string) keepReader {
 // NATS at confirmed.
 func saveFleetKeep(t *testing.T, stateDir string, confirmed time.Time, patterns ...string) {
 	t.Helper()
-	b, err := json.Marshal(keepDoc{Lists: map[string]natsbus.KeepList{natsbus.KeepAllKey: {Patterns: patterns}}, ConfirmedAt: confirmed})
+	b, err := json.Marshal(keepDoc{Lists: map[string]natsbus.KeepList{natsbus.KeepAllKey: {Patterns: patterns}}, ConfirmedAt: confirmed,
+		Source: testKeepSource})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	a.evs = evs
-	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
+	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, keepSource(cfg), cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
 	reg.MustRegister(keepMetrics{a.keep}, a.keep.failures)
 	a.version = cl.Version
 	a.imageFS = node.NewImageFS(cfg.ImageFS, DefaultContainerdRoot, a.runtime.CRIImages)
