@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -38,14 +37,11 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		known := it.Identity != nil && len(it.Identity.Names) > 0
 		for _, img := range imgs {
 			if img.Target.Digest.String() != it.Subject { // the filter is the daemon's; trust but verify
 				continue
 			}
-			if !known || slices.ContainsFunc(it.Identity.Names, func(n deletion.Name) bool {
-				return n.Name == img.Name && n.Created.Equal(img.CreatedAt)
-			}) {
+			if it.Identity.NameSurvives(img.Name, img.CreatedAt) {
 				return false, nil // a name the delete was about survived: not deleted
 			}
 		}
@@ -58,7 +54,7 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return it.Identity != nil && !it.Identity.Created.IsZero() && !c.CreatedAt.Equal(it.Identity.Created), nil
+		return it.Identity.ContainerGone(true, c.CreatedAt), nil
 	case "log":
 		// A log's fate is known from the file system alone: gone when
 		// its path is (ENOTDIR: a parent is no dir any more), else there,
