@@ -3,6 +3,7 @@ package projection
 import (
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/gcagent/gcagent/events"
 )
@@ -52,6 +53,12 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		lc := l.Containers[i]
 		listed[lc.ID] = struct{}{}
 		have := s.Containers[lc.ID]
+		if have != nil && madeAgain(have, lc, l.At) {
+			// Another container under its id: the one the projection
+			// knows went while the agent was away.
+			out = append(out, events.ContainerDeleted{At: l.At, ID: lc.ID})
+			have = nil
+		}
 		if !containerCurrent(have, lc) {
 			lc.At = l.At
 			out = append(out, lc)
@@ -95,6 +102,18 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		out = append(out, events.ContainerDeleted{At: l.At, ID: id})
 	}
 	return append(out, events.Synced{At: l.At})
+}
+
+// madeAgain reports whether the listed container l (listed at at) is
+// another one than c, made under its id while the agent was not
+// listening (deleted and created again: ctr, a script reusing its ids).
+// It says so only when both creation times are containerd's own, not
+// bounded by the agent's time of receipt (which a wall clock ahead of
+// the agent's makes them): then they differ. Otherwise it cannot tell,
+// and c stays (as before).
+func madeAgain(c *Container, l events.ContainerUpserted, at time.Time) bool {
+	created := StampOf(l.Created)
+	return c.Created.Before(c.FirstSeen) && created.Before(StampOf(at)) && !created.IsZero() && created != c.Created
 }
 
 // pulledAgain returns, sorted, the digests of the projection's images
