@@ -1,7 +1,9 @@
 package gc
 
 import (
+	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,5 +61,44 @@ func TestRelistKeepsAContainerItCannotTellFromAnother(t *testing.T) {
 	plan := PlanContainers(s, plainPolicy, at(3*time.Minute))
 	if !slices.ContainsFunc(plan.Remove, func(it ContainerItem) bool { return it.ID == "build" }) {
 		t.Errorf("the dead container is no longer removed: %+v", plan)
+	}
+}
+
+// recreatedRuntime is fakeContainerRuntime where the container the plan
+// saw dead was deleted by its client and made again under its id just
+// before the re-check: no task yet, another creation time.
+type recreatedRuntime struct {
+	*fakeContainerRuntime
+	created map[string]time.Time
+}
+
+func (r *recreatedRuntime) ContainerCreated(_ context.Context, _, id string) (time.Time, error) {
+	return r.created[id], nil
+}
+
+// TestExecutorTellsAContainerMadeAgainUnderItsID: the plan removes the
+// dead "build"; before the executor's re-check its client deleted it and
+// made another "build" (created, no task: ctr run between its create and
+// its task). The re-check finds a container without a task, which it
+// takes for the dead one: the executor must not delete the new one.
+func TestExecutorTellsAContainerMadeAgainUnderItsID(t *testing.T) {
+	const ms = time.Millisecond
+	s := build(events.ContainerUpserted{At: at(5 * ms), ID: "build", Image: "img", Created: at(0)},
+		events.TaskStarted{At: at(10 * ms), ContainerID: "build", Pid: 7},
+		events.TaskExited{At: at(time.Second), ContainerID: "build", ExitedAt: at(time.Second), Pid: 7, Collected: true})
+	plan := PlanContainers(s, plainPolicy, at(time.Minute))
+	if len(plan.Remove) != 1 {
+		t.Fatalf("plan removes %+v, want build", plan.Remove)
+	}
+	for created, want := range map[time.Time]string{at(time.Minute): "", at(0): "delete-native build"} {
+		rt := &recreatedRuntime{fakeContainerRuntime: newFakeContainerRuntime(), created: map[string]time.Time{"build": created}}
+		e := mustExecutor(t, ContainerExecutorDeps{Runtime: rt, Deletes: testDeletes1(t, &fakePublisher{}, rt)}, ContainerExecutorOptions{})
+		res, err := e.Apply(context.Background(), plan, plainPolicy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(rt.Deletes(), ","); got != want {
+			t.Errorf("the container there created at %s (the plan's: %s): deletes %q, want %q (%+v)", created, at(0), got, want, res)
+		}
 	}
 }

@@ -54,7 +54,7 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return it.Identity.ContainerGone(true, c.CreatedAt), nil
+		return it.Identity.ContainerGone(true, r.created(c.CreatedAt)), nil
 	case "log":
 		// A log's fate is known from the file system alone: gone when
 		// its path is (ENOTDIR: a parent is no dir any more), else there,
@@ -69,7 +69,8 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 }
 
 // ContainerCreated returns the creation time containerd stamped on
-// container id of namespace ns, the identity its delete intent records;
+// container id of namespace ns (as the projection records it: with the
+// test-only StampSkew), the identity its delete intent records;
 // gc.ErrOwnerWon when it is gone.
 func (r *Runtime) ContainerCreated(ctx context.Context, ns, id string) (time.Time, error) {
 	c, err := r.Client.ContainerService().Get(in(ctx, ns), id)
@@ -79,7 +80,7 @@ func (r *Runtime) ContainerCreated(ctx context.Context, ns, id string) (time.Tim
 	if err != nil {
 		return time.Time{}, fmt.Errorf("read container %q: %w", id, err)
 	}
-	return c.CreatedAt, nil
+	return r.created(c.CreatedAt), nil
 }
 
 // intentNamespace is the containerd namespace of the object an intent is

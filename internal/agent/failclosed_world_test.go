@@ -53,8 +53,14 @@ func knownFleetKeep(now time.Time, patterns ...string) keepReader {
 // NATS at confirmed.
 func saveFleetKeep(t *testing.T, stateDir string, confirmed time.Time, patterns ...string) {
 	t.Helper()
+	saveFleetKeepFrom(t, stateDir, testKeepSource, confirmed, patterns...)
+}
+
+// saveFleetKeepFrom is saveFleetKeep of a list read from source (keepSource).
+func saveFleetKeepFrom(t *testing.T, stateDir, source string, confirmed time.Time, patterns ...string) {
+	t.Helper()
 	b, err := json.Marshal(keepDoc{Lists: map[string]natsbus.KeepList{natsbus.KeepAllKey: {Patterns: patterns}}, ConfirmedAt: confirmed,
-		Source: testKeepSource})
+		Source: source})
 	if err != nil {
 		t.Fatal(err)
 	}
