@@ -71,6 +71,34 @@ type Name struct {
 	Created time.Time `json:"created"`
 }
 
+// ContainerGone reports whether the container of an intent recorded
+// with identity id is gone, now that the node found one of its id
+// (found) created at created: only when it is another one (made again
+// under its id). Without a recorded identity (an intent of a version
+// before identities) a container found is not gone: fail closed.
+func (id *Identity) ContainerGone(found bool, created time.Time) bool {
+	if !found {
+		return true
+	}
+	return id != nil && !id.Created.IsZero() && !created.Equal(id.Created)
+}
+
+// NameSurvives reports whether the image name name, found on the
+// intent's digest with its record created at created, is one the delete
+// was about: a name it recorded, with the same creation time. Without
+// recorded names every name on the digest counts (fail closed).
+func (id *Identity) NameSurvives(name string, created time.Time) bool {
+	if id == nil || len(id.Names) == 0 {
+		return true
+	}
+	for _, n := range id.Names {
+		if n.Name == name && n.Created.Equal(created) {
+			return true
+		}
+	}
+	return false
+}
+
 // Journal durably records intents and turns them into events; the outbox
 // (natsbus.Publisher) is one.
 type Journal interface {

@@ -471,3 +471,33 @@ func TestBeginNeedsTheLock(t *testing.T) {
 		t.Errorf("Begin with the lock: %v", err)
 	}
 }
+
+// TestIdentitySettles: settling compares identities, never a clock: a
+// container is gone when not found or found with another creation time;
+// an image name survives when recorded with its creation time. Without
+// a recorded identity (an intent of an earlier version) whatever is found
+// is the object: not gone.
+func TestIdentitySettles(t *testing.T) {
+	c1, c2 := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), time.Date(2026, 1, 2, 3, 4, 5, 7, time.UTC)
+	id := &Identity{Created: c1, Names: []Name{{Name: "a:1", Created: c1}}}
+	var none *Identity
+	for _, tc := range []struct {
+		what string
+		got  bool
+		want bool
+	}{
+		{"container not found", id.ContainerGone(false, time.Time{}), true},
+		{"container found, same creation", id.ContainerGone(true, c1), false},
+		{"container found, made again (1 ns later)", id.ContainerGone(true, c2), true},
+		{"old intent, container found", none.ContainerGone(true, c2), false},
+		{"old intent, container not found", none.ContainerGone(false, time.Time{}), true},
+		{"name recorded, same record", id.NameSurvives("a:1", c1), true},
+		{"name recorded, made again", id.NameSurvives("a:1", c2), false},
+		{"name not recorded", id.NameSurvives("a:2", c1), false},
+		{"old intent, any name", none.NameSurvives("a:2", c2), true},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.what, tc.got, tc.want)
+		}
+	}
+}

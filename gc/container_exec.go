@@ -348,6 +348,15 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		r.Outcome, r.Error, r.At = ContainerFailed, err.Error(), e.now()
 		return r, fmt.Errorf("re-check %s %s: %w", kind, it.ID, err)
 	}
+	if !it.created.IsZero() && !created.Equal(it.created) {
+		// Its owner deleted the container planned and made another under
+		// its id since (ctr, a script reusing its ids): that one is not
+		// the plan's, and may be about to start.
+		e.event(e.log.Info(), it, kind).Time("planned_created", it.created).Time("created", created).
+			Msg("made again under its id since the plan: not removed")
+		r.Outcome, r.At = ContainerGone, e.now()
+		return r, nil
+	}
 	// The delete transaction: a crash or an unknown outcome after the
 	// delete still gets exactly its event, and nothing else's.
 	tx, err := e.deletes.Begin(ctx, it.Namespace, Action{Kind: "container", Action: ActionRemoved, Subject: it.ID, Key: key, Data: removal},

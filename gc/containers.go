@@ -159,6 +159,11 @@ type ContainerItem struct {
 	// Logs are, in a plan shown to an operator (ShowContainerLogs), the
 	// log files and link a CRI container's removal removes with it.
 	Logs *ContainerLogs `json:"logs,omitempty"`
+	// created is the container's creation time as containerd stamped it,
+	// when the projection holds it so (not bounded by the agent's time of
+	// receipt); zero when it does not: the executor tells by it the
+	// container planned from another made under its id since.
+	created time.Time
 }
 
 // PlanContainers decides which dead containers to remove, with the kubelet's
@@ -455,6 +460,9 @@ func (p ContainerPolicy) screen(it *ContainerItem, c *projection.Container, now 
 		Image:         c.Image,
 		State:         c.State,
 		ExitedAt:      c.ExitedAt.Time(),
+	}
+	if c.Created.Before(c.FirstSeen) {
+		it.created = c.Created.Time()
 	}
 	switch {
 	case c.State == projection.StateRunning:

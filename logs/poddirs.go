@@ -68,13 +68,24 @@ type podDirsDoc struct {
 	Dirs map[string]*podDir `json:"dirs"`
 }
 
-// DirID identifies a directory: its device and inode.
+// DirID identifies a directory: its device and inode, and its birth time
+// where the filesystem keeps one (ext4, xfs, btrfs, tmpfs): a directory
+// removed and made again (rm -rf and mkdir; a tmpfs mounted again at
+// boot) often gets the same device and inode, never the same birth.
 type DirID struct {
 	Dev uint64 `json:"dev"`
 	Ino uint64 `json:"ino"`
+	// Born is the birth time in nanoseconds since 1970; 0 where the
+	// filesystem keeps none.
+	Born int64 `json:"born,omitempty"`
 }
 
-func (d DirID) String() string { return fmt.Sprintf("%d:%d", d.Dev, d.Ino) }
+func (d DirID) String() string {
+	if d.Born == 0 {
+		return fmt.Sprintf("%d:%d", d.Dev, d.Ino)
+	}
+	return fmt.Sprintf("%d:%d born %s", d.Dev, d.Ino, time.Unix(0, d.Born).UTC().Format(time.RFC3339Nano))
+}
 
 // podDir is one pod dir seen.
 type podDir struct {
@@ -348,9 +359,13 @@ func writeFileSynced(path string, b []byte) error {
 
 // dirID identifies the directory open as fd.
 func dirID(fd int) (DirID, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_INO|unix.STATX_BTIME, &stx); err != nil {
 		return DirID{}, err
 	}
-	return DirID{Dev: uint64(st.Dev), Ino: st.Ino}, nil
+	id := DirID{Dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor), Ino: stx.Ino}
+	if stx.Mask&unix.STATX_BTIME != 0 {
+		id.Born = time.Unix(stx.Btime.Sec, int64(stx.Btime.Nsec)).UnixNano()
+	}
+	return id, nil
 }

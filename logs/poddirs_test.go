@@ -2,6 +2,7 @@ package logs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
+	"golang.org/x/sys/unix"
 )
 
 var _ gc.PodLogDir = (*PodDirs)(nil)
@@ -209,5 +211,82 @@ func TestLinkIntoAPodDirNeverSeenIsKept(t *testing.T) {
 		if d.Name == filepath.Base(linkUnseen) && d.Reason != ReasonTargetUnseen {
 			t.Errorf("unseen link: %s %s, want keep %s", d.Action, d.Reason, ReasonTargetUnseen)
 		}
+	}
+}
+
+// replaceWithSameInode removes dir and makes it again, empty, until the
+// new directory has the old one's device and inode (a filesystem that
+// reuses a freed inode at once, as ext4 and xfs do, and a tmpfs mounted
+// again at boot does): the other directory that rm -rf and mkdir, or a
+// reboot, leave at the path, which dev and inode alone do not tell from
+// the first.
+func replaceWithSameInode(t *testing.T, dir string) {
+	t.Helper()
+	var old unix.Stat_t
+	if err := unix.Stat(dir, &old); err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		mkdirAll(t, dir)
+		var st unix.Stat_t
+		if err := unix.Stat(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Dev == old.Dev && st.Ino == old.Ino {
+			return
+		}
+	}
+	var fs unix.Statfs_t
+	_ = unix.Statfs(dir, &fs)
+	t.Fatalf("the filesystem of %s (type %#x) reused no inode in 50 tries: this test needs one that does (ext4, xfs)", dir, fs.Type)
+}
+
+// TestPodDirsRootReplacedWithTheSameInode: the pod log dir replaced by
+// another, empty directory that has the first one's device and inode (rm
+// -rf and mkdir on ext4; a tmpfs made again at boot) is another directory:
+// the pod dirs seen in the first are not gone, whether the agent runs
+// through the swap or restarts across it (poddirs.json from before).
+// dev and inode alone took the new dir for the old one, and every pod
+// seen counted as deleted.
+func TestPodDirsRootReplacedWithTheSameInode(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
+			base := t.TempDir()
+			dir := filepath.Join(base, "pods")
+			mkdirAll(t, filepath.Join(dir, "ns_web_u1"))
+			file := filepath.Join(base, PodDirsFile)
+			d, err := LoadPodDirs(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Read(dir, t0)
+			if err := d.Save(); err != nil {
+				t.Fatal(err)
+			}
+			replaceWithSameInode(t, dir)
+			if restart {
+				if d, err = LoadPodDirs(file); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d.Read(dir, t0.Add(time.Minute))
+			if since, gone := d.Gone("u1", "ns", "web"); gone {
+				t.Errorf("the pod log dir replaced by an empty one with the same inode: pod u1 counts as gone since %s", since)
+			}
+			// The same directory read again is still the same: a pod dir
+			// that goes from it is gone.
+			mkdirAll(t, filepath.Join(dir, "ns_job_u2"))
+			d.Read(dir, t0.Add(2*time.Minute))
+			if err := os.Remove(filepath.Join(dir, "ns_job_u2")); err != nil {
+				t.Fatal(err)
+			}
+			d.Read(dir, t0.Add(3*time.Minute))
+			if _, gone := d.Gone("u2", "ns", "job"); !gone {
+				t.Error("a pod dir seen, then removed from the same directory, does not count as gone")
+			}
+		})
 	}
 }

@@ -91,6 +91,7 @@ type AgentLock struct {
 	renewed   time.Time     // when the last successful renewal (or the take) began
 	notBefore time.Time     // a holder taken over may still delete until then
 	again     chan struct{} // closed by the next renewal after failed ones
+	lostTo    *AgentID      // the agent that took it over, once a renewal found it
 }
 
 // NewAgentLock returns the lock of the containerd store talks to
@@ -337,6 +338,8 @@ func (l *AgentLock) Held() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
+	case l.gen == 0 && l.lostTo != nil:
+		return fmt.Errorf("%w: taken over by %s", ErrNotHeld, l.lostTo)
 	case l.gen == 0:
 		return fmt.Errorf("%w: not taken yet", ErrNotHeld)
 	case now.Before(l.notBefore):
@@ -438,7 +441,7 @@ func (l *AgentLock) renew(ctx context.Context) error {
 			by = gens[0].holder()
 		}
 		l.mu.Lock()
-		l.gen = 0
+		l.gen, l.lostTo = 0, &by
 		l.mu.Unlock()
 		return &LostError{By: by}
 	}

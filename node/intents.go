@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -38,14 +37,11 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		known := it.Identity != nil && len(it.Identity.Names) > 0
 		for _, img := range imgs {
 			if img.Target.Digest.String() != it.Subject { // the filter is the daemon's; trust but verify
 				continue
 			}
-			if !known || slices.ContainsFunc(it.Identity.Names, func(n deletion.Name) bool {
-				return n.Name == img.Name && n.Created.Equal(img.CreatedAt)
-			}) {
+			if it.Identity.NameSurvives(img.Name, img.CreatedAt) {
 				return false, nil // a name the delete was about survived: not deleted
 			}
 		}
@@ -58,7 +54,7 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return it.Identity != nil && !it.Identity.Created.IsZero() && !c.CreatedAt.Equal(it.Identity.Created), nil
+		return it.Identity.ContainerGone(true, r.created(c.CreatedAt)), nil
 	case "log":
 		// A log's fate is known from the file system alone: gone when
 		// its path is (ENOTDIR: a parent is no dir any more), else there,
@@ -73,7 +69,8 @@ func (r *Runtime) Gone(ctx context.Context, it deletion.Intent) (bool, error) {
 }
 
 // ContainerCreated returns the creation time containerd stamped on
-// container id of namespace ns, the identity its delete intent records;
+// container id of namespace ns (as the projection records it: with the
+// test-only StampSkew), the identity its delete intent records;
 // gc.ErrOwnerWon when it is gone.
 func (r *Runtime) ContainerCreated(ctx context.Context, ns, id string) (time.Time, error) {
 	c, err := r.Client.ContainerService().Get(in(ctx, ns), id)
@@ -83,7 +80,7 @@ func (r *Runtime) ContainerCreated(ctx context.Context, ns, id string) (time.Tim
 	if err != nil {
 		return time.Time{}, fmt.Errorf("read container %q: %w", id, err)
 	}
-	return c.CreatedAt, nil
+	return r.created(c.CreatedAt), nil
 }
 
 // intentNamespace is the containerd namespace of the object an intent is

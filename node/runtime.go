@@ -38,8 +38,21 @@ type Runtime struct {
 	// containerd for the containers it made; its DataRoot is
 	// --nerdctl-data-root (empty: /var/lib/nerdctl).
 	Nerdctl Nerdctl
+	// StampSkew, for end-to-end tests only (as Options.StampSkew), is
+	// added to the containers' creation times it reads, so that they
+	// compare with the projection's; nil in production.
+	StampSkew func() time.Duration
 
 	sn *snapshotterCache
+}
+
+// created is a container's creation time as the projection records it:
+// containerd's stamp in UTC, plus the test-only StampSkew.
+func (r *Runtime) created(t time.Time) time.Time {
+	if r.StampSkew == nil || t.IsZero() {
+		return t.UTC()
+	}
+	return t.Add(r.StampSkew()).UTC()
 }
 
 // NewRuntime returns a Runtime of cl and, when CRI answers on the same

@@ -91,7 +91,11 @@ func (s *State) dropName(name string) {
 		if len(img.Names) == 0 {
 			s.unindex(img)
 			delete(s.Images, digest)
+			return
 		}
+		// The earliest of its names' records may be the one gone: no
+		// longer known (see pulledAgain), until a name is seen again.
+		img.Created = Stamp{}
 	}
 }
 

@@ -3,6 +3,7 @@ package projection
 import (
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/gcagent/gcagent/events"
 )
@@ -14,18 +15,31 @@ import (
 func Reconcile(s *State, l events.Listing) []events.Event {
 	var out []events.Event
 
+	// An image pulled again while the agent was away is a new one to the
+	// node: its old record goes first (every name of it), so that the
+	// upserts below make a new one, first seen now.
+	again := pulledAgain(s, l.Images)
+	dropped := map[string]struct{}{}
+	for _, d := range again {
+		for _, n := range s.Images[d].Names {
+			dropped[n.Name] = struct{}{}
+			out = append(out, events.ImageDeleted{At: l.At, Name: n.Name})
+		}
+	}
+
 	// The listing is walked in sorted order through indexes: a busy node's
 	// listing is megabytes, and a sorted copy of it is garbage at once.
-	listedNames := make(map[string]struct{}, len(l.Images))
+	listedNames := make(map[string]struct{}, len(l.Images)+len(dropped))
 	for _, i := range sortedBy(len(l.Images), func(i int) string { return l.Images[i].Name }) {
 		li := l.Images[i]
 		listedNames[li.Name] = struct{}{}
-		if imageCurrent(s, li) {
+		if _, drop := dropped[li.Name]; !drop && !slices.Contains(again, li.Digest) && imageCurrent(s, li) {
 			continue
 		}
 		li.At = l.At
 		out = append(out, li)
 	}
+	maps.Copy(listedNames, dropped)
 	for _, name := range unlisted(s.Names, listedNames) {
 		out = append(out, events.ImageDeleted{At: l.At, Name: name})
 	}
@@ -39,6 +53,12 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		lc := l.Containers[i]
 		listed[lc.ID] = struct{}{}
 		have := s.Containers[lc.ID]
+		if have != nil && madeAgain(have, lc, l.At) {
+			// Another container under its id: the one the projection
+			// knows went while the agent was away.
+			out = append(out, events.ContainerDeleted{At: l.At, ID: lc.ID})
+			have = nil
+		}
 		if !containerCurrent(have, lc) {
 			lc.At = l.At
 			out = append(out, lc)
@@ -82,6 +102,62 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		out = append(out, events.ContainerDeleted{At: l.At, ID: id})
 	}
 	return append(out, events.Synced{At: l.At})
+}
+
+// madeAgain reports whether the listed container l (listed at at) is
+// another one than c, made under its id while the agent was not
+// listening (deleted and created again: ctr, a script reusing its ids).
+// It says so only when both creation times are containerd's own, not
+// bounded by the agent's time of receipt (which a wall clock ahead of
+// the agent's makes them): then they differ. Otherwise it cannot tell,
+// and c stays (as before).
+func madeAgain(c *Container, l events.ContainerUpserted, at time.Time) bool {
+	created := StampOf(l.Created)
+	return c.Created.Before(c.FirstSeen) && created.Before(StampOf(at)) && !created.IsZero() && created != c.Created
+}
+
+// pulledAgain returns, sorted, the digests of the projection's images
+// listed with the very names the projection knows, every one a record
+// made after the earliest it knows (containerd's creation times, never
+// the agent's clock): each was deleted and pulled again while the agent
+// was not listening. A name added or gone meanwhile says nothing of the
+// others: such an image is left as it is. (Re-creating only its earliest
+// name while away looks the same: its first-seen time moves to now,
+// which keeps it the longer.)
+func pulledAgain(s *State, listed []events.ImageUpserted) []string {
+	type seen struct {
+		earliest Stamp // zero: a name without a creation time
+		names    int
+	}
+	by := map[string]*seen{}
+	for _, li := range listed {
+		img := s.Images[li.Digest]
+		if img == nil || img.Created.IsZero() {
+			continue
+		}
+		if _, known := img.Names.find(li.Name); !known {
+			by[li.Digest] = &seen{} // a name the projection does not know: not the same names
+			continue
+		}
+		sn := by[li.Digest]
+		if sn == nil {
+			sn = &seen{earliest: StampOf(li.Created)}
+			by[li.Digest] = sn
+		} else if c := StampOf(li.Created); c.Before(sn.earliest) {
+			sn.earliest = c
+		}
+		if !sn.earliest.IsZero() {
+			sn.names++
+		}
+	}
+	var out []string
+	for d, sn := range by {
+		if !sn.earliest.IsZero() && sn.names == len(s.Images[d].Names) && sn.earliest.After(s.Images[d].Created) {
+			out = append(out, d)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // unlisted returns the keys of have that listed lacks, sorted: usually a

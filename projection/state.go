@@ -69,11 +69,14 @@ type State struct {
 
 // Image is one target digest with all the names that point at it.
 type Image struct {
-	Digest    string     `json:"digest"`
-	Names     ImageNames `json:"names"`
-	Size      int64      `json:"size"`
-	Created   Stamp      `json:"created,omitzero"`
-	FirstSeen Stamp      `json:"firstSeen"`
+	Digest string     `json:"digest"`
+	Names  ImageNames `json:"names"`
+	Size   int64      `json:"size"`
+	// Created is the earliest creation time (containerd's) of the name
+	// records seen since a name of it last went: a relist that finds
+	// every name of it made later knows it was pulled again meanwhile.
+	Created   Stamp `json:"created,omitzero"`
+	FirstSeen Stamp `json:"firstSeen"`
 	// LastUsed is when a container last started or stopped referencing the
 	// image; while any does, the image counts as used now (see State.LastUsed).
 	LastUsed Stamp `json:"lastUsed"`

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -439,6 +440,10 @@ func keepListNote(ctx context.Context, cfg Config, nc *nats.Conn, embedded bool,
 	saved, haveSaved := "no list saved in "+filepath.Join(cfg.StateDir, KeepListFile), false
 	doc, ferr := ReadKeepFile(cfg.StateDir)
 	switch {
+	case ferr == nil && !doc.ConfirmedAt.IsZero() && doc.Source != keepSource(cfg):
+		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: doc}
+		saved = fmt.Sprintf("a list saved from another NATS (%s; %d patterns, which keep) and none read from this one",
+			cmp.Or(doc.Source, "unknown"), len(k.patterns()))
 	case ferr == nil && !doc.ConfirmedAt.IsZero():
 		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: doc}
 		saved, haveSaved = fmt.Sprintf("saved list: %d patterns, confirmed by NATS %s ago", len(k.patterns()), time.Since(doc.ConfirmedAt).Round(time.Second)), true

@@ -133,13 +133,18 @@ func TestFirstStartKeepList(t *testing.T) {
 	}
 	now := time.Now
 	saved := t.TempDir()
-	saveFleetKeep(t, saved, time.Now().Add(-time.Hour), "saved/*")
+	savedFrom := DefaultConfig()
+	savedFrom.NATSURL = "nats://127.0.0.1:1"
+	saveFleetKeepFrom(t, saved, keepSource(savedFrom), time.Now().Add(-time.Hour), "saved/*")
+	elsewhere := t.TempDir()
+	saveFleetKeep(t, elsewhere, time.Now().Add(-time.Hour), "elsewhere/*")
 	for _, tc := range []struct {
 		name, url, stateDir string
 		state               gc.InputState
 		patterns            []string
 	}{
-		{"saved", "nats://127.0.0.1:1", saved, gc.InputStale, []string{"saved/*"}},
+		{"saved", savedFrom.NATSURL, saved, gc.InputStale, []string{"saved/*"}},
+		{"saved from another NATS", savedFrom.NATSURL, elsewhere, gc.InputUnknown, []string{"elsewhere/*"}},
 		{"embedded", "", t.TempDir(), gc.InputKnown, nil},
 		{"debian 2.9.10", debian.URL, t.TempDir(), gc.InputKnown, []string{"base/*"}},
 		{"NATS refused", "nats://127.0.0.1:" + fmt.Sprint(freePort(t)), t.TempDir(), gc.InputUnknown, nil},

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,7 +41,7 @@ type keepReader = func() gc.KeepList
 // agent's reader, restored from stateDir (none saved there: never read),
 // for an agent started at now with --keep-list-wait wait.
 func fleetKeepFor(stateDir string, wait time.Duration, now func() time.Time) keepReader {
-	return loadFleetKeep(stateDir, "default", wait, now, zerolog.Nop()).KeepList
+	return loadFleetKeep(stateDir, "default", testKeepSource, wait, now, zerolog.Nop()).KeepList
 }
 
 // knownFleetKeep is a fleet keep list NATS confirmed at now.
@@ -51,7 +53,14 @@ func knownFleetKeep(now time.Time, patterns ...string) keepReader {
 // NATS at confirmed.
 func saveFleetKeep(t *testing.T, stateDir string, confirmed time.Time, patterns ...string) {
 	t.Helper()
-	b, err := json.Marshal(keepDoc{Lists: map[string]natsbus.KeepList{natsbus.KeepAllKey: {Patterns: patterns}}, ConfirmedAt: confirmed})
+	saveFleetKeepFrom(t, stateDir, testKeepSource, confirmed, patterns...)
+}
+
+// saveFleetKeepFrom is saveFleetKeep of a list read from source (keepSource).
+func saveFleetKeepFrom(t *testing.T, stateDir, source string, confirmed time.Time, patterns ...string) {
+	t.Helper()
+	b, err := json.Marshal(keepDoc{Lists: map[string]natsbus.KeepList{natsbus.KeepAllKey: {Patterns: patterns}}, ConfirmedAt: confirmed,
+		Source: source})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +113,20 @@ type tableImage struct {
 	removeErr  error // the delete call fails
 	goneErr    error // and the node cannot tell what happened
 	frees      uint64
+	// born is each name's record's creation time (zero when not set).
+	born map[string]time.Time
+	// The CRI removal (node.Runtime.RemoveImage): criNames are the names
+	// CRI knows, which its RemoveImage removes, all of them, whatever the
+	// re-check saw; madeDuring are names a pull makes on the image during
+	// that call (the re-check never saw them), made at madeAt; rereadErr
+	// fails the read of the names left after CRI's removal.
+	criNames   []string
+	madeDuring []string
+	madeAt     time.Time
+	rereadErr  error
+	// asked are the names (with their records' creation times) the
+	// executor asked the node to delete.
+	asked []gc.ImageName
 }
 
 // tableNode is the node adapter for image rows.
@@ -120,7 +143,7 @@ func (n *tableNode) ImageNames(_ context.Context, _, digest string) ([]gc.ImageN
 	var out []gc.ImageName
 	if img := n.images[digest]; img != nil {
 		for _, name := range slices.Sorted(slices.Values(img.names)) {
-			out = append(out, gc.ImageName{Name: name})
+			out = append(out, gc.ImageName{Name: name, Created: img.born[name]})
 		}
 	}
 	return out, nil
@@ -136,21 +159,49 @@ func (n *tableNode) ImageHolders(_ context.Context, _ string, ref gc.ImageRef) (
 	return img.holders, img.holdersErr
 }
 
-func (n *tableNode) RemoveImage(_ context.Context, _, digest string, _ []gc.ImageName) (string, error) {
+// RemoveImage deletes the names it is given, as the node adapter does
+// (its end-to-end test TestCRIRemovalKeepsNamesMadeDuringIt shows it):
+// CRI's RemoveImage first removes every name CRI knows; a name a pull
+// makes during that call stays, and the removal says the names changed;
+// the names the re-check saw that CRI did not know go natively, once the
+// node has read the names left (when it cannot, nothing more goes).
+func (n *tableNode) RemoveImage(_ context.Context, _, digest string, names []gc.ImageName) (string, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	img := n.images[digest]
+	img.asked = names
 	if img.removeErr != nil {
 		return "", img.removeErr
 	}
+	via := "native"
+	if len(img.criNames) > 0 {
+		via = "cri"
+		img.names = slices.DeleteFunc(img.names, func(name string) bool { return slices.Contains(img.criNames, name) })
+		for _, name := range img.madeDuring {
+			img.names = append(img.names, name)
+			if img.born == nil {
+				img.born = map[string]time.Time{}
+			}
+			img.born[name] = img.madeAt
+		}
+		if img.rereadErr != nil {
+			return via, img.rereadErr
+		}
+	}
+	img.names = slices.DeleteFunc(img.names, func(name string) bool {
+		return slices.ContainsFunc(names, func(a gc.ImageName) bool { return a.Name == name && a.Created.Equal(img.born[name]) })
+	})
+	if len(img.names) > 0 {
+		return via, fmt.Errorf("%w: %s made during the removal, kept", gc.ErrImageChanged, strings.Join(img.names, ", "))
+	}
 	n.removed = append(n.removed, digest)
 	n.disk.free(img.frees)
-	img.names = nil
-	return "native", nil
+	return via, nil
 }
 
-// Gone is the delete transaction's check: an image is gone once it has no
-// name.
+// Gone is the delete transaction's check, by the intent's identity (as
+// node.Runtime.Gone): an image is gone once none of the names its delete
+// was about is there with its record.
 func (n *tableNode) Gone(_ context.Context, in deletion.Intent) (bool, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -161,7 +212,22 @@ func (n *tableNode) Gone(_ context.Context, in deletion.Intent) (bool, error) {
 	if img.goneErr != nil {
 		return false, img.goneErr
 	}
-	return len(img.names) == 0, nil
+	for _, name := range img.names {
+		if in.Identity.NameSurvives(name, img.born[name]) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// left is what names the image digest has on the node now, sorted.
+func (n *tableNode) left(digest string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if img := n.images[digest]; img != nil {
+		return slices.Sorted(slices.Values(img.names))
+	}
+	return nil
 }
 
 // tableDisk is statfs of the image filesystem (err: it fails).
@@ -202,7 +268,14 @@ func (j *tableJournal) Pending() ([]deletion.Intent, error) { return nil, nil }
 func (j *tableJournal) Publish(schema.Action) error         { return nil }
 func newTableDeletes(t *testing.T, c deletion.Checker) *deletion.Manager {
 	t.Helper()
-	m, err := deletion.New(deletion.Deps{Journal: &tableJournal{}, Checker: c}, deletion.Options{RetryGap: time.Nanosecond})
+	return newLockedTableDeletes(t, c, nil)
+}
+
+// newLockedTableDeletes is newTableDeletes whose deletes need lock (nil:
+// none).
+func newLockedTableDeletes(t *testing.T, c deletion.Checker, lock deletion.Lock) *deletion.Manager {
+	t.Helper()
+	m, err := deletion.New(deletion.Deps{Journal: &tableJournal{}, Checker: c, Lock: lock}, deletion.Options{RetryGap: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,6 +293,10 @@ type imageWorld struct {
 	keep   keepReader    // nil: a known, empty fleet keep list
 	wait   time.Duration // --keep-list-wait
 	now    time.Time
+	// lock is containerd's agent lock as the deletes see it (nil: none).
+	lock deletion.Lock
+	// node is the node adapter of the last pass.
+	node *tableNode
 }
 
 // newImageWorld is a node at 90% usage (100 MiB, 10 free) whose images
@@ -248,13 +325,14 @@ func (w *imageWorld) pass(t *testing.T) map[string]string {
 	}
 	live.Apply(w.events...)
 	n := &tableNode{images: w.images, disk: w.disk}
+	w.node = n
 	keep := w.keep
 	if keep == nil {
 		keep = knownFleetKeep(w.now)
 	}
 	policy := w.policy
 	policy.FleetKeepWait = w.wait
-	g, err := gc.NewImageGC(gc.ImageGCDeps{Projection: live, Runtime: n, Disk: w.disk, Deletes: newTableDeletes(t, n), FleetKeep: keep},
+	g, err := gc.NewImageGC(gc.ImageGCDeps{Projection: live, Runtime: n, Disk: w.disk, Deletes: newLockedTableDeletes(t, n, w.lock), FleetKeep: keep},
 		gc.ImageGCOptions{Policy: policy, Clock: clock.System(func() time.Time { return w.now }), Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)

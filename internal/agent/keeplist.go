@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -41,6 +43,34 @@ type keepDoc struct {
 	Lists map[string]natsbus.KeepList `json:"lists"` // by bucket key
 	// ConfirmedAt is the last time the agent knew the lists were NATS's.
 	ConfirmedAt time.Time `json:"confirmedAt,omitzero"`
+	// Source names the NATS (and cluster) the lists were read from
+	// (keepSource): a list read from another one (the embedded server
+	// before a move to the fleet's, another cluster) is not this one's.
+	Source string `json:"source,omitempty"`
+}
+
+// keepSource names where cfg's agent reads the fleet keep list: its
+// embedded server or the NATS URLs (without credentials) and JetStream
+// domain, and the cluster whose key it watches.
+func keepSource(cfg Config) string {
+	src := "embedded server"
+	if cfg.NATSURL != "" {
+		var urls []string
+		for _, u := range strings.Split(cfg.NATSURL, ",") {
+			u = strings.TrimSpace(u)
+			if p, err := url.Parse(u); err == nil && p.User != nil {
+				p.User = nil
+				u = p.String()
+			}
+			urls = append(urls, u)
+		}
+		slices.Sort(urls)
+		src = "nats " + strings.Join(urls, ",")
+		if cfg.NATSJSDomain != "" {
+			src += " domain " + cfg.NATSJSDomain
+		}
+	}
+	return src + ", key " + natsbus.KeepClusterKey(cfg.Cluster)
 }
 
 // DefaultKeepListWait is --keep-list-wait's default: how long image
@@ -58,6 +88,7 @@ const DefaultKeepListWait = 5 * time.Minute
 type fleetKeep struct {
 	file    string
 	keys    []string
+	source  string // keepSource: where the list is read from
 	started time.Time
 	// wait is --keep-list-wait: the planner's bound for a list never read.
 	wait time.Duration
@@ -91,10 +122,13 @@ type fleetKeep struct {
 
 // loadFleetKeep returns the list the state dir holds (none when the file
 // is missing or unreadable, which is logged), for the agent started now
-// with --keep-list-wait wait.
-func loadFleetKeep(stateDir, cluster string, wait time.Duration, now func() time.Time, log zerolog.Logger) *fleetKeep {
+// with --keep-list-wait wait, reading the list from source (keepSource).
+// A list saved from another source (or by a version that did not say
+// which) still keeps by its patterns, but was never read from this one:
+// the list is unknown until this source gives it.
+func loadFleetKeep(stateDir, cluster, source string, wait time.Duration, now func() time.Time, log zerolog.Logger) *fleetKeep {
 	k := &fleetKeep{file: filepath.Join(stateDir, KeepListFile), keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cluster)},
-		started: now(), wait: wait, now: now, log: log, doc: keepDoc{Lists: map[string]natsbus.KeepList{}},
+		source: source, started: now(), wait: wait, now: now, log: log, doc: keepDoc{Lists: map[string]natsbus.KeepList{}},
 		logged: map[string]bool{}, read: make(chan struct{}), tried: make(chan struct{}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_keep_list_watch_failures_total",
@@ -112,7 +146,11 @@ func loadFleetKeep(stateDir, cluster string, wait time.Duration, now func() time
 		log.Warn().Err(err).Str("file", k.file).Msg("fleet keep list file unreadable: starting as if none was saved")
 	default:
 		k.doc = doc
-		if len(k.patterns()) > 0 {
+		if doc.Source != source && !doc.ConfirmedAt.IsZero() {
+			log.Warn().Str("saved_from", cmp.Or(doc.Source, "unknown")).Str("source", source).Strs("patterns", k.patterns()).
+				Msg("fleet keep list saved from another NATS: its patterns keep, but this NATS's list was never read")
+			k.doc.ConfirmedAt = time.Time{}
+		} else if len(k.patterns()) > 0 {
 			log.Info().Strs("patterns", k.patterns()).Time("confirmed_at", doc.ConfirmedAt).Msg("fleet keep list restored from the state dir")
 		}
 	}
@@ -379,6 +417,7 @@ func (k *fleetKeep) confirm(connected bool) {
 
 // save writes the file; the caller holds mu.
 func (k *fleetKeep) save(now time.Time) error {
+	k.doc.Source = k.source
 	b, err := json.MarshalIndent(k.doc, "", "  ")
 	if err != nil {
 		return err

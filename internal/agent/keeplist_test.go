@@ -34,7 +34,7 @@ func TestFleetKeepFollowsTheWatchAndPersists(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	k := loadFleetKeep(dir, "prod", DefaultKeepListWait, clock, zerolog.Nop())
+	k := loadFleetKeep(dir, "prod", testKeepSource, DefaultKeepListWait, clock, zerolog.Nop())
 	changes, settled := 0, 0
 	k.changed = func() { changes++ }
 	k.settled = func() { settled++ }
@@ -51,7 +51,7 @@ func TestFleetKeepFollowsTheWatchAndPersists(t *testing.T) {
 	}
 
 	now = now.Add(time.Hour) // a restart without NATS keeps the list and its age
-	k2 := loadFleetKeep(dir, "prod", DefaultKeepListWait, clock, zerolog.Nop())
+	k2 := loadFleetKeep(dir, "prod", testKeepSource, DefaultKeepListWait, clock, zerolog.Nop())
 	if got := k2.Patterns(); !slices.Equal(got, []string{"app:*", "base/*"}) {
 		t.Fatalf("restored %v", got)
 	}
@@ -111,7 +111,7 @@ func TestFleetKeepStates(t *testing.T) {
 	start := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 	now := start
 	clock := func() time.Time { return now }
-	k := loadFleetKeep(dir, "prod", 5*time.Minute, clock, zerolog.Nop())
+	k := loadFleetKeep(dir, "prod", testKeepSource, 5*time.Minute, clock, zerolog.Nop())
 	metric := func(name string) float64 {
 		t.Helper()
 		reg := prometheus.NewRegistry()
@@ -175,7 +175,7 @@ func TestFleetKeepStates(t *testing.T) {
 
 	// A restart: the saved list is stale, never unknown; nothing waits.
 	now = now.Add(time.Hour)
-	k2 := loadFleetKeep(dir, "prod", 5*time.Minute, clock, zerolog.Nop())
+	k2 := loadFleetKeep(dir, "prod", testKeepSource, 5*time.Minute, clock, zerolog.Nop())
 	if l := k2.KeepList(); l.State != gc.InputStale || !slices.Equal(l.Patterns, []string{"app:*"}) {
 		t.Errorf("restored: %+v", l)
 	}
@@ -186,7 +186,7 @@ func TestFleetKeepStates(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, KeepListFile), []byte("{garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if l := loadFleetKeep(dir, "prod", 5*time.Minute, clock, zerolog.Nop()).KeepList(); l.State != gc.InputUnknown {
+	if l := loadFleetKeep(dir, "prod", testKeepSource, 5*time.Minute, clock, zerolog.Nop()).KeepList(); l.State != gc.InputUnknown {
 		t.Errorf("unreadable file: %+v", l)
 	}
 }
@@ -198,7 +198,7 @@ func TestFleetKeepAwaitRead(t *testing.T) {
 	for _, read := range []bool{false, true} {
 		var logs bytes.Buffer
 		fake := clock.NewFake(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
-		k := loadFleetKeep(t.TempDir(), "prod", 5*time.Minute, fake.Now, zerolog.New(&logs))
+		k := loadFleetKeep(t.TempDir(), "prod", testKeepSource, 5*time.Minute, fake.Now, zerolog.New(&logs))
 		nudged := make(chan struct{}, 4)
 		k.settled = func() { nudged <- struct{}{} }
 		done := make(chan struct{})
@@ -235,7 +235,7 @@ func TestFleetKeepAwaitRead(t *testing.T) {
 func TestFleetKeepFailuresLoggedOncePerCause(t *testing.T) {
 	var logs bytes.Buffer
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
-	k := loadFleetKeep(t.TempDir(), "prod", 5*time.Minute, func() time.Time { return now }, zerolog.New(&logs))
+	k := loadFleetKeep(t.TempDir(), "prod", testKeepSource, 5*time.Minute, func() time.Time { return now }, zerolog.New(&logs))
 	old := &natsbus.ServerTooOld{Feature: "the fleet keep list watch", Version: "2.8.4", Need: natsbus.MinServerVersion}
 	for range 10 {
 		k.fail(fmt.Errorf("watch: %w", nats.ErrTimeout), time.Second)
@@ -301,7 +301,7 @@ func TestFleetKeepRunOnEveryServer(t *testing.T) {
 			add(natsbus.KeepAllKey, "base/*")
 			add(natsbus.KeepClusterKey("prod"), "app:*")
 			add(natsbus.KeepClusterKey("staging"), "other:*")
-			k := loadFleetKeep(t.TempDir(), "prod", 5*time.Minute, time.Now, zerolog.Nop())
+			k := loadFleetKeep(t.TempDir(), "prod", testKeepSource, 5*time.Minute, time.Now, zerolog.Nop())
 			done := make(chan error, 1)
 			go func() { done <- k.run(ctx, nc, "", false) }()
 			want := func(patterns ...string) {
@@ -344,7 +344,7 @@ func TestFleetKeepReadWhenNATSComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	k := loadFleetKeep(t.TempDir(), "prod", 5*time.Minute, time.Now, zerolog.New(&logs))
+	k := loadFleetKeep(t.TempDir(), "prod", testKeepSource, 5*time.Minute, time.Now, zerolog.New(&logs))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -430,4 +430,74 @@ func (s *syncBuffer) buffer() *bytes.Buffer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return bytes.NewBuffer(slices.Clone(s.b.Bytes()))
+}
+
+// testKeepSource is where the tests' agents read the fleet keep list.
+const testKeepSource = "nats nats://127.0.0.1:4222, key cluster.prod"
+
+// TestFleetKeepFromAnotherSource: a list saved from another NATS (the
+// embedded server before a move to the fleet's, another cluster's key, a
+// file of a version that did not say where it read it) keeps by its
+// patterns, but is not this source's: unknown, and image deletes wait for
+// this source's list as for one never read. Read from this source, it is
+// saved as its, and the next start restores it as read.
+func TestFleetKeepFromAnotherSource(t *testing.T) {
+	start := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	now := start
+	clock := func() time.Time { return now }
+	embedded := keepSource(Config{Cluster: "prod"})
+	fleet := keepSource(Config{Cluster: "prod", NATSURL: "nats://keeper:s3cret@fleet.example:4222, nats://b.example:4222"})
+	if strings.Contains(fleet, "s3cret") || fleet == embedded || fleet == keepSource(Config{Cluster: "prod", NATSURL: "nats://fleet.example:4222"}) {
+		t.Fatalf("sources: embedded %q, fleet %q", embedded, fleet)
+	}
+	if keepSource(Config{Cluster: "dev", NATSURL: "nats://fleet.example:4222"}) == keepSource(Config{Cluster: "prod", NATSURL: "nats://fleet.example:4222"}) {
+		t.Fatal("two clusters' keys are one source")
+	}
+	for name, save := range map[string]func(dir string){
+		"embedded server": func(dir string) {
+			k := loadFleetKeep(dir, "prod", embedded, 5*time.Minute, clock, zerolog.Nop())
+			k.seen = map[string]bool{}
+			k.apply(natsbus.KeepUpdate{Key: natsbus.KeepAllKey, List: natsbus.KeepList{Patterns: []string{"local/*"}}})
+			k.apply(natsbus.KeepUpdate{Synced: true}) // confirmed, and saved
+		},
+		"no source recorded": func(dir string) {
+			b, _ := json.Marshal(keepDoc{Lists: map[string]natsbus.KeepList{natsbus.KeepAllKey: {Patterns: []string{"local/*"}}}, ConfirmedAt: now})
+			if err := os.WriteFile(filepath.Join(dir, KeepListFile), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			now = start
+			save(dir)
+			now = start.Add(time.Hour)
+			k := loadFleetKeep(dir, "prod", fleet, 5*time.Minute, clock, zerolog.Nop())
+			if l := k.KeepList(); l.State != gc.InputUnknown || !l.Since.Equal(now) || !slices.Equal(l.Patterns, []string{"local/*"}) {
+				t.Errorf("restored from another source: %+v, want unknown since the start, its patterns kept", l)
+			}
+			if k.everRead() {
+				t.Error("a list of another source counts as read: image GC would not wait for this one's")
+			}
+			p := gc.ImagePolicy{FleetKeep: k.KeepList(), FleetKeepWait: 5 * time.Minute}
+			if _, waiting := p.KeepListWait(now.Add(time.Minute)); !waiting {
+				t.Error("image deletes do not wait for this source's list")
+			}
+			// This source answers: read, saved as its own.
+			k.seen = map[string]bool{}
+			k.apply(natsbus.KeepUpdate{Key: natsbus.KeepClusterKey("prod"), List: natsbus.KeepList{Patterns: []string{"app:*"}}})
+			k.apply(natsbus.KeepUpdate{Synced: true})
+			if l := k.KeepList(); l.State != gc.InputKnown || !slices.Equal(l.Patterns, []string{"app:*"}) {
+				t.Errorf("read from this source: %+v", l)
+			}
+			k2 := loadFleetKeep(dir, "prod", fleet, 5*time.Minute, clock, zerolog.Nop())
+			if !k2.everRead() || !slices.Equal(k2.Patterns(), []string{"app:*"}) {
+				t.Errorf("restart on the same source: read %v, patterns %v", k2.everRead(), k2.Patterns())
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, KeepListFile))
+			if strings.Contains(string(b), "s3cret") {
+				t.Errorf("the saved list holds the NATS password:\n%s", b)
+			}
+		})
+	}
 }

@@ -276,7 +276,7 @@ func loadHistory(path, metricsAddress string) (map[string]projection.LoadResult,
 // NATS does not answer, a list never read, which the agent would wait for
 // (--keep-list-wait).
 func firstStartKeepList(ctx context.Context, cfg Config, now func() time.Time) (gc.KeepList, Setting) {
-	k := loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, now, zerolog.Nop())
+	k := loadFleetKeep(cfg.StateDir, cfg.Cluster, keepSource(cfg), cfg.KeepListWait, now, zerolog.Nop())
 	l := k.KeepList()
 	s := k.Setting(now())
 	file := filepath.Join(cfg.StateDir, KeepListFile)

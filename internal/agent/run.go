@@ -180,8 +180,11 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		lock: lock, lockTaken: lockTaken, imageGCReady: make(chan struct{}),
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
+	if skew != nil {
+		a.runtime.StampSkew = skew.Get // as the Source's: creation times compare with the projection's
+	}
 	a.evs = evs
-	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
+	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, keepSource(cfg), cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
 	reg.MustRegister(keepMetrics{a.keep}, a.keep.failures)
 	a.version = cl.Version
 	a.imageFS = node.NewImageFS(cfg.ImageFS, DefaultContainerdRoot, a.runtime.CRIImages)
