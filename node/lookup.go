@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/containerd/containerd/v2/core/containers"
-	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/gcagent/gcagent/events"
@@ -40,17 +38,18 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 		}
 	}
 	var rootErr error
-	rootOf := func(c containers.Container) string {
+	rootOf := func(snapshotter, key string) string {
 		var chain string
-		chain, rootErr = s.lookupAncestry().rootChain(ctx, snapshotterOf(c), c.SnapshotKey)
+		chain, rootErr = s.lookupAncestry().rootChain(ctx, snapshotter, key)
 		return chain
 	}
 	// A sandbox's image volumes appear after the sandbox; the listings and
 	// the app containers' own volume mounts cover them.
 	noVolumes := func(string) []string { return nil }
 	id, vols := criImageRefs(c)
-	criFacts(&ev, id, vols, s.configOf(ctx, nil, nil))
-	contentFacts(&ev, c, rootOf, noVolumes)
+	criFacts(&ev, id, vols, s.configOf(ctx, nil))
+	ev.RestartManaged = restartManaged(c.Labels)
+	contentFacts(&ev, snapshotterOf(c), c.SnapshotKey, rootOf, noVolumes)
 	if rootErr != nil {
 		return nil, fmt.Errorf("rootfs of container %q: %w", c.ID, rootErr)
 	}
@@ -58,24 +57,20 @@ func (s *Source) lookupContainer(ctx context.Context, at time.Time, id string) (
 }
 
 // configOf returns a resolver of image refs (names, normalized or not, or
-// CRI image ids) to config digests; listed maps names to images when a
-// listing has them, else the image service is asked; facts are the
-// listing's, by target digest (nil: none).
-func (s *Source) configOf(ctx context.Context, listed map[string]images.Image, facts map[string]ImageFacts) func(string) string {
+// CRI image ids) to config digests; listed resolves a name to its config
+// digest when a listing has the images (nil: the image service is asked,
+// and the facts read unless the projection holds them).
+func (s *Source) configOf(ctx context.Context, listed func(name string) (config string, ok bool)) func(string) string {
 	return func(ref string) string {
 		for _, name := range normalizedRefs(ref) {
-			img, ok := listed[name]
-			if !ok && listed == nil {
-				var err error
-				img, err = s.o.Client.ImageService().Get(ctx, name)
-				ok = err == nil
-			}
-			if ok {
-				f, known := facts[img.Target.Digest.String()]
-				if !known {
-					f = s.facts(ctx, img)
+			if listed != nil {
+				if cfg, ok := listed(name); ok && cfg != "" {
+					return cfg
 				}
-				if f.Config != "" {
+				continue
+			}
+			if img, err := s.o.Client.ImageService().Get(ctx, name); err == nil {
+				if f := s.facts(ctx, img); f.Config != "" {
 					return f.Config
 				}
 			}
