@@ -31,6 +31,7 @@ type Store struct {
 	// loaded, shared by a file's spaces, holds what a check at open
 	// decoded, by namespace, until each space's first Load takes it.
 	loaded *map[string]LoadResult
+	sizes  snapSizes // of this space's last snapshot
 }
 
 // Space returns the store of namespace ns's projection, in the same file.
@@ -212,7 +213,7 @@ func (st *Store) Append(last uint64, evs []events.Event) error {
 
 // Snapshot saves s and drops the journal entries it covers.
 func (st *Store) Snapshot(s *State) error {
-	b := encodeSnapshot(s)
+	b := st.sizes.encode(s)
 	return st.db.Update(func(tx *bolt.Tx) error {
 		j, meta, err := st.buckets(tx)
 		if err != nil {
