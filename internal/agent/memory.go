@@ -80,11 +80,15 @@ func readHeap() heapSample {
 }
 
 // returnWhenQuiet checks the heap every memoryCheckEvery and, when
-// worthReturning, collects and returns the free pages to the system.
-func returnWhenQuiet(ctx context.Context, log zerolog.Logger) error {
+// worthReturning, collects and returns the free pages to the system. The
+// first time it finds the agent quiet once started (started reports
+// whether the projection is synced), it also returns the binary's pages
+// the start used (pageOutBinary).
+func returnWhenQuiet(ctx context.Context, log zerolog.Logger, started func() bool) error {
 	t := time.NewTicker(memoryCheckEvery)
 	defer t.Stop()
 	prev := readHeap()
+	binaryPaged := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -92,6 +96,15 @@ func returnWhenQuiet(ctx context.Context, log zerolog.Logger) error {
 		case <-t.C:
 		}
 		now := readHeap()
+		if !binaryPaged && now.allocs-prev.allocs < quietAllocBytes && started() {
+			binaryPaged = true
+			if before, after, err := pageOutBinary(); err != nil {
+				log.Info().Err(err).Msg("the binary's pages the start used stay resident")
+			} else {
+				log.Info().Int64("file_rss_before_bytes", before).Int64("file_rss_after_bytes", after).
+					Msg("started: the binary's pages only the start used returned to the kernel")
+			}
+		}
 		if worthReturning(prev, now) {
 			debug.FreeOSMemory()
 			after := readHeap()
