@@ -281,7 +281,7 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	g.Go(func() error { return a.live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, a.bus, boot) })
 	g.Go(func() error { return saveClock(gctx, a.clock, clockFile, log) })
-	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger()) })
+	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger(), a.live.Synced) })
 	g.Go(func() error { a.preflight(gctx); return nil })
 	if skew != nil {
 		g.Go(func() error {
@@ -337,7 +337,10 @@ type StatusDoc struct {
 
 func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Uncompressed: the page is about 20 KB, and each gzip'd scrape took a
+	// 3.4 MiB compressor (the handler's pool of them empties at each
+	// collection), garbage an idle agent kept until its next collection.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true}))
 	if a.cfg.Profiling {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
