@@ -86,9 +86,9 @@ func footprintSeed(kind string, n int) (testenv.Seed, bool) {
 // stores are seeded with n images and n containers (footprintSeed, each of
 // footprintSeeds), and the agent at its defaults (log level info).
 // containerd's root is a tmpfs (seeding takes seconds), the agent's state
-// dir is on disk. Before any agent runs, the same churns as below are run
-// against containerd alone: its own CPU per event, which the agent's is
-// compared with. It reports
+// dir is on disk. Before each agent runs and after it stopped, the same
+// churns as below run against containerd alone: its own CPU per event, the
+// mean of which the agent's is compared with. It reports
 //   - ready-first-ms: process start to the first /readyz 200, empty state;
 //   - settle-ms: how long after that first ready the agent stays busy (the
 //     first snapshot, GC passes) until it uses under 5% of a core;
@@ -104,7 +104,8 @@ func footprintSeed(kind string, n int) (testenv.Seed, bool) {
 //     (idle included: it is logged, a few ms/s); serial-cpu-ms/event: the
 //     same for a quarter as many, one at a time;
 //   - ctrd-cpu-ms/event, ctrd-serial-cpu-ms/event: containerd's own CPU per
-//     event for the same two churns with no agent following it;
+//     event for the same two churns with no agent following it (the mean of
+//     before and after the agent);
 //     cpu-ratio, serial-cpu-ratio: the agent's CPU per event over those
 //     (what containerd spends meanwhile answering the agent's lookups is
 //     logged);
@@ -390,10 +391,7 @@ func benchFootprint(b *testing.B, v testenv.Version, n int, kind string) {
 	// The agent starts once containerd has digested the seeding (CRI
 	// follows its events).
 	ctrdBusy, _ := waitQuiet(b, c.Pid(), "containerd")
-	alone := churnAlone(b, c, seed, n)
-	waitQuiet(b, c.Pid(), "containerd")
-	b.Logf("seeded %s in %s, containerd then busy %s more; containerd alone: %.3f ms/event in the burst, %.3f one at a time",
-		kind, seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond), alone.burst, alone.serial)
+	b.Logf("seeded %s in %s, containerd then busy %s more", kind, seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
 	// FOOTPRINT_BASELINE, another agent binary, is measured on the same
 	// daemon, first (last with FOOTPRINT_BASELINE_LAST), so that the two
 	// are compared side by side.
@@ -413,14 +411,26 @@ func benchFootprint(b *testing.B, v testenv.Version, n int, kind string) {
 	}
 	b.ResetTimer()
 	for _, ag := range agents {
-		measureFootprint(b, c, seed, n, v, alone, ag.label, ag.bin)
+		measureFootprint(b, c, seed, n, v, ag.label, ag.bin)
 	}
 }
 
 // measureFootprint starts the agent binary bin on c (seeded with seed, n
 // of each), measures it (BenchmarkFootprint) and logs the figures under
 // label; only "this" reports metrics.
-func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n int, v testenv.Version, alone ctrdChurns, label, bin string) {
+func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n int, v testenv.Version, label, bin string) {
+	// containerd's own CPU per event, before this agent runs and after it
+	// stopped: the host's load moves over a run, and the agent's churns are
+	// compared with the mean of the two around it.
+	var report func(alone, before, after ctrdChurns) // once the agent's figures are in
+	before := churnAlone(b, c, seed, n)
+	defer func() {
+		if report == nil {
+			return // failed
+		}
+		after := churnAlone(b, c, seed, n)
+		report(ctrdChurns{burst: (before.burst + after.burst) / 2, serial: (before.serial + after.serial) / 2}, before, after)
+	}()
 	state := filepath.Join(b.TempDir(), "state")
 	flags := []string{"--log-level=info"}
 	if os.Getenv("FOOTPRINT_NATS") == "external" { // as a fleet runs it: one NATS, no embedded server
@@ -508,44 +518,48 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 	}
 	a.Stop()
 
-	if label == "this" {
-		b.ReportMetric(ms(readyFirst), "ready-first-ms")
-		b.ReportMetric(ms(readyRestart), "ready-restart-ms")
-		b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
-		b.ReportMetric(mib(memIdle.RSS), "idle-rss-MiB")
-		b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
-		b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
-		b.ReportMetric(mib(memRestartSettled.Peak), "restart-peak-MiB")
-		b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
-		b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
-		b.ReportMetric(alone.burst, "ctrd-cpu-ms/event")
-		b.ReportMetric(alone.serial, "ctrd-serial-cpu-ms/event")
-		b.ReportMetric(burst.cpuPerEventMs/alone.burst, "cpu-ratio")
-		b.ReportMetric(serial.cpuPerEventMs/alone.serial, "serial-cpu-ratio")
-		b.ReportMetric(ms(settle), "settle-ms")
-		b.ReportMetric(ms(imagePlan), "image-plan-ms")
-		b.ReportMetric(ms(containerPlan), "container-plan-ms")
+	report = func(alone, before, after ctrdChurns) {
+		if label == "this" {
+			b.ReportMetric(ms(readyFirst), "ready-first-ms")
+			b.ReportMetric(ms(readyRestart), "ready-restart-ms")
+			b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
+			b.ReportMetric(mib(memIdle.RSS), "idle-rss-MiB")
+			b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
+			b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
+			b.ReportMetric(mib(memRestartSettled.Peak), "restart-peak-MiB")
+			b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
+			b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
+			b.ReportMetric(alone.burst, "ctrd-cpu-ms/event")
+			b.ReportMetric(alone.serial, "ctrd-serial-cpu-ms/event")
+			b.ReportMetric(burst.cpuPerEventMs/alone.burst, "cpu-ratio")
+			b.ReportMetric(serial.cpuPerEventMs/alone.serial, "serial-cpu-ratio")
+			b.ReportMetric(ms(settle), "settle-ms")
+			b.ReportMetric(ms(imagePlan), "image-plan-ms")
+			b.ReportMetric(ms(containerPlan), "container-plan-ms")
+		}
+		// Four lines per agent: a benchmark's log is cut after ten.
+		b.Logf("%s: | containerd %s | n=%d | ready first %s, restart %s | idle %.1f MiB, peak %.1f MiB, restart peak %.1f MiB | %.3f ms/event (serial %.3f, %.2f× containerd's) |",
+			label, v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memIdle.RSS), mib(memEnd.Peak), mib(memRestartSettled.Peak),
+			burst.cpuPerEventMs, serial.cpuPerEventMs, serial.cpuPerEventMs/alone.serial)
+		b.Logf("%s: ready first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s), then busy %s more (cpu %s), idle at %.1f ms/s; "+
+			"rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), idle after ready %.1f MiB (anon %.1f, file %.1f; go heap in use %.1f, objects %.1f, free pages kept %.1f), at the end %.1f MiB (anon %.1f, heap in use %.1f), peak %.1f MiB; restart rss %.1f (anon %.1f), settled %.1f, peak %.1f MiB",
+			label, readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
+			settle.Round(time.Millisecond), settleCPU, idleRate,
+			mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
+			idleHeap/(1<<20), idleObjects/(1<<20), idleFree/(1<<20), mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Anon),
+			mib(memRestartSettled.RSS), mib(memRestartSettled.Peak))
+		plans := ""
+		if label == "this" {
+			plans = fmt.Sprintf("; plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (--prune-containers=all) %s",
+				imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
+		}
+		b.Logf("%s: churn burst (8 at a time) %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event (%.1f thread switches/event; containerd meanwhile %.3f, alone %.3f); "+
+			"serial %d events in %s, agent cpu %s = %.3f ms/event (%.1f switches/event; containerd meanwhile %.3f, alone %.3f)%s",
+			label, burst.events, burst.received, burst.dropped, burst.took.Round(time.Millisecond), burst.cpu, burst.cpuPerEventMs, burst.switchesPerEvent, burst.ctrdPerEventMs, alone.burst,
+			serial.events, serial.took.Round(time.Millisecond), serial.cpu, serial.cpuPerEventMs, serial.switchesPerEvent, serial.ctrdPerEventMs, alone.serial, plans)
+		b.Logf("%s: containerd alone, before and after this agent: %.3f and %.3f ms/event in the burst, %.3f and %.3f one at a time",
+			label, before.burst, after.burst, before.serial, after.serial)
 	}
-	// Three lines per agent: a benchmark's log is cut after ten.
-	b.Logf("%s: | containerd %s | n=%d | ready first %s, restart %s | idle %.1f MiB, peak %.1f MiB, restart peak %.1f MiB | %.3f ms/event (serial %.3f, %.2f× containerd's) |",
-		label, v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memIdle.RSS), mib(memEnd.Peak), mib(memRestartSettled.Peak),
-		burst.cpuPerEventMs, serial.cpuPerEventMs, serial.cpuPerEventMs/alone.serial)
-	b.Logf("%s: ready first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s), then busy %s more (cpu %s), idle at %.1f ms/s; "+
-		"rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), idle after ready %.1f MiB (anon %.1f, file %.1f; go heap in use %.1f, objects %.1f, free pages kept %.1f), at the end %.1f MiB (anon %.1f, heap in use %.1f), peak %.1f MiB; restart rss %.1f (anon %.1f), settled %.1f, peak %.1f MiB",
-		label, readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
-		settle.Round(time.Millisecond), settleCPU, idleRate,
-		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
-		idleHeap/(1<<20), idleObjects/(1<<20), idleFree/(1<<20), mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Anon),
-		mib(memRestartSettled.RSS), mib(memRestartSettled.Peak))
-	plans := ""
-	if label == "this" {
-		plans = fmt.Sprintf("; plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (--prune-containers=all) %s",
-			imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
-	}
-	b.Logf("%s: churn burst (8 at a time) %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event (%.1f thread switches/event; containerd meanwhile %.3f, alone %.3f); "+
-		"serial %d events in %s, agent cpu %s = %.3f ms/event (%.1f switches/event; containerd meanwhile %.3f, alone %.3f)%s",
-		label, burst.events, burst.received, burst.dropped, burst.took.Round(time.Millisecond), burst.cpu, burst.cpuPerEventMs, burst.switchesPerEvent, burst.ctrdPerEventMs, alone.burst,
-		serial.events, serial.took.Round(time.Millisecond), serial.cpu, serial.cpuPerEventMs, serial.switchesPerEvent, serial.ctrdPerEventMs, alone.serial, plans)
 }
 
 // saveHeap writes the agent's heap profile into FOOTPRINT_HEAP (a dir),
