@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,10 +19,22 @@ import (
 // of them touched once, by the start alone (the packages' init, the first
 // listing, the snapshot, the NATS server's start, the kubelet's config
 // types), against 16 MiB that an agent that has run for minutes touches
-// again. pageOutBinary gives those pages back once the agent has started:
-// the kernel drops them from memory (the file's pages, clean, are read
-// again if ever needed), and what the agent runs next comes back at its
-// first touch.
+// again. pageOutBinary gives those pages back, once the process has
+// started its parts (before the first listing peaks) and once more when
+// the first listing is applied: the kernel drops them from memory (the
+// file's pages, clean, are read again if ever needed), and what the agent
+// runs next comes back at its first touch.
+
+// returnBinaryPages pages the binary out (pageOutBinary) and logs msg with
+// the file-backed RSS before and after.
+func returnBinaryPages(log zerolog.Logger, msg string) {
+	before, after, err := pageOutBinary()
+	if err != nil {
+		log.Info().Err(err).Msg("the binary's pages stay resident")
+		return
+	}
+	log.Info().Int64("file_rss_before_bytes", before).Int64("file_rss_after_bytes", after).Msg(msg)
+}
 
 // pageOutBinary pages out every read-only mapping of the executable
 // (MADV_PAGEOUT, Linux 5.4 and later) and returns the process's

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -18,5 +20,18 @@ func TestPageOutBinary(t *testing.T) {
 	t.Logf("file-backed RSS %d -> %d KiB", before>>10, after>>10)
 	if got := strings.Repeat("ok", 2); got != "okok" { // code paged out runs again
 		t.Fatal(got)
+	}
+}
+
+// TestOneProcessor: one processor once started, unless GOMAXPROCS says.
+func TestOneProcessor(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	t.Setenv("GOMAXPROCS", "3")
+	if before, changed := oneProcessor(); changed || before != 4 || runtime.GOMAXPROCS(0) != 4 {
+		t.Fatalf("GOMAXPROCS set: %d, changed %v, now %d", before, changed, runtime.GOMAXPROCS(0))
+	}
+	os.Unsetenv("GOMAXPROCS")
+	if before, changed := oneProcessor(); !changed || before != 4 || runtime.GOMAXPROCS(0) != 1 {
+		t.Fatalf("GOMAXPROCS unset: %d, changed %v, now %d", before, changed, runtime.GOMAXPROCS(0))
 	}
 }

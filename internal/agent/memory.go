@@ -81,14 +81,14 @@ func readHeap() heapSample {
 
 // returnWhenQuiet checks the heap every memoryCheckEvery and, when
 // worthReturning, collects and returns the free pages to the system. The
-// first time it finds the agent quiet once started (started reports
-// whether the projection is synced), it also returns the binary's pages
-// the start used (pageOutBinary).
+// first time it finds the agent started (started reports whether the
+// projection is synced), it also returns the binary's pages the start used
+// (pageOutBinary) and gives the agent one processor (oneProcessor).
 func returnWhenQuiet(ctx context.Context, log zerolog.Logger, started func() bool) error {
 	t := time.NewTicker(memoryCheckEvery)
 	defer t.Stop()
 	prev := readHeap()
-	binaryPaged := false
+	settled := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -96,13 +96,11 @@ func returnWhenQuiet(ctx context.Context, log zerolog.Logger, started func() boo
 		case <-t.C:
 		}
 		now := readHeap()
-		if !binaryPaged && now.allocs-prev.allocs < quietAllocBytes && started() {
-			binaryPaged = true
-			if before, after, err := pageOutBinary(); err != nil {
-				log.Info().Err(err).Msg("the binary's pages the start used stay resident")
-			} else {
-				log.Info().Int64("file_rss_before_bytes", before).Int64("file_rss_after_bytes", after).
-					Msg("started: the binary's pages only the start used returned to the kernel")
+		if !settled && started() {
+			settled = true
+			returnBinaryPages(log, "synced: the binary's pages only the first listing used returned to the kernel")
+			if before, changed := oneProcessor(); changed {
+				log.Info().Int("gomaxprocs_before", before).Msg("started: one processor from now on (GOMAXPROCS sets it otherwise)")
 			}
 		}
 		if worthReturning(prev, now) {
