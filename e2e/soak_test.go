@@ -74,7 +74,8 @@ type soakSample struct {
 	Imported, ImagesGone int64
 	Ran, ContainersGone  int64
 	Links, LinksGone     int64
-	Stored               uint64 // messages in the events stream
+	Stored               uint64  // messages in the events stream
+	Deletions            float64 // held for the regret window (gcagent_projection_regret_deletions)
 	AgentCPU             time.Duration
 }
 
@@ -215,7 +216,8 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 		s := soakSample{At: time.Since(begin), RSS: m.RSS, Anon: m.Anon, File: m.File, AgentCPU: cpu,
 			HeapInuse: metricSum(text, "go_memstats_heap_inuse_bytes"), HeapAlloc: metricSum(text, "go_memstats_heap_alloc_bytes"),
 			FDs: metricSum(text, "process_open_fds"), Goroutines: metricSum(text, "go_goroutines"),
-			Imported: load.imported.Load(), Ran: load.ran.Load(), Links: load.linked.Load(), Stored: streamMsgs(t, nc)}
+			Deletions: metricSum(text, "gcagent_projection_regret_deletions"),
+			Imported:  load.imported.Load(), Ran: load.ran.Load(), Links: load.linked.Load(), Stored: streamMsgs(t, nc)}
 		imgs, err := c.Client.ImageService().List(c.Ctx(), `name~="^soak.test/img-"`)
 		if err != nil {
 			t.Fatalf("list images: %v", err)
@@ -479,11 +481,11 @@ func soakCheck(t *testing.T, c *testenv.Containerd, load *soakLoad, evs []stored
 // soakWrite writes soak-<v>.csv and soak-<v>.md into dir.
 func soakWrite(t *testing.T, dir string, v testenv.Version, d time.Duration, samples []soakSample) {
 	var csv strings.Builder
-	csv.WriteString("minute,rss_mib,anon_mib,file_mib,heap_inuse_mib,heap_alloc_mib,fds,goroutines,agent_cpu_s,images_imported,images_gone,containers_run,containers_gone,links,links_gone,events_stored\n")
+	csv.WriteString("minute,rss_mib,anon_mib,file_mib,heap_inuse_mib,heap_alloc_mib,fds,goroutines,agent_cpu_s,images_imported,images_gone,regret_deletions,containers_run,containers_gone,links,links_gone,events_stored\n")
 	for _, s := range samples {
-		fmt.Fprintf(&csv, "%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.0f,%.0f,%.1f,%d,%d,%d,%d,%d,%d,%d\n", s.At.Minutes(), mib(s.RSS), mib(s.Anon), mib(s.File),
+		fmt.Fprintf(&csv, "%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.0f,%.0f,%.1f,%d,%d,%.0f,%d,%d,%d,%d,%d\n", s.At.Minutes(), mib(s.RSS), mib(s.Anon), mib(s.File),
 			s.HeapInuse/(1<<20), s.HeapAlloc/(1<<20), s.FDs, s.Goroutines, s.AgentCPU.Seconds(),
-			s.Imported, s.ImagesGone, s.Ran, s.ContainersGone, s.Links, s.LinksGone, s.Stored)
+			s.Imported, s.ImagesGone, s.Deletions, s.Ran, s.ContainersGone, s.Links, s.LinksGone, s.Stored)
 	}
 	var md strings.Builder
 	step := 10 // rows by ten minutes; by minute for a soak under an hour
@@ -492,14 +494,14 @@ func soakWrite(t *testing.T, dir string, v testenv.Version, d time.Duration, sam
 	}
 	fmt.Fprintf(&md, "Soak of %s on containerd %s (`make soak SOAK=%s`), one row by %d minutes (the last: after the load stopped and the agent caught up):\n\n",
 		d, v, os.Getenv("GCAGENT_TEST_SOAK"), step)
-	md.WriteString("| minute | RSS MiB (anon, file) | Go heap in use MiB | fds | goroutines | images imported / gone | containers run / gone | links / gone | events stored |\n")
+	md.WriteString("| minute | RSS MiB (anon, file) | Go heap in use MiB | fds | goroutines | images imported / gone (deletions held for regrets) | containers run / gone | links / gone | events stored |\n")
 	md.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for i, s := range samples {
 		if i%step != 0 && i != len(samples)-1 {
 			continue
 		}
-		fmt.Fprintf(&md, "| %.0f | %.1f (%.1f, %.1f) | %.1f | %.0f | %.0f | %d / %d | %d / %d | %d / %d | %d |\n", s.At.Minutes(), mib(s.RSS), mib(s.Anon), mib(s.File),
-			s.HeapInuse/(1<<20), s.FDs, s.Goroutines, s.Imported, s.ImagesGone, s.Ran, s.ContainersGone, s.Links, s.LinksGone, s.Stored)
+		fmt.Fprintf(&md, "| %.0f | %.1f (%.1f, %.1f) | %.1f | %.0f | %.0f | %d / %d (%.0f) | %d / %d | %d / %d | %d |\n", s.At.Minutes(), mib(s.RSS), mib(s.Anon), mib(s.File),
+			s.HeapInuse/(1<<20), s.FDs, s.Goroutines, s.Imported, s.ImagesGone, s.Deletions, s.Ran, s.ContainersGone, s.Links, s.LinksGone, s.Stored)
 	}
 	md.WriteString("\n" + soakVerdict(samples) + "\n")
 	for name, body := range map[string]string{"csv": csv.String(), "md": md.String()} {
@@ -545,7 +547,9 @@ func soakVerdict(samples []soakSample) string {
 		}
 		return m
 	}
-	return fmt.Sprintf("Resident memory %s: mean %.1f MiB over minutes %.0f-%.0f, %.1f MiB over minutes %.0f-%.0f (Go heap in use %.1f and %.1f MiB); file descriptors at most %.0f, goroutines at most %.0f.",
+	return fmt.Sprintf("Resident memory %s: mean %.1f MiB over minutes %.0f-%.0f, %.1f MiB over minutes %.0f-%.0f (Go heap in use %.1f and %.1f MiB); "+
+		"file descriptors at most %.0f, goroutines at most %.0f; images deleted and remembered for their 24 h regret window %.0f at minute %.0f, %.0f at minute %.0f.",
 		verdict, mean(mid, rss), mid[0].At.Minutes(), mid[len(mid)-1].At.Minutes(), mean(last, rss), last[0].At.Minutes(), last[len(last)-1].At.Minutes(),
-		mean(mid, heap), mean(last, heap), maxOf(func(s soakSample) float64 { return s.FDs }), maxOf(func(s soakSample) float64 { return s.Goroutines }))
+		mean(mid, heap), mean(last, heap), maxOf(func(s soakSample) float64 { return s.FDs }), maxOf(func(s soakSample) float64 { return s.Goroutines }),
+		mid[0].Deletions, mid[0].At.Minutes(), last[len(last)-1].Deletions, last[len(last)-1].At.Minutes())
 }

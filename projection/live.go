@@ -308,6 +308,7 @@ var (
 	descContainers = prometheus.NewDesc("gcagent_projection_containers", "Containers in the projection, by namespace and state.", []string{"namespace", "state"}, nil)
 	descPods       = prometheus.NewDesc("gcagent_projection_live_pods", "Pods with a sandbox, by namespace.", []string{"namespace"}, nil)
 	descSynced     = prometheus.NewDesc("gcagent_projection_synced", "1 once the namespace's projection reflects a full listing.", []string{"namespace"}, nil)
+	descDeletions  = prometheus.NewDesc("gcagent_projection_regret_deletions", "Images this agent's image GC deleted whose regret window is still open (remembered to notice their return), by namespace.", []string{"namespace"}, nil)
 )
 
 func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) {
@@ -315,6 +316,7 @@ func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descContainers
 	ch <- descPods
 	ch <- descSynced
+	ch <- descDeletions
 }
 
 func (g gaugeFunc) Collect(ch chan<- prometheus.Metric) {
@@ -341,6 +343,7 @@ func (l *Live) collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(live), ns)
+		ch <- prometheus.MustNewConstMetric(descDeletions, prometheus.GaugeValue, float64(len(s.Deletions)), ns)
 		synced := 0.0
 		if s.Synced {
 			synced = 1
