@@ -19,11 +19,12 @@ import (
 // of them touched once, by the start alone (the packages' init, the first
 // listing, the snapshot, the NATS server's start, the kubelet's config
 // types), against 16 MiB that an agent that has run for minutes touches
-// again. pageOutBinary gives those pages back, once the process has
-// started its parts (before the first listing peaks) and once more when
-// the first listing is applied: the kernel drops them from memory (the
-// file's pages, clean, are read again if ever needed), and what the agent
-// runs next comes back at its first touch.
+// again. pageOutBinary gives those pages back, once every package's init
+// has run (before the first listing peaks) and once more when the first
+// listing is applied: the kernel drops them from memory (the file's pages,
+// clean, are read again if ever needed), and what the agent runs next
+// comes back at its first touch. Paging out while the first listing runs
+// made its code come back from the disk, in the middle of a restart.
 
 // returnBinaryPages pages the binary out (pageOutBinary) and logs msg with
 // the file-backed RSS before and after.

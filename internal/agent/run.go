@@ -83,6 +83,10 @@ type agent struct {
 func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	sampleAllocations(cfg.Profiling)
 	log := NewLogger(cfg, logOut)
+	// What ran so far (every package's init, the configuration) never runs
+	// again: its pages go back before the first listing, the agent's
+	// peak, touches what it needs.
+	returnBinaryPages(log.With().Str("component", "memory").Logger(), "starting: the binary's pages the process's init used returned to the kernel")
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -182,10 +186,6 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		Str("state_dir", cfg.StateDir).Str("metrics", ln.Addr().String()).Bool("dry_run", cfg.DryRun).Msg("gcagent starting")
 
 	a.start(g, gctx, evs, srv, ln, boot, skew, clockFile)
-	// The process's start (package init, the configuration, the NATS
-	// server's start) is done: its pages go back before the first listing,
-	// the agent's peak, is applied.
-	returnBinaryPages(log.With().Str("component", "memory").Logger(), "started: the binary's pages the process start used returned to the kernel")
 	err = g.Wait()
 	log.Info().Msg("gcagent stopped")
 	return err
