@@ -285,7 +285,9 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	g.Go(func() error { return a.live.Run(gctx, evs) })
 	g.Go(func() error { return a.runHeartbeat(gctx, a.bus, boot) })
 	g.Go(func() error { return saveClock(gctx, a.clock, clockFile, log) })
-	g.Go(func() error { return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger(), a.live.Synced) })
+	g.Go(func() error {
+		return returnWhenQuiet(gctx, log.With().Str("component", "memory").Logger(), a.live.Synced)
+	})
 	g.Go(func() error { a.preflight(gctx); return nil })
 	if skew != nil {
 		g.Go(func() error {
