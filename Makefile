@@ -40,7 +40,7 @@ export GCAGENT_TEST_KUBELET_DIR := $(KUBELET_DIR)
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
 
-.PHONY: help deps deps-apt build image test unit e2e bench demo lint tidy-check fuzz chart manifest
+.PHONY: help deps deps-apt build image test unit e2e bench demo soak lint tidy-check fuzz chart manifest
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -114,6 +114,13 @@ bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usa
 demo: deps-apt ## Debian's containerd 1.6 on a small tmpfs + the agent as installed by default (embedded NATS) + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/
 
+SOAK ?= 2h
+SOAK_DIR ?= $(CURDIR)/bin/soak
+soak: deps ## the agent under mixed load on containerd 1.6 and 2.3 at once for SOAK (default 2h): memory, Go heap, fds and goroutines by minute, every removal stored once in JetStream; tables in SOAK_DIR (bin/soak)
+	@mkdir -p $(SOAK_DIR)
+	@# -timeout 0: the soak bounds itself (the load stops at SOAK, the catch-up after it within 5 minutes).
+	GCAGENT_TEST_SOAK=$(SOAK) GCAGENT_TEST_SOAK_DIR=$(SOAK_DIR) $(GO) test -count=1 -tags soak -run '^TestSoak$$' -v -timeout 0 ./e2e/
+
 FUZZTIME ?= 30s
 fuzz: ## run every Fuzz target (found in *_fuzz_test.go) for FUZZTIME each (default 30s); make test runs only their seeds
 	@set -e; for f in $$(git ls-files '*_fuzz_test.go'); do \
@@ -128,6 +135,7 @@ lint: ## gofmt and go vet (also of the agent built without the embedded NATS ser
 	$(GO) vet ./...
 	$(GO) vet -tags noembeddednats ./cmd/gcagent/
 	$(GO) vet -tags testhooks ./internal/agent/ ./node/
+	$(GO) vet -tags soak ./e2e/
 	cd kubeletdiff && $(GO) vet ./...
 
 chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deploy/kubernetes/gcagent.yaml, every value set, strict typed decode), gofmt, vet and tidy-check of its module

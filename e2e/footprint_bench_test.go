@@ -41,15 +41,54 @@ func footprintSizes(b *testing.B) []int {
 	return out
 }
 
+// footprintSeeds are the seeds measured: FOOTPRINT_SEEDS as a
+// comma-separated list of footprintSeed's kinds, default both.
+func footprintSeeds(b *testing.B) []string {
+	v := os.Getenv("FOOTPRINT_SEEDS")
+	if v == "" {
+		return []string{"unpacked", "fetched"}
+	}
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		s = strings.TrimSpace(s)
+		if _, ok := footprintSeed(s, 1); !ok {
+			b.Fatalf("FOOTPRINT_SEEDS=%q: %q is neither unpacked nor fetched", v, s)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// footprintSeed is the seed of kind with n images and n containers:
+//   - unpacked: every image named and id-referenced as CRI pulls it, and
+//     unpacked (its config labelled with its chain id, so that a first
+//     listing takes its facts from the content store's labels);
+//   - fetched: pulled but not unpacked, as `ctr content fetch`, buildkit or
+//     a pre-pull cache leave them, named by their tag only (CRI names and
+//     labels them itself in the background, before the agent starts): a
+//     first listing reads each image's config.
+//
+// Half the containers are labelled like CRI containers, each with a rootfs
+// snapshot key as CRI gives them (of no snapshot: each create costs the
+// agent the lookup a real one does).
+func footprintSeed(kind string, n int) (testenv.Seed, bool) {
+	switch kind {
+	case "unpacked":
+		return testenv.Seed{Images: n, Containers: n, CRIManaged: true, RootfsKeys: true}, true
+	case "fetched":
+		return testenv.Seed{Images: n, Containers: n, Fetched: true, RootfsKeys: true}, true
+	}
+	return testenv.Seed{}, false
+}
+
 // BenchmarkFootprint measures the agent binary at the size of a busy node
 // (issue #11): a private containerd (the newest of testenv.Versions()) whose
-// stores are seeded with n images and n containers, half of them labelled
-// like CRI containers, every image named and id-referenced as CRI pulls
-// it, every container with a rootfs snapshot key as CRI gives them (of no
-// snapshot: each create costs the agent the lookup a real one does), and
-// the agent at its defaults (log level info). containerd's root is
-// a tmpfs (seeding takes seconds), the agent's state dir is on disk. It
-// reports
+// stores are seeded with n images and n containers (footprintSeed, each of
+// footprintSeeds), and the agent at its defaults (log level info).
+// containerd's root is a tmpfs (seeding takes seconds), the agent's state
+// dir is on disk. Before each agent runs and after it stopped, the same
+// churns as below run against containerd alone: its own CPU per event, the
+// mean of which the agent's is compared with. It reports
 //   - ready-first-ms: process start to the first /readyz 200, empty state;
 //   - settle-ms: how long after that first ready the agent stays busy (the
 //     first snapshot, GC passes) until it uses under 5% of a core;
@@ -57,18 +96,26 @@ func footprintSizes(b *testing.B) []int {
 //   - rss-MiB: VmRSS at the first ready; idle-rss-MiB: VmRSS footprintIdle
 //     after it settled; peak-MiB: VmHWM at the end of the first run (after
 //     settling and the churns); restart-rss-MiB: VmRSS at the ready after
-//     the restart;
+//     the restart; restart-peak-MiB: VmHWM once the restarted agent
+//     settled;
 //   - cpu-ms/event: the agent's utime+stime while footprintChurn
 //     containers are created and deleted through the container service, 8
 //     at a time, until all their deletes are applied, per containerd event
 //     (idle included: it is logged, a few ms/s); serial-cpu-ms/event: the
 //     same for a quarter as many, one at a time;
+//   - ctrd-cpu-ms/event, ctrd-serial-cpu-ms/event: containerd's own CPU per
+//     event for the same two churns with no agent following it (the mean of
+//     before and after the agent);
+//     cpu-ratio, serial-cpu-ratio: the agent's CPU per event over those
+//     (what containerd spends meanwhile answering the agent's lookups is
+//     logged);
 //   - image-plan-ms, container-plan-ms: one image GC plan (kubelet
 //     thresholds, a full disk) and one full container GC plan
 //     (--prune-containers=all) on the projection the agent persisted,
 //     loaded while it is stopped before the restart.
 //
-// FOOTPRINT_SIZES overrides n (default 1000,10000); FOOTPRINT_NATS=external
+// FOOTPRINT_SIZES overrides n (default 1000,10000), FOOTPRINT_SEEDS the
+// seeds (default unpacked,fetched); FOOTPRINT_NATS=external
 // gives each agent a NATS server of its own (in the benchmark's process)
 // instead of its embedded one, as a fleet with one NATS runs it; FOOTPRINT_PERF=dir
 // records perf profiles of the first start, the settling, the churns and
@@ -81,11 +128,13 @@ func BenchmarkFootprint(b *testing.B) {
 	vs := testenv.Versions()
 	v := vs[len(vs)-1]
 	for _, n := range footprintSizes(b) {
-		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
-			for range b.N {
-				benchFootprint(b, v, n)
-			}
-		})
+		for _, kind := range footprintSeeds(b) {
+			b.Run(fmt.Sprintf("n=%d/%s", n, kind), func(b *testing.B) {
+				for range b.N {
+					benchFootprint(b, v, n, kind)
+				}
+			})
+		}
 	}
 }
 
@@ -214,30 +263,23 @@ func waitQuiet(b *testing.B, pid int, what string) (time.Duration, time.Duration
 	return 0, 0
 }
 
-// churnResult is what the agent spent following one churn.
+// churnResult is what the agent spent following one churn, and
+// containerd meanwhile.
 type churnResult struct {
 	events            int
 	received, dropped float64
 	took, cpu         time.Duration
 	cpuPerEventMs     float64
 	switchesPerEvent  float64
+	// ctrdPerEventMs is containerd's CPU per event over the same time.
+	ctrdPerEventMs float64
 }
 
-// churn creates and deletes count containers (seed's records n+first ...,
-// half CRI-labelled) through the container service on workers goroutines,
-// waits until the agent has applied every delete, and returns the agent's
-// CPU time over it.
-func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.Seed, n, first, count, workers int) churnResult {
+// churnCreates creates and deletes count containers (seed's records
+// n+first ..., half CRI-labelled) through the container service on
+// workers goroutines.
+func churnCreates(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n, first, count, workers int) {
 	b.Helper()
-	deletes := func(text string) float64 {
-		return footprintMetric(text, "gcagent_projection_events_applied_total", `kind="container.deleted"`)
-	}
-	text := mustMetricsText(b, a)
-	deleted0 := deletes(text)
-	received0 := metricSum(text, "gcagent_events_received_total")
-	dropped0 := metricSum(text, "gcagent_events_dropped_total")
-	switches0 := mustSwitches(b, a)
-	cpu0, start := mustCPU(b, a), time.Now()
 	if err := testenv.Parallel(c.Ctx(), count, workers, func(ctx context.Context, i int) error {
 		rec, err := seed.SeedContainer(n + first + i)
 		if err != nil {
@@ -250,6 +292,48 @@ func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.S
 	}); err != nil {
 		b.Fatalf("churn: %v", err)
 	}
+}
+
+// ctrdChurns are containerd's own CPU per event (ms) for the two churns
+// measureFootprint runs, with no agent following it.
+type ctrdChurns struct{ burst, serial float64 }
+
+// churnAlone runs the churns measureFootprint runs against containerd
+// alone and returns its CPU per event for each.
+func churnAlone(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n int) ctrdChurns {
+	b.Helper()
+	run := func(first, count, workers int) float64 {
+		cpu0 := mustProcCPU(b, c.Pid())
+		churnCreates(b, c, seed, n, first, count, workers)
+		return ms(mustProcCPU(b, c.Pid())-cpu0) / float64(2*count)
+	}
+	return ctrdChurns{burst: run(0, footprintChurn, 8), serial: run(footprintChurn, footprintChurn/4, 1)}
+}
+
+func mustProcCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	d, err := testenv.ReadProcCPU(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// churn runs churnCreates, waits until the agent has applied every
+// delete, and returns the agent's CPU time over it (and containerd's).
+func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.Seed, n, first, count, workers int) churnResult {
+	b.Helper()
+	deletes := func(text string) float64 {
+		return footprintMetric(text, "gcagent_projection_events_applied_total", `kind="container.deleted"`)
+	}
+	text := mustMetricsText(b, a)
+	deleted0 := deletes(text)
+	received0 := metricSum(text, "gcagent_events_received_total")
+	dropped0 := metricSum(text, "gcagent_events_dropped_total")
+	switches0 := mustSwitches(b, a)
+	ctrd0 := mustProcCPU(b, c.Pid())
+	cpu0, start := mustCPU(b, a), time.Now()
+	churnCreates(b, c, seed, n, first, count, workers)
 	r := churnResult{events: 2 * count}
 	// Each look is a /metrics scrape the agent pays for: four a second
 	// (Prometheus scrapes every 15 s or more).
@@ -273,6 +357,7 @@ func churn(b *testing.B, c *testenv.Containerd, a *testenv.Agent, seed testenv.S
 	})
 	r.took, r.cpu = time.Since(start), mustCPU(b, a)-cpu0
 	r.cpuPerEventMs = ms(r.cpu) / float64(r.events)
+	r.ctrdPerEventMs = ms(mustProcCPU(b, c.Pid())-ctrd0) / float64(r.events)
 	r.switchesPerEvent = float64(mustSwitches(b, a)-switches0) / float64(r.events)
 	return r
 }
@@ -294,19 +379,19 @@ func startPerf(b *testing.B, a *testenv.Agent, name string) (stop func()) {
 	}
 }
 
-func benchFootprint(b *testing.B, v testenv.Version, n int) {
+func benchFootprint(b *testing.B, v testenv.Version, n int, kind string) {
 	// containerd's root on a tmpfs: its metadata commits do not wait for a
 	// disk, so seeding 10,000 records takes seconds. The agent's state dir
 	// stays on disk.
 	c := testenv.StartContainerd(b, testenv.Options{Version: v, RootSize: "2g"})
-	seed := testenv.Seed{Images: n, Containers: n, CRIManaged: true, RootfsKeys: true}
+	seed, _ := footprintSeed(kind, n)
 	began := time.Now()
 	c.SeedRecords(b, seed)
 	seeding := time.Since(began)
 	// The agent starts once containerd has digested the seeding (CRI
 	// follows its events).
 	ctrdBusy, _ := waitQuiet(b, c.Pid(), "containerd")
-	b.Logf("seeded in %s, containerd then busy %s more", seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
+	b.Logf("seeded %s in %s, containerd then busy %s more", kind, seeding.Round(time.Millisecond), ctrdBusy.Round(time.Millisecond))
 	// FOOTPRINT_BASELINE, another agent binary, is measured on the same
 	// daemon, first (last with FOOTPRINT_BASELINE_LAST), so that the two
 	// are compared side by side.
@@ -334,6 +419,18 @@ func benchFootprint(b *testing.B, v testenv.Version, n int) {
 // of each), measures it (BenchmarkFootprint) and logs the figures under
 // label; only "this" reports metrics.
 func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n int, v testenv.Version, label, bin string) {
+	// containerd's own CPU per event, before this agent runs and after it
+	// stopped: the host's load moves over a run, and the agent's churns are
+	// compared with the mean of the two around it.
+	var report func(alone, before, after ctrdChurns) // once the agent's figures are in
+	before := churnAlone(b, c, seed, n)
+	defer func() {
+		if report == nil {
+			return // failed
+		}
+		after := churnAlone(b, c, seed, n)
+		report(ctrdChurns{burst: (before.burst + after.burst) / 2, serial: (before.serial + after.serial) / 2}, before, after)
+	}()
 	state := filepath.Join(b.TempDir(), "state")
 	flags := []string{"--log-level=info"}
 	if os.Getenv("FOOTPRINT_NATS") == "external" { // as a fleet runs it: one NATS, no embedded server
@@ -411,6 +508,9 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 	stopPerf()
 	memRestart := mustMemory(b, a)
 	cpuRestart := mustCPU(b, a)
+	waitQuiet(b, a.Pid(), "agent")
+	memRestartSettled := mustMemory(b, a)
+	saveHeap(b, a, fmt.Sprintf("%s-heap-restart-n%d.pb.gz", label, n))
 	b.StopTimer()
 	text = mustMetricsText(b, a)
 	if got := metricSum(text, "gcagent_projection_containers"); int(got) != n {
@@ -418,37 +518,48 @@ func measureFootprint(b *testing.B, c *testenv.Containerd, seed testenv.Seed, n 
 	}
 	a.Stop()
 
-	if label == "this" {
-		b.ReportMetric(ms(readyFirst), "ready-first-ms")
-		b.ReportMetric(ms(readyRestart), "ready-restart-ms")
-		b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
-		b.ReportMetric(mib(memIdle.RSS), "idle-rss-MiB")
-		b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
-		b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
-		b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
-		b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
-		b.ReportMetric(ms(settle), "settle-ms")
-		b.ReportMetric(ms(imagePlan), "image-plan-ms")
-		b.ReportMetric(ms(containerPlan), "container-plan-ms")
+	report = func(alone, before, after ctrdChurns) {
+		if label == "this" {
+			b.ReportMetric(ms(readyFirst), "ready-first-ms")
+			b.ReportMetric(ms(readyRestart), "ready-restart-ms")
+			b.ReportMetric(mib(memFirst.RSS), "rss-MiB")
+			b.ReportMetric(mib(memIdle.RSS), "idle-rss-MiB")
+			b.ReportMetric(mib(memEnd.Peak), "peak-MiB")
+			b.ReportMetric(mib(memRestart.RSS), "restart-rss-MiB")
+			b.ReportMetric(mib(memRestartSettled.Peak), "restart-peak-MiB")
+			b.ReportMetric(burst.cpuPerEventMs, "cpu-ms/event")
+			b.ReportMetric(serial.cpuPerEventMs, "serial-cpu-ms/event")
+			b.ReportMetric(alone.burst, "ctrd-cpu-ms/event")
+			b.ReportMetric(alone.serial, "ctrd-serial-cpu-ms/event")
+			b.ReportMetric(burst.cpuPerEventMs/alone.burst, "cpu-ratio")
+			b.ReportMetric(serial.cpuPerEventMs/alone.serial, "serial-cpu-ratio")
+			b.ReportMetric(ms(settle), "settle-ms")
+			b.ReportMetric(ms(imagePlan), "image-plan-ms")
+			b.ReportMetric(ms(containerPlan), "container-plan-ms")
+		}
+		// Four lines per agent: a benchmark's log is cut after ten.
+		b.Logf("%s: | containerd %s | n=%d | ready first %s, restart %s | idle %.1f MiB, peak %.1f MiB, restart peak %.1f MiB | %.3f ms/event (serial %.3f, %.2f× containerd's) |",
+			label, v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memIdle.RSS), mib(memEnd.Peak), mib(memRestartSettled.Peak),
+			burst.cpuPerEventMs, serial.cpuPerEventMs, serial.cpuPerEventMs/alone.serial)
+		b.Logf("%s: ready first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s), then busy %s more (cpu %s), idle at %.1f ms/s; "+
+			"rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), idle after ready %.1f MiB (anon %.1f, file %.1f; go heap in use %.1f, objects %.1f, free pages kept %.1f), at the end %.1f MiB (anon %.1f, heap in use %.1f), peak %.1f MiB; restart rss %.1f (anon %.1f), settled %.1f, peak %.1f MiB",
+			label, readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
+			settle.Round(time.Millisecond), settleCPU, idleRate,
+			mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
+			idleHeap/(1<<20), idleObjects/(1<<20), idleFree/(1<<20), mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Anon),
+			mib(memRestartSettled.RSS), mib(memRestartSettled.Peak))
+		plans := ""
+		if label == "this" {
+			plans = fmt.Sprintf("; plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (--prune-containers=all) %s",
+				imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
+		}
+		b.Logf("%s: churn burst (8 at a time) %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event (%.1f thread switches/event; containerd meanwhile %.3f, alone %.3f); "+
+			"serial %d events in %s, agent cpu %s = %.3f ms/event (%.1f switches/event; containerd meanwhile %.3f, alone %.3f)%s",
+			label, burst.events, burst.received, burst.dropped, burst.took.Round(time.Millisecond), burst.cpu, burst.cpuPerEventMs, burst.switchesPerEvent, burst.ctrdPerEventMs, alone.burst,
+			serial.events, serial.took.Round(time.Millisecond), serial.cpu, serial.cpuPerEventMs, serial.switchesPerEvent, serial.ctrdPerEventMs, alone.serial, plans)
+		b.Logf("%s: containerd alone, before and after this agent: %.3f and %.3f ms/event in the burst, %.3f and %.3f one at a time",
+			label, before.burst, after.burst, before.serial, after.serial)
 	}
-	// Three lines per agent: a benchmark's log is cut after ten.
-	b.Logf("%s: | containerd %s | n=%d | ready first %s, restart %s | rss %.1f MiB, peak %.1f MiB, restart rss %.1f MiB | %.3f ms/event (serial %.3f) |",
-		label, v, n, readyFirst.Round(time.Millisecond), readyRestart.Round(time.Millisecond), mib(memFirst.RSS), mib(memEnd.Peak), mib(memRestart.RSS),
-		burst.cpuPerEventMs, serial.cpuPerEventMs)
-	b.Logf("%s: ready first %s (agent cpu %s, containerd cpu %s, listing %.2fs), restart %s (agent cpu %s), then busy %s more (cpu %s), idle at %.1f ms/s; "+
-		"rss at first ready %.1f MiB (go heap in use %.1f, go sys %.1f), idle after ready %.1f MiB (anon %.1f, file %.1f; go heap in use %.1f, objects %.1f, free pages kept %.1f), at the end %.1f MiB (anon %.1f, heap in use %.1f), peak %.1f MiB; restart rss %.1f (anon %.1f) peak %.1f MiB",
-		label, readyFirst.Round(time.Millisecond), cpuFirst, ctrdCPU, listing, readyRestart.Round(time.Millisecond), cpuRestart,
-		settle.Round(time.Millisecond), settleCPU, idleRate,
-		mib(memFirst.RSS), heapInuse/(1<<20), goSys/(1<<20), mib(memIdle.RSS), mib(memIdle.Anon), mib(memIdle.File),
-		idleHeap/(1<<20), idleObjects/(1<<20), idleFree/(1<<20), mib(memEnd.RSS), mib(memEnd.Anon), heapEnd/(1<<20), mib(memEnd.Peak), mib(memRestart.RSS), mib(memRestart.Anon), mib(memRestart.Peak))
-	plans := ""
-	if label == "this" {
-		plans = fmt.Sprintf("; plans on the persisted projection: image GC (kubelet thresholds, disk full) %s, container GC (--prune-containers=all) %s",
-			imagePlan.Round(time.Microsecond), containerPlan.Round(time.Microsecond))
-	}
-	b.Logf("%s: churn burst (8 at a time) %d events (%v received, %v dropped) in %s, agent cpu %s = %.3f ms/event (%.1f thread switches/event); serial %d events in %s, agent cpu %s = %.3f ms/event (%.1f switches/event)%s",
-		label, burst.events, burst.received, burst.dropped, burst.took.Round(time.Millisecond), burst.cpu, burst.cpuPerEventMs, burst.switchesPerEvent,
-		serial.events, serial.took.Round(time.Millisecond), serial.cpu, serial.cpuPerEventMs, serial.switchesPerEvent, plans)
 }
 
 // saveHeap writes the agent's heap profile into FOOTPRINT_HEAP (a dir),

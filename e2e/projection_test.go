@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/images/usage"
 	"github.com/containerd/platforms"
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/projection"
+	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -215,7 +217,8 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 		}
 		w.partB()
 		rep = converge(t, c, a)
-		labelled := 0 // images whose manifest names its layers (facts from labels)
+		labelled := 0      // images whose manifest names its layers (facts from labels)
+		var fetched string // the config of one of them
 		for _, img := range rep.Images {
 			if slices.Contains(img.Names, "example.test/late:1") && img.Size <= 32<<10 {
 				t.Errorf("late image size %d, want more than its 32 KiB layer", img.Size)
@@ -247,6 +250,7 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 			}
 			if mi, err := c.Client.ContentStore().Info(c.Ctx(), ci.Target().Digest); err == nil && mi.Labels["containerd.io/gc.ref.content.l.0"] != "" {
 				labelled++
+				fetched = img.ID
 			}
 			// What the agent relies on: unpacking labels the config so.
 			info, err := c.Client.ContentStore().Info(c.Ctx(), cfg.Digest)
@@ -266,6 +270,13 @@ func TestProjectionMatchesContainerd(t *testing.T) {
 		// listing of the content store's labels: the same facts.
 		if labelled == 0 {
 			t.Fatal("no image for the first listing to take from labels")
+		}
+		// One image as a pull that does not unpack leaves it (`ctr content
+		// fetch`, buildkit): its config without the unpacker's label, so
+		// that the listing reads its config for the chain.
+		if _, err := c.Client.ContentStore().Update(c.Ctx(), content.Info{Digest: digest.Digest(fetched)},
+			"labels.containerd.io/gc.ref.snapshot.overlayfs"); err != nil {
+			t.Fatal(err)
 		}
 		a.Stop()
 		fresh := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "fresh"), observeOnly...)

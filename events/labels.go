@@ -18,6 +18,13 @@ const (
 func ImageLabels(l map[string]string) map[string]string {
 	pinned, hasPinned := l[LabelPinned]
 	managed, hasManaged := l[LabelCRIManaged]
+	return ImageLabelsOf(pinned, hasPinned, managed, hasManaged)
+}
+
+// ImageLabelsOf is ImageLabels of labels whose LabelPinned is pinned (when
+// hasPinned) and whose LabelCRIManaged is managed (when hasManaged), for a
+// decoder that reads only those.
+func ImageLabelsOf(pinned string, hasPinned bool, managed string, hasManaged bool) map[string]string {
 	if !hasPinned && !hasManaged {
 		return nil
 	}

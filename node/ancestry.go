@@ -146,12 +146,12 @@ func (ix *contentIndex) tops() map[string]map[string]bool {
 	}
 	out := map[string]map[string]bool{}
 	for _, b := range ix.blobs {
-		for k, v := range b.labels {
-			if sn, ok := strings.CutPrefix(k, labelSnapshotRef); ok && sn != "" {
+		for _, l := range b.labels {
+			if sn, ok := strings.CutPrefix(l.key, labelSnapshotRef); ok && sn != "" {
 				if out[sn] == nil {
 					out[sn] = map[string]bool{}
 				}
-				out[sn][v] = true
+				out[sn][l.value] = true
 			}
 		}
 	}

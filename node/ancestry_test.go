@@ -190,7 +190,7 @@ func TestListingAncestry(t *testing.T) {
 		{"native", "c-native"}: remap, {"native", remap}: a,
 	}}
 	facts := map[string]ImageFacts{"sha256:tb": {Chain: b}}
-	cix := &contentIndex{blobs: map[string]blobInfo{"sha256:ca": {labels: map[string]string{labelSnapshotRef + "overlayfs": a}}}}
+	cix := &contentIndex{blobs: map[string]blobInfo{"sha256:ca": {labels: gcLabels{{labelSnapshotRef + "overlayfs", a}}}}}
 	listed := 0
 	anc := listingAncestry(ix, facts, nil, func(context.Context) *contentIndex { listed++; return cix })
 	root := func(sn, key string) string {

@@ -16,33 +16,51 @@ import (
 )
 
 // streamedContainer is one message of containerd's container ListStream,
-// decoded by listCodec straight from the wire: a busy node's records carry
-// 10 KiB and more of spec and extensions each, which protobuf would copy
-// for every record although a listing reads them only for containers the
-// projection does not know yet.
+// decoded by listCodec straight from the wire and handed to each there: a
+// busy node's records carry 10 KiB and more of spec and extensions each,
+// which protobuf would copy for every record although a listing reads them
+// only for containers the projection does not know yet, and then only a
+// few fields of them.
 type streamedContainer struct {
 	// bodies reports, once c holds the record's other fields, whether its
 	// spec and CRI metadata are wanted.
 	bodies func(c *containers.Container) bool
-	c      containers.Container
+	// each is called with the record while the message's buffer is valid:
+	// its spec and extension values are that buffer, and must not be kept.
+	each func(c containers.Container)
 }
 
-// listCodec is gRPC's proto codec, but for a streamedContainer, which it
-// decodes itself. Name is "proto": the content type stays application/grpc.
+// listCodec is gRPC's proto codec, but for the listings' messages
+// (streamedContainer, listedImages, listedContent), which it decodes
+// itself. Name is "proto": the content type stays application/grpc.
 type listCodec struct{ encoding.CodecV2 }
 
 func newListCodec() listCodec { return listCodec{encoding.GetCodecV2(grpcproto.Name)} }
 
+// Unmarshal decodes a streamedContainer, listedImages or listedContent
+// itself, any other message as protobuf does.
 func (lc listCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(*streamedContainer)
-	if !ok {
+	switch m := v.(type) {
+	case *streamedContainer, *listedContent:
+	case *listedImages:
+		return m.readImages(data)
+	default:
 		return lc.CodecV2.Unmarshal(data, v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	c, err := decodeListed(buf.ReadOnlyData(), m.bodies)
-	m.c = c
-	return err
+	b := buf.ReadOnlyData()
+	switch m := v.(type) {
+	case *streamedContainer:
+		c, err := decodeListed(b, m.bodies)
+		if err != nil {
+			return err
+		}
+		m.each(c)
+	case *listedContent:
+		return m.decodeContent(b)
+	}
+	return nil
 }
 
 // Field numbers of containerd.services.containers.v1 (containers.proto),
@@ -71,7 +89,8 @@ var errWire = errors.New("malformed protobuf")
 // a field of an unexpected wire type is skipped), keeping what a listing
 // reads: id, labels, image, snapshotter and key, creation time, sandbox,
 // and, when bodies says so, the spec and the CRI metadata extension (the
-// other extensions, the runtime and the update time are left out).
+// other extensions, the runtime and the update time are left out). The
+// strings are copies; the spec's and extension's values are slices of b.
 func decodeListed(b []byte, bodies func(*containers.Container) bool) (containers.Container, error) {
 	var (
 		c       containers.Container
@@ -220,11 +239,11 @@ func wireLabel(v []byte) (k, val string, err error) {
 	return k, val, err
 }
 
-// wireAny merges a google.protobuf.Any into a.
+// wireAny merges a google.protobuf.Any into a; its value is a slice of v.
 func wireAny(v []byte, a *anypb.Any) error {
 	return wirePair(v,
 		func(b []byte) (err error) { a.TypeUrl, err = wireString(b); return err },
-		func(b []byte) error { a.Value = append([]byte{}, b...); return nil })
+		func(b []byte) error { a.Value = b; return nil })
 }
 
 // wireExtension keeps one extensions map entry if it is CRI's metadata;

@@ -91,8 +91,12 @@ func (s *Source) facts(ctx context.Context, img images.Image) ImageFacts {
 // the content store's labels (ix, a listing's; nil: none) or by reading
 // its blobs.
 func (s *Source) readFacts(ctx context.Context, img images.Image, f ImageFacts, ix *contentIndex) ImageFacts {
-	if lf, ok := ix.facts(img); ok {
+	lf, ok := ix.facts(img)
+	if ok {
 		return lf
+	}
+	if lf.Size > 0 && f.Size <= 0 {
+		f.Size = lf.Size
 	}
 	// The size walk, the config lookup and the rootfs read all start from
 	// the same index and manifest: each blob is read once.
@@ -107,6 +111,13 @@ func (s *Source) readFacts(ctx context.Context, img images.Image, f ImageFacts, 
 			s.o.Log.Debug().Err(err).Str("image", img.Name).Msg("image size unknown")
 		}
 		f.Size = n
+	}
+	if f.Chain == "" && lf.Config != "" && (f.Config == "" || f.Config == lf.Config) {
+		// The config the labels name: its diff ids, one read.
+		cfg := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: digest.Digest(lf.Config), Size: ix.blobs[lf.Config].size}
+		if diffIDs, err := images.RootFS(ctx, blobs, cfg); err == nil && len(diffIDs) > 0 {
+			f.Config, f.Chain = lf.Config, identity.ChainID(diffIDs).String()
+		}
 	}
 	if f.Config == "" || f.Chain == "" {
 		if cfg, err := img.Config(ctx, blobs, platform); err == nil {
@@ -151,22 +162,86 @@ type contentIndex struct {
 
 type blobInfo struct {
 	size   int64
-	labels map[string]string
+	labels gcLabels
 }
 
-// listContent lists the content store once; an error yields nil (facts
-// then read the blobs).
+// gcLabels are a blob's labels that containerd's garbage collector follows
+// (gcRefLabel): a few at most, so a slice, not a map, for each of a busy
+// node's tens of thousands of blobs.
+type gcLabels []gcLabel
+
+type gcLabel struct{ key, value string }
+
+// get returns the value of key, "" if absent.
+func (l gcLabels) get(key string) string {
+	v, _ := l.lookup(key)
+	return v
+}
+
+func (l gcLabels) lookup(key string) (string, bool) {
+	for _, e := range l {
+		if e.key == key {
+			return e.value, true
+		}
+	}
+	return "", false
+}
+
+// set sets key to value, as a map would.
+func (l gcLabels) set(key, value string) gcLabels {
+	for i, e := range l {
+		if e.key == key {
+			l[i].value = value
+			return l
+		}
+	}
+	return append(l, gcLabel{key, value})
+}
+
+// listContent lists the content store once, keeping of each blob its size
+// and its gc.ref labels (listedContent); an error yields nil (facts then
+// read the blobs).
 func (s *Source) listContent(ctx context.Context, snapshotters []string) *contentIndex {
 	ix := &contentIndex{blobs: map[string]blobInfo{}, snapshotters: snapshotters}
-	err := s.o.Client.ContentStore().Walk(ctx, func(info content.Info) error {
-		ix.blobs[info.Digest.String()] = blobInfo{info.Size, info.Labels}
-		return nil
-	})
-	if err != nil {
+	if err := s.walkContent(ctx, func(dgst string, size int64, labels gcLabels) {
+		ix.blobs[dgst] = blobInfo{size, labels}
+	}); err != nil {
 		s.o.Log.Debug().Err(err).Msg("content not listed: image facts are read")
 		return nil
 	}
 	return ix
+}
+
+// walkContent calls each with every blob of the content store (listedContent).
+func (s *Source) walkContent(ctx context.Context, each func(dgst string, size int64, labels gcLabels)) error {
+	conn, ok := s.o.Client.Conn().(grpc.ClientConnInterface)
+	if !ok {
+		return s.o.Client.ContentStore().Walk(ctx, func(info content.Info) error {
+			var refs gcLabels
+			for k, v := range info.Labels {
+				if strings.HasPrefix(k, gcRefLabel) {
+					refs = refs.set(k, v)
+				}
+			}
+			each(info.Digest.String(), info.Size, refs)
+			return nil
+		})
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := contentapi.NewContentClient(conn).List(ctx, &contentapi.ListContentRequest{}, grpc.ForceCodecV2(newListCodec()))
+	if err != nil {
+		return errgrpc.ToNative(err)
+	}
+	m := listedContent{each: each, intern: map[string]string{}}
+	for {
+		if err := stream.RecvMsg(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return errgrpc.ToNative(err)
+		}
+	}
 }
 
 // chain returns the chain id the unpacker labelled config blob cfg with,
@@ -176,7 +251,7 @@ func (ix *contentIndex) chain(cfg string) string {
 		return ""
 	}
 	for _, sn := range ix.snapshotters {
-		if c := ix.blobs[cfg].labels[labelSnapshotRef+sn]; configDigestRe.MatchString(c) {
+		if c := ix.blobs[cfg].labels.get(labelSnapshotRef + sn); configDigestRe.MatchString(c) {
 			return c
 		}
 	}
@@ -188,7 +263,9 @@ func (ix *contentIndex) chain(cfg string) string {
 // the store, and whose config is unpacked: the size is then exactly what
 // the kubelet's size walk adds up (the manifest's, the config's and each
 // layer's). Anything else (an index, layers discarded after unpacking, a
-// child of another kind, a blob missing) is read instead.
+// child of another kind, a blob missing) is read instead; when only the
+// chain is missing (not unpacked), the facts returned hold the size and
+// the config, and only the config is read.
 func (ix *contentIndex) facts(img images.Image) (ImageFacts, bool) {
 	if ix == nil || !images.IsManifestType(img.Target.MediaType) || img.Target.Size <= 0 {
 		return ImageFacts{}, false
@@ -197,10 +274,10 @@ func (ix *contentIndex) facts(img images.Image) (ImageFacts, bool) {
 	if !ok {
 		return ImageFacts{}, false
 	}
-	f := ImageFacts{Size: img.Target.Size, Config: m.labels[labelConfigRef]}
+	f := ImageFacts{Size: img.Target.Size, Config: m.labels.get(labelConfigRef)}
 	layers := 0
-	for k := range m.labels {
-		switch {
+	for _, l := range m.labels {
+		switch k := l.key; {
 		case !strings.HasPrefix(k, labelContentRef), k == labelConfigRef:
 		case strings.HasPrefix(k, labelLayerRef):
 			layers++
@@ -213,7 +290,7 @@ func (ix *contentIndex) facts(img images.Image) (ImageFacts, bool) {
 	}
 	children := []string{f.Config}
 	for i := range layers {
-		l, ok := m.labels[fmt.Sprintf("%s%d", labelLayerRef, i)]
+		l, ok := m.labels.lookup(fmt.Sprintf("%s%d", labelLayerRef, i))
 		if !ok {
 			return ImageFacts{}, false // not l.0 ... l.n-1
 		}
@@ -226,10 +303,13 @@ func (ix *contentIndex) facts(img images.Image) (ImageFacts, bool) {
 		}
 		f.Size += b.size
 	}
-	if f.Chain = ix.chain(f.Config); f.Chain == "" || !configDigestRe.MatchString(f.Config) {
+	if !configDigestRe.MatchString(f.Config) {
 		return ImageFacts{}, false
 	}
-	return f, true
+	// Not unpacked (pulled by `ctr content fetch`, buildkit, a pre-pull
+	// cache): the size and config are known, the chain is read.
+	f.Chain = ix.chain(f.Config)
+	return f, f.Chain != ""
 }
 
 // blobCache serves the blobs of one image's facts, each read from
@@ -455,18 +535,17 @@ func (f *ContainerFacts) fill(ev *events.ContainerUpserted) {
 	ev.ImageID, ev.VolumeImageIDs = f.ImageID, slices.Clone(f.VolumeImageIDs)
 }
 
-// contentFacts fills the rest of what c runs into ev: the chain its rootfs
-// snapshot was prepared from (rootOf, see rootChain), the image volumes its
-// sandbox holds (volumesOf), and its restart policy.
-func contentFacts(ev *events.ContainerUpserted, c containers.Container, rootOf func(containers.Container) string,
+// contentFacts fills the rest of what container ev runs into it: the chain
+// its rootfs snapshot (of snapshotter, key) was prepared from (rootOf, see
+// rootChain) and the image volumes its sandbox holds (volumesOf).
+func contentFacts(ev *events.ContainerUpserted, snapshotter, key string, rootOf func(snapshotter, key string) string,
 	volumesOf func(sandboxID string) []string) {
-	if c.SnapshotKey != "" {
-		ev.RootChain = rootOf(c)
+	if key != "" {
+		ev.RootChain = rootOf(snapshotter, key)
 	}
 	if ev.CRIKind == "sandbox" {
-		ev.VolumeChains = volumesOf(c.ID)
+		ev.VolumeChains = volumesOf(ev.ID)
 	}
-	ev.RestartManaged = restartManaged(c.Labels)
 }
 
 // normalizedRefs returns ref and, when it parses, its normalized form

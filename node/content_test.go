@@ -23,9 +23,19 @@ func TestFactsFromLabels(t *testing.T) {
 	d := func(s string) string { return digest.FromString(s).String() }
 	manifest, cfg, l0, l1, chain := d("m"), d("c"), d("l0"), d("l1"), d("chain")
 	img := images.Image{Name: "a:1", Target: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.Digest(manifest), Size: 100}}
-	index := func(mutate func(ix *contentIndex)) *contentIndex {
-		ix := &contentIndex{snapshotters: []string{"overlayfs"}, blobs: map[string]blobInfo{
-			manifest: {100, map[string]string{labelConfigRef: cfg, labelLayerRef + "0": l0, labelLayerRef + "1": l1, "other": "x"}},
+	// The index is described with maps, which the cases change, then
+	// built.
+	type blob struct {
+		size   int64
+		labels map[string]string
+	}
+	type desc struct {
+		blobs        map[string]blob
+		snapshotters []string
+	}
+	index := func(mutate func(ix *desc)) *contentIndex {
+		ix := &desc{snapshotters: []string{"overlayfs"}, blobs: map[string]blob{
+			manifest: {100, map[string]string{labelConfigRef: cfg, labelLayerRef + "0": l0, labelLayerRef + "1": l1}},
 			cfg:      {10, map[string]string{labelSnapshotRef + "overlayfs": chain}},
 			l0:       {1000, nil},
 			l1:       {2000, nil},
@@ -33,26 +43,45 @@ func TestFactsFromLabels(t *testing.T) {
 		if mutate != nil {
 			mutate(ix)
 		}
-		return ix
+		out := &contentIndex{snapshotters: ix.snapshotters, blobs: map[string]blobInfo{}}
+		for d, b := range ix.blobs {
+			var l gcLabels
+			for k, v := range b.labels {
+				l = l.set(k, v)
+			}
+			out.blobs[d] = blobInfo{b.size, l}
+		}
+		return out
 	}
 	f, ok := index(nil).facts(img)
 	if want := (ImageFacts{Size: 3110, Config: cfg, Chain: chain}); !ok || f != want {
 		t.Fatalf("facts %+v %v, want %+v", f, ok, want)
 	}
-	for name, mutate := range map[string]func(ix *contentIndex){
-		"a layer missing":           func(ix *contentIndex) { delete(ix.blobs, l1) },
-		"layers not from l.0":       func(ix *contentIndex) { delete(ix.blobs[manifest].labels, labelLayerRef+"0") },
-		"layers discarded":          func(ix *contentIndex) { ix.blobs[manifest] = blobInfo{100, map[string]string{labelConfigRef: cfg}} },
-		"another child":             func(ix *contentIndex) { ix.blobs[manifest].labels[labelContentRef+"0"] = d("x") },
-		"not unpacked":              func(ix *contentIndex) { ix.blobs[cfg] = blobInfo{10, nil} },
-		"unpacked for another":      func(ix *contentIndex) { ix.snapshotters = []string{"native"} },
-		"config missing":            func(ix *contentIndex) { delete(ix.blobs, cfg) },
-		"manifest not listed":       func(ix *contentIndex) { delete(ix.blobs, manifest) },
-		"chain label not a digest":  func(ix *contentIndex) { ix.blobs[cfg].labels[labelSnapshotRef+"overlayfs"] = "x" },
-		"config label not a digest": func(ix *contentIndex) { ix.blobs[manifest].labels[labelConfigRef] = "x" },
+	for name, mutate := range map[string]func(ix *desc){
+		"a layer missing":           func(ix *desc) { delete(ix.blobs, l1) },
+		"layers not from l.0":       func(ix *desc) { delete(ix.blobs[manifest].labels, labelLayerRef+"0") },
+		"layers discarded":          func(ix *desc) { ix.blobs[manifest] = blob{100, map[string]string{labelConfigRef: cfg}} },
+		"another child":             func(ix *desc) { ix.blobs[manifest].labels[labelContentRef+"0"] = d("x") },
+		"not unpacked":              func(ix *desc) { ix.blobs[cfg] = blob{10, nil} },
+		"unpacked for another":      func(ix *desc) { ix.snapshotters = []string{"native"} },
+		"config missing":            func(ix *desc) { delete(ix.blobs, cfg) },
+		"manifest not listed":       func(ix *desc) { delete(ix.blobs, manifest) },
+		"chain label not a digest":  func(ix *desc) { ix.blobs[cfg].labels[labelSnapshotRef+"overlayfs"] = "x" },
+		"config label not a digest": func(ix *desc) { ix.blobs[manifest].labels[labelConfigRef] = "x" },
 	} {
 		if f, ok := index(mutate).facts(img); ok {
 			t.Errorf("%s: facts %+v from labels, want a read", name, f)
+		}
+	}
+	// Not unpacked (for a snapshotter in use): the labels still give the
+	// size and the config, and only the config is read for the chain.
+	for name, mutate := range map[string]func(ix *desc){
+		"not unpacked":             func(ix *desc) { ix.blobs[cfg] = blob{10, nil} },
+		"unpacked for another":     func(ix *desc) { ix.snapshotters = []string{"native"} },
+		"chain label not a digest": func(ix *desc) { ix.blobs[cfg].labels[labelSnapshotRef+"overlayfs"] = "x" },
+	} {
+		if f, _ := index(mutate).facts(img); f != (ImageFacts{Size: 3110, Config: cfg}) {
+			t.Errorf("%s: facts %+v, want the size and config without the chain", name, f)
 		}
 	}
 	idx := img
@@ -111,8 +140,8 @@ func TestContainerEventSpec(t *testing.T) {
 	}
 }
 
-// TestSlimKnown: a listing holds a record without its spec and CRI
-// metadata; a CRI container the projection knows takes its facts from it
+// TestSlimKnown: a listing holds what it read of a record (listedContainer
+// has no place for its spec, CRI metadata or labels); a CRI container the projection knows takes its facts from it
 // (after a start), one it does not know from its spec and metadata, and
 // so does every one in a periodic listing.
 func TestSlimKnown(t *testing.T) {
@@ -129,16 +158,18 @@ func TestSlimKnown(t *testing.T) {
 		return known, ns == events.CRINamespace && id == "c1"
 	}})
 	at := time.Unix(1000, 0)
-	listed := func(c containers.Container, useKnown bool) listedContainer {
-		return s.slim(events.CRINamespace, at, c, s.knownContainer(events.CRINamespace, at, &c, useKnown))
+	type slimmed struct {
+		ev events.ContainerUpserted
+		listedContainer
+	}
+	listed := func(c containers.Container, useKnown bool) slimmed {
+		ev, lc := s.slim(events.CRINamespace, at, c, s.knownContainer(events.CRINamespace, at, &c, useKnown))
+		return slimmed{ev, lc}
 	}
 
 	lc := listed(c, true)
 	if lc.known == nil || lc.ev.SandboxID != "sb-known" || lc.imageID != "" || lc.volumes != nil {
 		t.Errorf("known after a start: %+v", lc)
-	}
-	if lc.c.Spec != nil || lc.c.Extensions != nil {
-		t.Error("the listing holds the spec or the extensions")
 	}
 	var ev events.ContainerUpserted
 	lc.known.fill(&ev)
@@ -150,7 +181,7 @@ func TestSlimKnown(t *testing.T) {
 		t.Error("the event shares the known facts' slice")
 	}
 
-	for _, lc := range []listedContainer{listed(c, false), listed(func() containers.Container { c := c; c.ID = "c2"; return c }(), true)} {
+	for _, lc := range []slimmed{listed(c, false), listed(func() containers.Container { c := c; c.ID = "c2"; return c }(), true)} {
 		if lc.known != nil || lc.ev.SandboxID != "sb-spec" || lc.imageID != hex("a") || !slices.Equal(lc.volumes, []string{"vol:1"}) {
 			t.Errorf("decoded: %+v", lc)
 		}

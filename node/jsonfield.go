@@ -64,13 +64,44 @@ func jsonField(doc []byte, key string) (raw []byte, ok bool) {
 // keyIs reports whether the quoted JSON string name is key, as
 // encoding/json matches a field name.
 func keyIs(name []byte, key string) bool {
-	s := string(name[1 : len(name)-1])
-	if strings.IndexByte(s, '\\') >= 0 {
-		if err := json.Unmarshal(name, &s); err != nil {
-			return false
+	raw := name[1 : len(name)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		if eq, ascii := asciiEqualFold(raw, key); ascii {
+			return eq // without a copy of every key of every spec scanned
 		}
+		return strings.EqualFold(string(raw), key)
+	}
+	var s string
+	if err := json.Unmarshal(name, &s); err != nil {
+		return false
 	}
 	return strings.EqualFold(s, key)
+}
+
+// asciiEqualFold is strings.EqualFold of b and s when both are ASCII
+// (ascii true); otherwise ascii is false and eq means nothing.
+func asciiEqualFold(b []byte, s string) (eq, ascii bool) {
+	eq = len(b) == len(s)
+	for i := range max(len(b), len(s)) {
+		var c1, c2 byte
+		if i < len(b) {
+			c1 = b[i]
+		}
+		if i < len(s) {
+			c2 = s[i]
+		}
+		if c1|c2 >= 0x80 {
+			return false, false
+		}
+		if 'A' <= c1 && c1 <= 'Z' {
+			c1 += 'a' - 'A'
+		}
+		if 'A' <= c2 && c2 <= 'Z' {
+			c2 += 'a' - 'A'
+		}
+		eq = eq && c1 == c2
+	}
+	return eq, true
 }
 
 func skipSpace(b []byte, i int) int {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	containersapi "github.com/containerd/containerd/api/services/containers/v1"
+	imagesapi "github.com/containerd/containerd/api/services/images/v1"
 	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -16,6 +17,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/gcagent/gcagent/events"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -42,17 +45,20 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (l events.L
 	// The images, the containers with their snapshots, and the tasks are
 	// listed at once: containerd serves one while the agent decodes
 	// another. The events that follow the listing repair what changed
-	// meanwhile, whatever the order.
+	// meanwhile, whatever the order. The listing's events are made as the
+	// records are decoded, and completed once all are in: a busy node's
+	// listing is the agent's largest piece of memory, held once.
+	l = events.Listing{At: at}
 	var (
-		imgs         []images.Image
-		ctrs         []listedContainer
+		targets      []imageTarget     // of l.Images
+		ctrs         []listedContainer // of l.Containers
 		snapshotters []string
 		ix           snapshotIndex
 		tasks        *tasksapi.ListTasksResponse
 	)
 	lists, lctx := errgroup.WithContext(ctx)
 	lists.Go(func() (err error) {
-		if imgs, err = s.o.Client.ImageService().List(lctx); err != nil {
+		if l.Images, targets, err = s.listImages(lctx); err != nil {
 			return fmt.Errorf("list images: %w", err)
 		}
 		return nil
@@ -63,13 +69,14 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (l events.L
 			known = s.knownContainer(ns, at, c, useKnown)
 			return known == nil
 		}, func(c containers.Container) {
-			ctrs = append(ctrs, s.slim(ns, at, c, known))
+			ev, lc := s.slim(ns, at, c, known)
+			l.Containers, ctrs = append(l.Containers, ev), append(ctrs, lc)
 		}); err != nil {
 			return fmt.Errorf("list containers: %w", err)
 		}
 		snapshotters = []string{defaultSnapshotter}
 		for _, lc := range ctrs {
-			snapshotters = append(snapshotters, snapshotterOf(lc.c))
+			snapshotters = append(snapshotters, lc.snapshotter)
 		}
 		slices.Sort(snapshotters)
 		snapshotters = slices.Compact(snapshotters)
@@ -86,27 +93,26 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (l events.L
 		return events.Listing{}, 0, err
 	}
 
-	l = events.Listing{At: at, Images: make([]events.ImageUpserted, len(imgs))}
-	digests := make(map[string]string, len(imgs))
-	byName := make(map[string]images.Image, len(imgs))
+	// Images by name, as indexes into l.Images.
+	byName := make(map[string]int, len(l.Images))
 	// Facts the projection holds (a restart) cost nothing; the others come
 	// from one listing of the content store's labels, or are read once per
 	// target digest (names share them), listingLookups at a time.
-	facts := make(map[string]ImageFacts, len(imgs)) // by target digest
+	facts := make(map[string]ImageFacts, len(l.Images)) // by target digest
 	var (
-		unknown []images.Image
+		unknown []int // of l.Images
 		cix     *contentIndex
 	)
-	for _, img := range imgs {
-		d := img.Target.Digest.String()
-		digests[img.Name], byName[img.Name] = d, img
+	for i := range l.Images {
+		d := l.Images[i].Digest
+		byName[l.Images[i].Name] = i
 		if _, seen := facts[d]; seen {
 			continue
 		}
 		f, ok := s.knownFacts(d)
 		facts[d] = f
 		if !ok {
-			unknown = append(unknown, img)
+			unknown = append(unknown, i)
 		}
 	}
 	if len(unknown) > 0 {
@@ -114,40 +120,50 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (l events.L
 		read := make([]ImageFacts, len(unknown))
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(listingLookups)
-		for i, img := range unknown {
-			known := facts[img.Target.Digest.String()]
+		for i, j := range unknown {
+			img := targets[j].image(l.Images[j])
+			known := facts[l.Images[j].Digest]
 			g.Go(func() error {
 				read[i] = s.readFacts(gctx, img, known, cix)
 				return nil
 			})
 		}
 		_ = g.Wait()
-		for i, img := range unknown {
-			facts[img.Target.Digest.String()] = read[i]
+		for i, j := range unknown {
+			facts[l.Images[j].Digest] = read[i]
 		}
 	}
-	for i, img := range imgs {
-		l.Images[i] = imageEvent(at, img, facts[digests[img.Name]])
+	targets = nil
+	for i := range l.Images {
+		ev := &l.Images[i]
+		f := facts[ev.Digest]
+		ev.At, ev.Size, ev.ConfigDigest, ev.ChainID = at, f.Size, f.Config, f.Chain
 	}
 
 	anc := listingAncestry(ix, facts, cix, func(ctx context.Context) *contentIndex { return s.listContent(ctx, snapshotters) })
-	rootOf := func(c containers.Container) string {
-		chain, _ := anc.rootChain(ctx, snapshotterOf(c), c.SnapshotKey) // the index answers without error
+	rootOf := func(snapshotter, key string) string {
+		chain, _ := anc.rootChain(ctx, snapshotter, key) // the index answers without error
 		return chain
 	}
 	volumesOf := func(sb string) []string { return ix.volumes[sb] }
-	configOf := s.configOf(ctx, byName, facts)
-	l.Containers = make([]events.ContainerUpserted, 0, len(ctrs))
-	for _, lc := range ctrs {
-		ev := lc.ev
-		ev.ImageDigest = digests[lc.c.Image]
-		if lc.known != nil {
-			lc.known.fill(&ev)
-		} else {
-			criFacts(&ev, lc.imageID, lc.volumes, configOf)
+	configOf := s.configOf(ctx, func(name string) (string, bool) {
+		i, ok := byName[name]
+		if !ok {
+			return "", false
 		}
-		contentFacts(&ev, lc.c, rootOf, volumesOf)
-		l.Containers = append(l.Containers, ev)
+		return l.Images[i].ConfigDigest, true
+	})
+	for i, lc := range ctrs {
+		ev := &l.Containers[i]
+		if j, ok := byName[ev.Image]; ok {
+			ev.ImageDigest = l.Images[j].Digest
+		}
+		if lc.known != nil {
+			lc.known.fill(ev)
+		} else {
+			criFacts(ev, lc.imageID, lc.volumes, configOf)
+		}
+		contentFacts(ev, lc.snapshotter, lc.snapshotKey, rootOf, volumesOf)
 	}
 
 	for _, p := range tasks.Tasks {
@@ -170,31 +186,32 @@ func (s *Source) list(ctx context.Context, ns string, useKnown bool) (l events.L
 	return l, unsure, nil
 }
 
-// listedContainer is what a listing holds of a container record until the
-// images are listed: a busy node's records are 10 KiB and more each (a CRI
-// container's spec, its CRI metadata), and only a little of them is read.
+// listedContainer is what a listing holds of a container record besides
+// its event until the images are listed: a busy node's records are 10 KiB
+// and more each (a CRI container's spec, its CRI metadata, its labels),
+// and only a little of them is read.
 type listedContainer struct {
-	c     containers.Container     // without its spec and extensions
-	ev    events.ContainerUpserted // all but the image digest and content facts
-	known *ContainerFacts          // what the projection knows of it (KnownContainer), or nil
+	known *ContainerFacts // what the projection knows of it (KnownContainer), or nil
 	// The refs CRI stored (criImageRefs), when not known.
 	imageID string
 	volumes []string
+	// Its rootfs snapshot (snapshotterOf, the key; "" none).
+	snapshotter, snapshotKey string
 }
 
-// slim converts c as far as a listing can before the images are listed,
-// reading its spec and CRI metadata only when known (knownContainer) is
-// nil, and drops them.
-func (s *Source) slim(ns string, at time.Time, c containers.Container, known *ContainerFacts) listedContainer {
-	lc := listedContainer{known: known}
-	lc.ev = containerEventIn(ns, at, c, known)
-	lc.ev.Created = s.created(c, at)
+// slim converts c as far as a listing can before the images are listed
+// (its event, all but the image digest and content facts), reading its
+// spec and CRI metadata only when known (knownContainer) is nil; it keeps
+// nothing of c's spec, extensions or labels.
+func (s *Source) slim(ns string, at time.Time, c containers.Container, known *ContainerFacts) (events.ContainerUpserted, listedContainer) {
+	lc := listedContainer{known: known, snapshotter: snapshotterOf(c), snapshotKey: c.SnapshotKey}
+	ev := containerEventIn(ns, at, c, known)
+	ev.Created = s.created(c, at)
+	ev.RestartManaged = restartManaged(c.Labels)
 	if known == nil {
 		lc.imageID, lc.volumes = criImageRefs(c)
 	}
-	c.Spec, c.Extensions = nil, nil
-	lc.c = c
-	return lc
+	return ev, lc
 }
 
 // knownContainer is what the projection knows of CRI container c, when
@@ -216,11 +233,46 @@ func (s *Source) created(c containers.Container, at time.Time) time.Time {
 	return notAfter(s.skewed(c.CreatedAt.UTC()), at)
 }
 
+// imageTarget is what a listing holds of an image's target besides its
+// event's digest, for the facts it may read.
+type imageTarget struct {
+	mediaType string
+	size      int64
+}
+
+// image is the image record facts read: ev's name and its target.
+func (t imageTarget) image(ev events.ImageUpserted) images.Image {
+	return images.Image{Name: ev.Name, Target: ocispec.Descriptor{MediaType: t.mediaType, Digest: digest.Digest(ev.Digest), Size: t.size}}
+}
+
+// listImages lists the images of the namespace in ctx (listedImages): an
+// event of each with its name, digest, labels and creation time, and its
+// target.
+func (s *Source) listImages(ctx context.Context) ([]events.ImageUpserted, []imageTarget, error) {
+	conn, ok := s.o.Client.Conn().(grpc.ClientConnInterface)
+	if !ok {
+		imgs, err := s.o.Client.ImageService().List(ctx)
+		evs, targets := make([]events.ImageUpserted, len(imgs)), make([]imageTarget, len(imgs))
+		for i, img := range imgs {
+			evs[i] = imageEvent(time.Time{}, img, ImageFacts{})
+			targets[i] = imageTarget{img.Target.MediaType, img.Target.Size}
+		}
+		return evs, targets, err
+	}
+	var m listedImages
+	err := conn.Invoke(ctx, "/containerd.services.images.v1.Images/List", &imagesapi.ListImagesRequest{}, &m, grpc.ForceCodecV2(newListCodec()))
+	if err != nil {
+		return nil, nil, errgrpc.ToNative(err)
+	}
+	return m.evs, m.targets, nil
+}
+
 // streamContainers calls each with every container record of the
 // namespace in ctx, as containerd streams them one message each (a daemon
 // without ListStream sends one message of them all). Each record comes
 // with its spec and CRI metadata only if bodies, called just before each
-// with the rest of it, wants them.
+// with the rest of it, wants them; each must not keep them (they are the
+// stream's buffer).
 func (s *Source) streamContainers(ctx context.Context, bodies func(*containers.Container) bool, each func(containers.Container)) error {
 	all := func() error {
 		ctrs, err := s.o.Client.ContainerService().List(ctx)
@@ -238,8 +290,8 @@ func (s *Source) streamContainers(ctx context.Context, bodies func(*containers.C
 	if err != nil {
 		return errgrpc.ToNative(err)
 	}
+	m := streamedContainer{bodies: bodies, each: each}
 	for n := 0; ; n++ {
-		m := streamedContainer{bodies: bodies}
 		err := stream.RecvMsg(&m)
 		switch {
 		case err == io.EOF:
@@ -249,7 +301,6 @@ func (s *Source) streamContainers(ctx context.Context, bodies func(*containers.C
 		case err != nil:
 			return errgrpc.ToNative(err)
 		}
-		each(m.c)
 	}
 }
 

@@ -154,14 +154,18 @@ func (l *Live) Namespace() string { return l.opts.Namespace }
 
 // Apply folds events (a Listing through Reconcile) into the state, journals
 // what was applied (before readers can see it) and notifies subscribers.
-// Spaces.Run calls it; tests and tools may call it when nothing else does.
+// A Listing in batch is cleared from it once reconciled: a busy node's
+// listing is the largest piece of memory the agent holds, and it is not
+// kept while the state is journaled. Spaces.Run calls it; tests and tools
+// may call it when nothing else does.
 func (l *Live) Apply(batch ...events.Event) {
 	var applied []events.Event
 	l.mu.Lock()
-	for _, ev := range batch {
+	for i, ev := range batch {
 		evs := []events.Event{ev}
 		if listing, ok := ev.(events.Listing); ok {
 			evs = Reconcile(l.state, listing)
+			batch[i] = nil
 		}
 		for _, e := range evs {
 			l.state.Apply(e)
@@ -172,6 +176,7 @@ func (l *Live) Apply(batch ...events.Event) {
 		}
 		applied = append(applied, evs...)
 	}
+	n := len(applied)
 	// The batch is journaled before the lock is released: nobody (GC,
 	// /status, control replies) sees a state that a kill -9 would lose, such
 	// as the first-seen time of an image, short of a failed write.
@@ -180,12 +185,13 @@ func (l *Live) Apply(batch ...events.Event) {
 	// instead of one entry per event and a snapshot right after.
 	var appendErr error
 	st := l.opts.Store
-	asSnapshot := st != nil && len(applied) >= l.opts.SnapshotEvery
+	asSnapshot := st != nil && n >= l.opts.SnapshotEvery
 	var recs []trace.Record
 	if l.tr != nil && (asSnapshot || l.tr.due(l.opts.Now())) {
 		recs = l.tr.take()
 	}
 	if asSnapshot {
+		applied = nil // their copy of the listing's facts is garbage now: the state holds its own
 		l.tried = l.opts.Now()
 		appendErr = st.Snapshot(l.state, recs...)
 	} else if st != nil {
@@ -204,12 +210,12 @@ func (l *Live) Apply(batch ...events.Event) {
 		switch err := appendErr; {
 		case err != nil:
 			l.failed(err)
-			l.opts.Log.Error().Err(err).Int("events", len(applied)).Msg("journal append failed")
+			l.opts.Log.Error().Err(err).Int("events", n).Msg("journal append failed")
 			l.since = l.opts.SnapshotEvery // the journal has a gap: a snapshot covers it
 		case asSnapshot:
 			l.snapshotted()
 		default:
-			l.since += len(applied)
+			l.since += n
 		}
 		if l.since >= l.opts.SnapshotEvery && l.snapshotDue() {
 			l.snapshot()
@@ -387,6 +393,7 @@ var (
 	descContainers = prometheus.NewDesc("gcagent_projection_containers", "Containers in the projection, by namespace and state.", []string{"namespace", "state"}, nil)
 	descPods       = prometheus.NewDesc("gcagent_projection_live_pods", "Pods with a sandbox, by namespace.", []string{"namespace"}, nil)
 	descSynced     = prometheus.NewDesc("gcagent_projection_synced", "1 once the namespace's projection reflects a full listing.", []string{"namespace"}, nil)
+	descDeletions  = prometheus.NewDesc("gcagent_projection_regret_deletions", "Images this agent's image GC deleted whose regret window is still open (remembered to notice their return), by namespace.", []string{"namespace"}, nil)
 )
 
 func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) {
@@ -394,6 +401,7 @@ func (g gaugeFunc) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descContainers
 	ch <- descPods
 	ch <- descSynced
+	ch <- descDeletions
 }
 
 func (g gaugeFunc) Collect(ch chan<- prometheus.Metric) {
@@ -420,6 +428,7 @@ func (l *Live) collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(live), ns)
+		ch <- prometheus.MustNewConstMetric(descDeletions, prometheus.GaugeValue, float64(len(s.Deletions)), ns)
 		synced := 0.0
 		if s.Synced {
 			synced = 1

@@ -24,7 +24,30 @@ var (
 
 // encodeSnapshot returns s in the snapshot format.
 func encodeSnapshot(s *State) []byte {
-	w := snapWriter{index: map[string]uint64{"": 0}}
+	var z snapSizes
+	return z.encode(s)
+}
+
+// snapSizes are the sizes of the last snapshot a Store encoded: the next
+// one is about as large, and its buffers and string index are made that
+// size at once instead of grown (each growth leaves the old copy as
+// garbage, megabytes at a busy node's size).
+type snapSizes struct {
+	strings, table, body int
+}
+
+// encode returns s in the snapshot format and records its sizes. The
+// string table is written in place, behind room for the header, and the
+// records after it: the snapshot is never copied whole.
+func (z *snapSizes) encode(s *State) []byte {
+	if z.strings == 0 { // no snapshot yet: what a busy node's records take
+		records := len(s.Images) + len(s.Containers) + len(s.Pods) + len(s.Deletions)
+		z.strings, z.table, z.body = 4*records, 224*records, 56*records
+	}
+	head := len(snapshotMagic) + 2*binary.MaxVarintLen64
+	w := snapWriter{index: make(map[string]uint64, z.strings+z.strings/8),
+		table: make([]byte, head, head+z.table+z.table/8+z.body+z.body/8), body: make([]byte, 0, z.body+z.body/8)}
+	w.index[""] = 0
 	w.bool(s.Synced)
 	w.uint(s.Seq)
 	w.str(s.Namespace)
@@ -90,12 +113,12 @@ func encodeSnapshot(s *State) []byte {
 		}
 	}
 
-	out := make([]byte, 0, len(snapshotMagic)+len(w.table)+len(w.body)+2*binary.MaxVarintLen64)
-	out = append(out, snapshotMagic...)
-	out = binary.AppendUvarint(out, uint64(len(w.index)-1))
-	out = binary.AppendUvarint(out, uint64(len(w.table)))
-	out = append(out, w.table...)
-	return append(out, w.body...)
+	z.strings, z.table, z.body = len(w.index), len(w.table)-head, len(w.body)
+	hdr := append(append([]byte{}, snapshotMagic...), binary.AppendUvarint(nil, uint64(len(w.index)-1))...)
+	hdr = binary.AppendUvarint(hdr, uint64(z.table))
+	out := append(w.table, w.body...)[head-len(hdr):]
+	copy(out, hdr)
+	return out
 }
 
 // decodeSnapshot reads a snapshot in either format; the state is not yet

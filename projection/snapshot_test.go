@@ -63,6 +63,26 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 }
 
+// TestSnapshotSizes: a snapshot encoded with the sizes of the one before
+// is the same snapshot, whether its buffers were made too small (they
+// grow) or too large, and records its sizes for the next.
+func TestSnapshotSizes(t *testing.T) {
+	want := fullState(t)
+	for name, z := range map[string]snapSizes{"none yet": {}, "too small": {1, 1, 1}, "larger": {1000, 1 << 20, 1 << 20}} {
+		got, err := decodeSnapshot(z.encode(want))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got.fill()
+		if !reflect.DeepEqual(want, got) {
+			t.Errorf("%s: round trip differs\nwant %+v\ngot  %+v", name, want, got)
+		}
+		if z.strings < 10 || z.table < 10*len("sha256:") || z.body < 50 {
+			t.Errorf("%s: sizes %+v recorded", name, z)
+		}
+	}
+}
+
 // TestSnapshotReadsJSON: a state file written by an agent before the
 // binary snapshot (JSON) is restored whole.
 func TestSnapshotReadsJSON(t *testing.T) {

@@ -183,7 +183,8 @@ const maxBatch = 512
 
 // Apply folds a batch into the namespaces' projections, each namespace's
 // events in order and journaled together, and notifies subscribers once.
-// A Round applies after the events before it.
+// A Round applies after the events before it. A Listing is cleared from
+// batch once reconciled (see Live.Apply).
 func (s *Spaces) Apply(batch ...events.Scoped) {
 	for len(batch) > 0 {
 		i := slices.IndexFunc(batch, isRound)
@@ -200,16 +201,21 @@ func (s *Spaces) Apply(batch ...events.Scoped) {
 	s.notify()
 }
 
-func isRound(e events.Scoped) bool { return e.Event.Kind() == events.KindRound }
+func isRound(e events.Scoped) bool { return e.Event != nil && e.Event.Kind() == events.KindRound }
 
+// applyRun applies run, a batch without a Round, each namespace's events
+// together; a Listing is cleared from run (see Live.Apply).
 func (s *Spaces) applyRun(run []events.Scoped) {
 	var order []string
 	byNS := map[string][]events.Event{}
-	for _, e := range run {
+	for i, e := range run {
 		if _, ok := byNS[e.Namespace]; !ok {
 			order = append(order, e.Namespace)
 		}
 		byNS[e.Namespace] = append(byNS[e.Namespace], e.Event)
+		if _, ok := e.Event.(events.Listing); ok {
+			run[i].Event = nil // byNS holds it until Live.Apply lets it go
+		}
 	}
 	for _, ns := range order {
 		l, err := s.open(ns)

@@ -38,6 +38,7 @@ type Store struct {
 	// trace, shared by a file's spaces, is the usage trace kept in the
 	// same file (OpenTrace); nil: none.
 	trace *trace.Log
+	sizes snapSizes // of this space's last snapshot
 }
 
 // OpenTrace keeps the usage trace (package trace) in the store's file,
@@ -296,7 +297,7 @@ func (st *Store) PutTrace(seq uint64, recs []trace.Record) error {
 // recs must be the trace records of every event up to s.Seq not in the
 // trace yet: they are added in the same transaction.
 func (st *Store) Snapshot(s *State, recs ...trace.Record) error {
-	b := encodeSnapshot(s)
+	b := st.sizes.encode(s)
 	return st.db.Update(func(tx *bolt.Tx) error {
 		if err := st.putTrace(tx, s.Seq, recs); err != nil {
 			return err

@@ -80,11 +80,15 @@ func readHeap() heapSample {
 }
 
 // returnWhenQuiet checks the heap every memoryCheckEvery and, when
-// worthReturning, collects and returns the free pages to the system.
-func returnWhenQuiet(ctx context.Context, log zerolog.Logger) error {
+// worthReturning, collects and returns the free pages to the system. The
+// first time it finds the agent started (started reports whether the
+// projection is synced), it also returns the binary's pages the start used
+// (pageOutBinary) and gives the agent one processor (oneProcessor).
+func returnWhenQuiet(ctx context.Context, log zerolog.Logger, started func() bool) error {
 	t := time.NewTicker(memoryCheckEvery)
 	defer t.Stop()
 	prev := readHeap()
+	settled := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -92,6 +96,13 @@ func returnWhenQuiet(ctx context.Context, log zerolog.Logger) error {
 		case <-t.C:
 		}
 		now := readHeap()
+		if !settled && started() {
+			settled = true
+			returnBinaryPages(log, "synced: the binary's pages only the first listing used returned to the kernel")
+			if before, changed := oneProcessor(); changed {
+				log.Info().Int("gomaxprocs_before", before).Msg("started: one processor from now on (GOMAXPROCS sets it otherwise)")
+			}
+		}
 		if worthReturning(prev, now) {
 			debug.FreeOSMemory()
 			after := readHeap()

@@ -31,8 +31,14 @@ type Seed struct {
 	// Images distinct images, each with its own config and manifest and one
 	// shared 1 KiB layer, named ImageName(i). Each config carries the label
 	// containerd's unpacker puts on it once an image is unpacked for
-	// overlayfs (as every image CRI pulls is): the chain id of its top layer.
+	// overlayfs (as every image CRI pulls is): the chain id of its top layer,
+	// unless Fetched.
 	Images int
+	// Fetched leaves the images as a pull that does not unpack leaves them
+	// (`ctr content fetch`, buildkit, a pre-pull cache): the manifest
+	// labelled with its children, the config without the unpacker's chain
+	// id, so that whoever wants it reads the config.
+	Fetched bool
 	// Containers containers, named ContainerID(i), container i running image
 	// i%Images. Even ones are labelled like CRI containers of a pod (kind
 	// container, pod uid, name and namespace, container name), with a spec
@@ -224,9 +230,11 @@ func (c *Containerd) SeedRecords(t testing.TB, s Seed) {
 		t.Fatalf("seed layer: %v", err)
 	}
 	seedImage := func(ctx context.Context, i int) error {
-		cd, err := put(ctx, ocispec.MediaTypeImageConfig, s.imageConfig(i), map[string]string{
-			"containerd.io/gc.ref.snapshot.overlayfs": identity.ChainID([]digest.Digest{layer.Digest}).String(),
-		})
+		var unpacked map[string]string
+		if !s.Fetched {
+			unpacked = map[string]string{"containerd.io/gc.ref.snapshot.overlayfs": identity.ChainID([]digest.Digest{layer.Digest}).String()}
+		}
+		cd, err := put(ctx, ocispec.MediaTypeImageConfig, s.imageConfig(i), unpacked)
 		if err != nil {
 			return err
 		}
