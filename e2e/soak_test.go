@@ -85,6 +85,7 @@ type soakLoad struct {
 	images     []string // names imported
 	containers []string // ids run
 	links      []string // link names made
+	podDirs    []string // pod log dirs made
 	// interrupted are containers whose run the end of the load cut short:
 	// a container never started is not dead, so the load removes those
 	// the agent did not.
@@ -188,12 +189,25 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 		load.ran.Add(1)
 		return nil
 	})
-	// Logs: a kubelet log link whose log and container are gone.
+	// Logs: a pod's log dir with its container's log, and the kubelet's
+	// link to it, of a pod with no sandbox (a pod deleted while the node
+	// was down): the agent sees the dir, collects it as orphaned after
+	// --pod-log-grace, and then the link, dangling into a pod dir it saw go
+	// (a link into a dir never seen stays: target-unseen).
 	every(2*time.Second, func(i int) error {
-		name := fmt.Sprintf("soak%06d_default_app-%012x.log", i, i)
-		if err := os.Symlink(filepath.Join(c.PodLogDir, "gone_"+name, "app", "0.log"), filepath.Join(c.LogDir, name)); err != nil {
+		pod := fmt.Sprintf("default_soak%06d_%08x-0000-4000-8000-%012x", i, i, i)
+		name := fmt.Sprintf("soak%06d_default_app-%064x.log", i, i)
+		log := filepath.Join(c.PodLogDir, pod, "app", "0.log")
+		if err := os.MkdirAll(filepath.Dir(log), 0o755); err != nil {
 			return err
 		}
+		if err := os.WriteFile(log, []byte("soak\n"), 0o644); err != nil {
+			return err
+		}
+		if err := os.Symlink(log, filepath.Join(c.LogDir, name)); err != nil {
+			return err
+		}
+		load.add(&load.podDirs, pod)
 		load.add(&load.links, name)
 		load.linked.Add(1)
 		return nil
@@ -275,9 +289,15 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 		if err != nil {
 			return err.Error()
 		}
+		pods, err := os.ReadDir(c.PodLogDir)
+		if err != nil {
+			return err.Error()
+		}
 		switch {
 		case len(left) > 0:
 			return fmt.Sprintf("%d links left", len(left))
+		case len(pods) > 0:
+			return fmt.Sprintf("%d pod dirs left", len(pods))
 		case len(ctrs) > 0:
 			return fmt.Sprintf("%d containers left", len(ctrs))
 		case usagePercent(t, c.Root) >= high:
@@ -425,25 +445,28 @@ func soakCheck(t *testing.T, c *testenv.Containerd, load *soakLoad, evs []stored
 	for _, img := range imgs {
 		present[img.Name] = true
 	}
-	imageRemovals, containerRemovals, linkRemovals := map[string]int{}, map[string]int{}, map[string]int{}
+	imageRemovals, containerRemovals, linkRemovals, podDirRemovals := map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 	for _, ev := range evs {
 		var d struct {
 			Names []string `json:"names"`
 			Name  string   `json:"name"`
+			Kind  string   `json:"kind"`
 		}
 		if err := json.Unmarshal(ev.Data, &d); err != nil {
 			t.Fatalf("%s: %v", ev.Type, err)
 		}
-		switch ev.KindAction {
-		case "image.removed":
+		switch {
+		case ev.KindAction == "image.removed":
 			for _, n := range d.Names {
 				if !strings.HasPrefix(n, "sha256:") {
 					imageRemovals[n]++
 				}
 			}
-		case "container.removed":
+		case ev.KindAction == "container.removed":
 			containerRemovals[ev.Subject]++
-		case "log.removed":
+		case ev.KindAction == "log.removed" && d.Kind == "poddir":
+			podDirRemovals[d.Name]++
+		case ev.KindAction == "log.removed":
 			linkRemovals[d.Name]++
 		}
 	}
@@ -476,6 +499,7 @@ func soakCheck(t *testing.T, c *testenv.Containerd, load *soakLoad, evs []stored
 	}
 	check("container", load.containers, func(string) bool { return true }, containerRemovals) // all gone: checked above
 	check("link", load.links, func(string) bool { return true }, linkRemovals)
+	check("pod dir", load.podDirs, func(string) bool { return true }, podDirRemovals)
 }
 
 // soakWrite writes soak-<v>.csv and soak-<v>.md into dir.
