@@ -45,8 +45,8 @@ func (l *ContainerLogs) FindContainerLogs(ref gc.ContainerLogRef) (gc.ContainerL
 	return l.walk(ref, false)
 }
 
-// RemoveContainerLogs removes the container's log files, then its legacy
-// link. It returns what it removed, and an error when something that is
+// RemoveContainerLogs removes the container's legacy link, then its log
+// files. It returns what it removed, and an error when something that is
 // the container's could not go (the caller keeps the container, as the
 // kubelet does, for a retry). A file already gone is no error; files it
 // must not touch (outside the pod's dir, behind a link or a mount point)
@@ -55,15 +55,21 @@ func (l *ContainerLogs) RemoveContainerLogs(ref gc.ContainerLogRef) (gc.Containe
 	return l.walk(ref, true)
 }
 
+// walk goes through the legacy link first, then the files: removed in
+// the kubelet's order (files, then link), the link would dangle for a
+// moment, and the log cleaner, which reacts within milliseconds, would
+// remove and report it a second time.
 func (l *ContainerLogs) walk(ref gc.ContainerLogRef, remove bool) (gc.ContainerLogs, error) {
 	out := gc.ContainerLogs{Path: ref.LogPath}
+	if err := l.link(ref, remove, &out); err != nil {
+		return out, err
+	}
 	dir, base, why := l.logDir(ref)
 	if why != "" {
 		out.Kept = why
-	} else if err := l.files(dir, base, remove, &out); err != nil {
-		return out, err
+		return out, nil
 	}
-	return out, l.link(ref, remove, &out)
+	return out, l.files(dir, base, remove, &out)
 }
 
 // logDir maps CRI's log path to the agent's view and checks that it lies
