@@ -53,3 +53,34 @@ func TestRelistKeepsTheCreationOrderOfContainersStampedAhead(t *testing.T) {
 		t.Errorf("the older attempt is not removed: remove %v, keep %v", containerSummary(plan.Remove), containerSummary(plan.Keep))
 	}
 }
+
+// TestRelistKeepsTheNewestSandboxOfContainersStampedAhead: as above, for
+// a pod's sandboxes: the pod (not deleted) was recreated in a new sandbox
+// ("a-…") after its first one ("b-…") stopped; both are now stopped (the
+// node rebooting, the kubelet not yet back). The kubelet keeps the
+// newest sandbox of a pod that is there; so must the plan after a relist.
+func TestRelistKeepsTheNewestSandboxOfContainersStampedAhead(t *testing.T) {
+	const s = time.Second
+	evs := flat(sandbox(0, "b-sandbox1", "u1"), start(0, "b-sandbox1"), exit(10*s, "b-sandbox1"),
+		sandbox(20*s, "a-sandbox2", "u1"), start(20*s, "a-sandbox2"), exit(30*s, "a-sandbox2"),
+		events.Synced{At: at(40 * s)})
+	st := build(evs...)
+	relist := at(5 * time.Minute)
+	var listed []events.ContainerUpserted
+	for _, e := range evs {
+		if c, ok := e.(events.ContainerUpserted); ok {
+			c.At, c.Created = relist, relist // bounded by the listing's time
+			listed = append(listed, c)
+		}
+	}
+	tasks := []events.Task{{ContainerID: "b-sandbox1", Pid: 1000, Status: events.TaskStopped, ExitedAt: at(10 * s)},
+		{ContainerID: "a-sandbox2", Pid: 1020, Status: events.TaskStopped, ExitedAt: at(30 * s)}}
+	for _, ev := range projection.Reconcile(st, events.Listing{At: relist, Containers: listed, Tasks: tasks}) {
+		st.Apply(ev)
+	}
+	plan := PlanContainers(st, ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll}, at(time.Hour))
+	if slices.ContainsFunc(plan.Remove, func(it ContainerItem) bool { return it.ID == "a-sandbox2" }) {
+		t.Errorf("the pod's newest sandbox is removed after a relist: remove %v, keep %v",
+			containerSummary(plan.Remove), containerSummary(plan.Keep))
+	}
+}
