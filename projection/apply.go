@@ -138,7 +138,7 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 	s.setInterned(&c.PodName, e.PodName)
 	s.setInterned(&c.ContainerName, e.ContainerName)
 	s.setInterned(&c.SandboxID, e.SandboxID)
-	c.Created = StampOf(e.Created)
+	c.Created = keptCreated(c.Created, StampOf(e.Created))
 	s.keepUnit(c)
 	if wasSandbox && (oldUID != c.PodUID || c.CRIKind != KindSandbox) {
 		s.leavePod(oldUID, c.ID, e.At)
@@ -152,6 +152,22 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 		p.Name, p.Namespace, p.GoneAt = c.PodName, c.PodNamespace, time.Time{}
 		p.Sandboxes[c.ID] = struct{}{}
 	}
+}
+
+// keptCreated is the creation time an upsert of a container leaves it
+// with, from the one it has and the one the event says: the earlier. A
+// container's creation never moves later; a later time for the same
+// container is a bound (containerd's stamp ahead of the agent's clock,
+// bounded by each receipt and each listing's time), and taking it would
+// give every container a listing bounds the same instant, erasing the
+// creation order the caps keep the newest by. A container made again
+// under its id is deleted first (events, Reconcile's madeAgain), so it
+// starts afresh. An event without one keeps the one it has.
+func keptCreated(have, said Stamp) Stamp {
+	if said.IsZero() || !have.IsZero() && have.Before(said) {
+		return have
+	}
+	return said
 }
 
 func (s *State) deleteContainer(e events.ContainerDeleted) {

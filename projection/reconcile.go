@@ -194,7 +194,7 @@ func containerCurrent(c *Container, l events.ContainerUpserted) bool {
 	return c != nil && c.Image == l.Image && (c.ImageDigest != "" || l.ImageDigest == "") &&
 		c.CRIKind == l.CRIKind && c.PodUID == l.PodUID && c.PodName == l.PodName &&
 		c.PodNamespace == l.PodNamespace && c.ContainerName == l.ContainerName &&
-		c.SandboxID == l.SandboxID && c.Created == StampOf(l.Created) &&
+		c.SandboxID == l.SandboxID && keptCreated(c.Created, StampOf(l.Created)) == c.Created &&
 		(l.ImageID == "" || c.ImageID == l.ImageID) && (l.RootChain == "" || c.RootChain == l.RootChain) &&
 		slices.Equal(c.VolumeImageIDs(), l.VolumeImageIDs) && (l.VolumeChains == nil || slices.Equal(c.VolumeChains(), l.VolumeChains)) &&
 		c.RestartManaged == l.RestartManaged
