@@ -59,6 +59,7 @@ func lockLeases(t *testing.T, c *testenv.Containerd) map[string]map[string]strin
 // process is gone). The lock is a lease in its own namespace, which no
 // agent manages, --namespace=* included, and which holds nothing.
 func TestOneAgentPerContainerd(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		dir := t.TempDir()
@@ -165,6 +166,7 @@ func TestOneAgentPerContainerd(t *testing.T) {
 // the first renew the lock; and after kill -9 of the first it takes the
 // lock over only once three renewals are missed (30 s).
 func TestOneAgentPerContainerdAcrossNamespaces(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, func() bool { _, err := exec.LookPath("unshare"); return err == nil }(), "unshare (util-linux)")
 	bin := testenv.AgentBinary(t)
 	pod := filepath.Join(t.TempDir(), "gcagent-in-pod")

@@ -48,6 +48,7 @@ const kubeletConfigSource = "kubelet-config /var/lib/kubelet/config.yaml"
 //     it cannot see, publishes each action once to NATS, and runs without
 //     capabilities, with no_new_privs and seccomp, within its memory.
 func TestChartOnKubelet(t *testing.T) {
+	t.Parallel()
 	def, err := deploy.DecodeManifest(deploy.ManifestYAML)
 	if err != nil {
 		t.Fatal(err)

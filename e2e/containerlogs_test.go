@@ -36,6 +36,7 @@ type removedLogs struct {
 // and a dry run name those files and remove nothing. 7485972 left every
 // file and link of the removed attempts on disk.
 func TestRemovedCRIContainerTakesItsLogs(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

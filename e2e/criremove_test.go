@@ -41,6 +41,7 @@ func (p pullDuringRemove) RemoveImage(ctx context.Context, in *runtime.RemoveIma
 // during the call (a new tag, and the very tag the re-check saw, made
 // again) is kept, and the removal says the names changed.
 func TestCRIRemovalKeepsNamesMadeDuringIt(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		const tag, newTag = "example.test/pulled:1", "example.test/pulled:2"

@@ -81,6 +81,7 @@ func (w criWindow) StreamContainers(context.Context, *runtime.StreamContainersRe
 // exit status, with no event from containerd to prompt it (issue 34,
 // item 7).
 func TestListingConvergesAfterCRIsExitWindow(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

@@ -27,6 +27,7 @@ import (
 // gone. An object made again under the same key is another one: the
 // recorded one is gone.
 func TestIntentSettlesByIdentity(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		const ns = "identity"

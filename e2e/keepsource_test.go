@@ -21,6 +21,7 @@ import (
 // read. Before, the saved list counted as read, nothing waited, and the
 // image the fleet pattern names went in the first pass.
 func TestFleetKeepListFromAnotherNATS(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		kept := testenv.Image{Name: "registry.example/app:7", Layers: []testenv.Layer{{Seed: "moved-app", Size: 2 << 20}}}

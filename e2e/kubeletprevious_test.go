@@ -52,6 +52,7 @@ func lastStateID(p *corev1.Pod, name string) (string, int32) {
 // dead container per name) while its status names N-1 until the sync that
 // starts N+1, after the crash-loop backoff.
 func TestKubeletPreviousLogsSurviveTheAgent(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		c.Import(t, testenv.Runnable(gcImage))

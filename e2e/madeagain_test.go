@@ -20,6 +20,7 @@ import (
 // dead one it knew: it never ran, and it stays. Before, the relist kept
 // the dead one's exit on the new record and removed it a second after.
 func TestContainerMadeAgainWhileAwayIsKept(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		const img = "example.test/build:1"

@@ -68,6 +68,7 @@ func waitPassAfter(t *testing.T, a *testenv.Agent, after time.Time, want string,
 //   - The same with the agent's state lost (a fresh state dir): nothing
 //     says the dir was ever there, so the pod keeps both.
 func TestDeletedPodSignNeedsASeenDir(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v})
 		rt, _ := c.CRI(t)

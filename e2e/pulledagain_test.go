@@ -27,6 +27,7 @@ import (
 // re-pulled image kept the first-seen time of the one removed and went in
 // the first pass.
 func TestImagePulledAgainWhileAwayIsNew(t *testing.T) {
+	t.Parallel()
 	forEachVersion(t, func(t *testing.T, v testenv.Version) {
 		c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "128m"})
 		app := testenv.Image{Name: "example.test/app:1", Layers: []testenv.Layer{{Seed: "again-app", Size: 2 << 20}}}
