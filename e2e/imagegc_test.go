@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -303,6 +304,10 @@ func testImageGC(t *testing.T, v testenv.Version) {
 		fmt.Sprintf("--image-gc-high-threshold=%d", high), fmt.Sprintf("--image-gc-low-threshold=%d", low),
 		"--minimum-image-ttl-duration=1s", "--keep-image=keep.test/*").Output()
 	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("gcagent plan: %v\n%s", err, ee.Stderr)
+		}
 		t.Fatalf("gcagent plan: %v", err)
 	}
 	var doc struct {

@@ -43,7 +43,7 @@ func (s *Source) skewed(t time.Time) time.Time {
 	if t.IsZero() {
 		return t
 	}
-	return t.Add(s.o.StampSkew()).UTC()
+	return t.Add(s.o.StampSkew(t)).UTC()
 }
 
 // notAfter bounds a time a listing read from containerd (an exit, a

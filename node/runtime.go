@@ -41,7 +41,7 @@ type Runtime struct {
 	// StampSkew, for end-to-end tests only (as Options.StampSkew), is
 	// added to the containers' creation times it reads, so that they
 	// compare with the projection's; nil in production.
-	StampSkew func() time.Duration
+	StampSkew func(time.Time) time.Duration
 
 	sn *snapshotterCache
 }
@@ -52,7 +52,7 @@ func (r *Runtime) created(t time.Time) time.Time {
 	if r.StampSkew == nil || t.IsZero() {
 		return t.UTC()
 	}
-	return t.Add(r.StampSkew()).UTC()
+	return t.Add(r.StampSkew(t)).UTC()
 }
 
 // NewRuntime returns a Runtime of cl and, when CRI answers on the same

@@ -45,10 +45,11 @@ type Options struct {
 	// it); default time.Now. Event times are bounded by it at receipt
 	// (see stampAt).
 	Now func() time.Time
-	// StampSkew, for end-to-end tests only, is added to every time
-	// containerd stamps (event times, exits, creations): it emulates a step
-	// of the host's wall clock as containerd would see it. Nil: none.
-	StampSkew  func() time.Duration
+	// StampSkew, for end-to-end tests only, is the skew added to a time
+	// containerd stamped (event times, exits, creations) at that host time
+	// (clock.Skew.At): it emulates steps of the host's wall clock as
+	// containerd would see them. Nil: none.
+	StampSkew  func(time.Time) time.Duration
 	Log        zerolog.Logger
 	Registerer prometheus.Registerer
 }
@@ -99,7 +100,7 @@ func NewSource(o Options) *Source {
 		o.Now = time.Now
 	}
 	if o.StampSkew == nil {
-		o.StampSkew = func() time.Duration { return 0 }
+		o.StampSkew = func(time.Time) time.Duration { return 0 }
 	}
 	if o.KnownFacts == nil {
 		o.KnownFacts = func(string) ImageFacts { return ImageFacts{} }

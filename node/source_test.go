@@ -114,7 +114,7 @@ func TestDecodeStepped(t *testing.T) {
 		{"skew within the lag", stamped.Add(time.Second), -time.Second, stamped.Add(-time.Second)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := NewSource(Options{Registerer: prometheus.NewRegistry(), StampSkew: func() time.Duration { return tc.skew }})
+			s := NewSource(Options{Registerer: prometheus.NewRegistry(), StampSkew: func(time.Time) time.Duration { return tc.skew }})
 			env := envelope(t, "k8s.io", "/tasks/exit", &apievents.TaskExit{ContainerID: "c", ID: "c", Pid: 7, ExitedAt: timestamppb.New(stamped)})
 			got, err := s.decode(context.Background(), env, tc.received)
 			if err != nil {

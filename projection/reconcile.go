@@ -76,7 +76,8 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		case hasTask && t.Status == events.TaskStopped:
 			switch {
 			case state != StateExited:
-				out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: t.Pid, ExitStatus: t.ExitStatus, ExitedAt: t.ExitedAt})
+				out = append(out, events.TaskExited{At: l.At, ContainerID: lc.ID, Pid: t.Pid, ExitStatus: t.ExitStatus,
+					ExitedAt: exitedSince(have, t.ExitedAt, l.At)})
 			case t.ExitStatus != have.ExitStatus || t.Pid != 0 && have.Pid != 0 && t.Pid != have.Pid:
 				// The exit the projection holds is not the one containerd
 				// or CRI reports: guessed when the task went away unseen,
@@ -102,6 +103,25 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 		out = append(out, events.ContainerDeleted{At: l.At, ID: id})
 	}
 	return append(out, events.Synced{At: l.At})
+}
+
+// exitedSince is the exit time a listing (at at) reports for a container
+// the projection holds not exited. The container exited after the agent
+// first saw it and after it saw it start: a stamp before either was made
+// by a host clock behind the agent's (stepped back, and the agent
+// restarted before it saw the exit), and says nothing of when the exit
+// was. Then the listing's own time stands for it: the latest the exit
+// can have been, which keeps the container the longer (fail closed).
+func exitedSince(have *Container, exited, at time.Time) time.Time {
+	if have == nil || exited.IsZero() {
+		return exited
+	}
+	for _, t := range []Stamp{have.FirstSeen, have.StartedAt} {
+		if !t.IsZero() && t.Time().After(exited) {
+			return at
+		}
+	}
+	return exited
 }
 
 // madeAgain reports whether the listed container l (listed at at) is

@@ -414,3 +414,28 @@ func TestDeadIndexFollowsContainers(t *testing.T) {
 	back.fill()
 	checkDeadIndex(t, back)
 }
+
+// TestReconcileExitNeverBeforeTheStartSeen: a container the agent saw
+// start at 50 s is listed exited with a stamp from an hour before (the
+// host's clock was stepped back when containerd stamped it, and the
+// agent restarted before it saw the exit): the stamp says nothing, and
+// the listing's time stands for the exit, so that it does not look an
+// hour older.
+func TestReconcileExitNeverBeforeTheStartSeen(t *testing.T) {
+	s := apply(New(),
+		events.ContainerUpserted{At: at(10), ID: "behind", Image: "keep:1"},
+		events.TaskStarted{At: at(50), ContainerID: "behind"},
+		events.ContainerUpserted{At: at(10), ID: "old", Image: "keep:1"},
+	)
+	listing := events.Listing{At: at(100),
+		Containers: []events.ContainerUpserted{{ID: "behind", Image: "keep:1"}, {ID: "old", Image: "keep:1"}},
+		Tasks: []events.Task{{ContainerID: "behind", Status: events.TaskStopped, ExitedAt: at(51).Add(-time.Hour)},
+			{ContainerID: "old", Status: events.TaskStopped, ExitedAt: at(60)}}}
+	apply(s, Reconcile(s, listing)...)
+	if got := s.Containers["behind"].ExitedAt.Time(); !got.Equal(at(100)) {
+		t.Errorf("exit listed an hour before the start seen at %s: taken as %s, want the listing's time", at(50), got)
+	}
+	if got := s.Containers["old"].ExitedAt.Time(); !got.Equal(at(60)) {
+		t.Errorf("an exit after the agent first saw the container: %s, want the listing's %s", got, at(60))
+	}
+}

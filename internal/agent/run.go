@@ -185,7 +185,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		runtime: node.NewRuntime(cl, cri, runtimeapi.NewImageServiceClient(criConn))}
 	a.runtime.Nerdctl = node.Nerdctl{DataRoot: cfg.NerdctlDataRoot}
 	if skew != nil {
-		a.runtime.StampSkew = skew.Get // as the Source's: creation times compare with the projection's
+		a.runtime.StampSkew = skew.At // as the Source's: creation times compare with the projection's
 	}
 	a.evs = evs
 	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, keepSource(cfg), cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
@@ -228,7 +228,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 // the emulated offset a test build may ask for.
 func continueClock(cfg Config, log zerolog.Logger) (clk *clock.Clock, skew *clock.Skew, file string, err error) {
 	// skew is nil unless a test build emulates wall-clock steps.
-	if skew, err = testSkew(); err != nil {
+	if skew, err = testSkew(cfg.StateDir); err != nil {
 		return nil, nil, "", err
 	}
 	file = filepath.Join(cfg.StateDir, clock.File)
@@ -255,7 +255,7 @@ func (a *agent) useBus(b *bus) error {
 func newSource(cfg Config, cl *client.Client, cri runtimeapi.RuntimeServiceClient, nss events.Namespaces, clk *clock.Clock,
 	skew *clock.Skew, restoredLive func() *projection.Spaces, log zerolog.Logger, reg prometheus.Registerer) *node.Source {
 	return node.NewSource(node.Options{
-		Client: cl, CRI: cri, Namespaces: nss, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.Get,
+		Client: cl, CRI: cri, Namespaces: nss, ResyncInterval: cfg.ResyncInterval, Now: clk.Now, StampSkew: skew.At,
 		KnownFacts: func(digest string) (f node.ImageFacts) {
 			// Content is shared by every namespace: any one's facts will do.
 			if live := restoredLive(); live != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -72,8 +73,15 @@ func killSelf() {
 }
 
 // testSkew is the emulated wall-clock offset clock.TestOffsetEnv asks
-// for; nil when unset.
-func testSkew() (*clock.Skew, error) { return clock.SkewFromEnv() }
+// for, going on from the steps an earlier run on stateDir saved; nil when
+// unset.
+func testSkew(stateDir string) (*clock.Skew, error) {
+	s, err := clock.SkewFromEnv()
+	if s == nil || err != nil {
+		return s, err
+	}
+	return s, s.Keep(filepath.Join(stateDir, clock.TestSkewHistoryFile), filepath.Join(stateDir, clock.TestOffsetFile))
+}
 
 // followTestSkew re-reads the test-only clock offset file until ctx ends:
 // end-to-end tests step the emulated wall clock by writing it.

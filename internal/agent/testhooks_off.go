@@ -16,6 +16,6 @@ func crashHooks(*deletion.Options) {}
 
 func testCallTimeout(zerolog.Logger) error { return nil }
 
-func testSkew() (*clock.Skew, error) { return nil, nil }
+func testSkew(string) (*clock.Skew, error) { return nil, nil }
 
 func followTestSkew(context.Context, *clock.Skew, string, zerolog.Logger) error { return nil }

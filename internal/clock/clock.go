@@ -8,10 +8,8 @@ package clock
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -136,65 +134,4 @@ func (c *Clock) Now() time.Time {
 		return time.Now().Round(0).UTC()
 	}
 	return c.base.Add(uptime() - c.boot0)
-}
-
-// Skew emulates a step of the host's wall clock for end-to-end tests: it is
-// added to the wall clock the agent reads at start and to every time stamp
-// it reads from containerd (containerd runs on the same host, so its stamps
-// step with the host). A nil *Skew is zero. Safe for concurrent use.
-type Skew struct{ ns atomic.Int64 }
-
-// Get returns the current skew; zero for a nil Skew.
-func (s *Skew) Get() time.Duration {
-	if s == nil {
-		return 0
-	}
-	return time.Duration(s.ns.Load())
-}
-
-// Set changes the skew: a wall-clock step of d - the previous value.
-func (s *Skew) Set(d time.Duration) { s.ns.Store(int64(d)) }
-
-// TestOffsetEnv names the hidden, test-only environment variable that
-// enables a Skew: its value is the initial skew (a Go duration, e.g. "-1h").
-// While it is set, the file TestOffsetFile in the state dir, when present,
-// holds the current skew and is read again every TestOffsetPoll (so a file
-// left by an earlier run wins over the variable after the first poll: a
-// test restarting the agent sets both to the same value).
-const (
-	TestOffsetEnv  = "GCAGENT_TEST_CLOCK_OFFSET"
-	TestOffsetFile = "test-clock-offset"
-	TestOffsetPoll = 100 * time.Millisecond
-)
-
-// SkewFromEnv returns the Skew the test-only environment asks for, or nil
-// (production: no skew) when TestOffsetEnv is unset. A value that does not
-// parse is an error.
-func SkewFromEnv() (*Skew, error) {
-	v, ok := os.LookupEnv(TestOffsetEnv)
-	if !ok {
-		return nil, nil
-	}
-	d, err := time.ParseDuration(strings.TrimSpace(v))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", TestOffsetEnv, err)
-	}
-	s := &Skew{}
-	s.Set(d)
-	return s, nil
-}
-
-// ReadFile sets the skew from path if it holds a valid duration; a missing
-// or invalid file leaves it unchanged. It reports whether it changed.
-func (s *Skew) ReadFile(path string) bool {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return false
-	}
-	d, err := time.ParseDuration(strings.TrimSpace(string(b)))
-	if err != nil || d == s.Get() {
-		return false
-	}
-	s.Set(d)
-	return true
 }
