@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -279,7 +280,10 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 
 	// The agent catches up: every link and container gone, the disk back
 	// under the high threshold, the outbox empty.
-	var evs []storedEvent
+	var (
+		evs     []storedEvent
+		present map[string]bool // image names in containerd when evs were read
+	)
 	testenv.Eventually(t, 5*time.Minute, func() string {
 		left, err := os.ReadDir(c.LogDir)
 		if err != nil {
@@ -303,12 +307,21 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 		case usagePercent(t, c.Root) >= high:
 			return fmt.Sprintf("disk at %d%%, high threshold %d%%", usagePercent(t, c.Root), high)
 		}
+		// Image GC may still delete down to the low threshold: the images
+		// and the stream are read as one picture only when no delete fell
+		// between the two reads of the images.
+		before := imageNames(t, c)
 		var why string
-		evs, why = deliveredStream(t, a, nc)
-		return why
+		if evs, why = deliveredStream(t, a, nc); why != "" {
+			return why
+		}
+		if present = imageNames(t, c); !maps.Equal(before, present) {
+			return "images deleted while the stream was read"
+		}
+		return ""
 	})
 	sample()
-	soakCheck(t, c, &load, evs)
+	soakCheck(t, &load, evs, present)
 	soakWrite(t, out, v, d, samples)
 	if b, err := os.ReadFile(a.LogFile); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
@@ -317,6 +330,19 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 			}
 		}
 	}
+}
+
+// imageNames is the set of image names in containerd now.
+func imageNames(t *testing.T, c *testenv.Containerd) map[string]bool {
+	imgs, err := c.Client.ImageService().List(c.Ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make(map[string]bool, len(imgs))
+	for _, img := range imgs {
+		names[img.Name] = true
+	}
+	return names
 }
 
 // soakHeap saves the agent's heap profile (--profiling) into path.
@@ -435,16 +461,8 @@ func streamMsgs(t *testing.T, nc *nats.Conn) uint64 {
 // soakCheck checks exactly once: every image, container and link the load
 // made that is gone is one removal stored once, and every removal stored
 // is of one of them (the runnable image is kept).
-func soakCheck(t *testing.T, c *testenv.Containerd, load *soakLoad, evs []storedEvent) {
+func soakCheck(t *testing.T, load *soakLoad, evs []storedEvent, present map[string]bool) {
 	checkContract(t, evs)
-	imgs, err := c.Client.ImageService().List(c.Ctx())
-	if err != nil {
-		t.Fatal(err)
-	}
-	present := map[string]bool{}
-	for _, img := range imgs {
-		present[img.Name] = true
-	}
 	imageRemovals, containerRemovals, linkRemovals, podDirRemovals := map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 	for _, ev := range evs {
 		var d struct {
