@@ -17,21 +17,31 @@ import (
 // an older stamp means its wall clock stepped back (or a replay).
 const maxStampLag = 10 * time.Second
 
+// maxStampAhead is how much later than its receipt an envelope's stamp may
+// be and still be taken as it is: the agent's clock (the wall time read
+// once, advanced by the uptime) and the host's may drift apart by
+// milliseconds. Taken as received instead, the stamp would cap the
+// container's creation time at it too, and the creation time would no
+// longer tell the container from another made under its id (a stamp
+// ahead makes an object look younger: it is kept, never removed early).
+const maxStampAhead = time.Second
+
 // stampAt is when something containerd stamped t happened, in the agent's
 // clock, given that the agent received the news at received: t when it is
-// within [received-maxStampLag, received], else received. containerd
-// stamps with the host's wall clock, the agent plans with its own: after a
-// forward step a stamp is after its receipt (taken as it is, the thing
-// would look younger than it is for as long as the step), after a backward
-// step far before it (the thing would look older and be deleted early).
-// The receipt is never before the real event, so an age counted from it is
-// never longer than the real one: nothing is deleted early, and nothing is
-// kept more than the delivery delay longer. Zero stays zero (not sent).
+// within [received-maxStampLag, received+maxStampAhead], else received.
+// containerd stamps with the host's wall clock, the agent plans with its
+// own: after a forward step a stamp is far after its receipt (taken as it
+// is, the thing would look younger than it is for as long as the step),
+// after a backward step far before it (the thing would look older and be
+// deleted early). The receipt is never before the real event, so an age
+// counted from it is never longer than the real one: nothing is deleted
+// early, and nothing is kept more than the delivery delay (or a second of
+// drift) longer. Zero stays zero (not sent).
 func stampAt(t, received time.Time) time.Time {
 	if t.IsZero() {
 		return t
 	}
-	if t.After(received) || t.Before(received.Add(-maxStampLag)) {
+	if t.After(received.Add(maxStampAhead)) || t.Before(received.Add(-maxStampLag)) {
 		return received
 	}
 	return t

@@ -83,7 +83,9 @@ func TestStampAt(t *testing.T) {
 		{"at receipt", rcv, rcv},
 		{"lag at the bound", rcv.Add(-maxStampLag), rcv.Add(-maxStampLag)},
 		{"forward step +1h", rcv.Add(time.Hour), rcv},
-		{"slightly ahead", rcv.Add(time.Millisecond), rcv},
+		{"slightly ahead (clocks drifting apart)", rcv.Add(time.Millisecond), rcv.Add(time.Millisecond)},
+		{"ahead at the bound", rcv.Add(maxStampAhead), rcv.Add(maxStampAhead)},
+		{"just past the bound ahead", rcv.Add(maxStampAhead + time.Nanosecond), rcv},
 		{"backward step -1h", rcv.Add(-time.Hour), rcv},
 		{"just past the lag", rcv.Add(-maxStampLag - time.Nanosecond), rcv},
 		{"not sent", time.Time{}, time.Time{}},
@@ -112,6 +114,7 @@ func TestDecodeStepped(t *testing.T) {
 		{"host stepped +1h (skew)", stamped.Add(time.Second), time.Hour, stamped.Add(time.Second)},
 		{"host stepped -1h (skew)", stamped.Add(time.Second), -time.Hour, stamped.Add(time.Second)},
 		{"skew within the lag", stamped.Add(time.Second), -time.Second, stamped.Add(-time.Second)},
+		{"the agent's clock a few ms behind the host's", stamped.Add(-5 * time.Millisecond), 0, stamped},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewSource(Options{Registerer: prometheus.NewRegistry(), StampSkew: func(time.Time) time.Duration { return tc.skew }})
