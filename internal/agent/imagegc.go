@@ -71,21 +71,22 @@ func (a *agent) record(ctx context.Context, ns string, ev events.Event) error {
 }
 
 // runImageGC runs the image GC until ctx ends. Its passes wait for
-// imageGCReady; one follows each renewal of containerd's agent lock after
-// renewals failed (a pass that found the lock not held meanwhile deleted
-// nothing, and no other trigger may come soon).
-func (a *agent) runImageGC(ctx context.Context) error {
-	go func() {
-		for {
-			select {
-			case <-a.lock.HeldAgain():
-				a.imageGC.Nudge("agent-lock")
-			case <-ctx.Done():
-				return
-			}
+// imageGCReady.
+func (a *agent) runImageGC(ctx context.Context) error { return a.imageGC.Run(ctx) }
+
+// nudgeImageGCOnLock asks image GC for a pass at each renewal of
+// containerd's agent lock after renewals failed, until ctx ends: a pass
+// that found the lock not held meanwhile deleted nothing, and no other
+// trigger may come soon.
+func (a *agent) nudgeImageGCOnLock(ctx context.Context) {
+	for {
+		select {
+		case <-a.lock.HeldAgain():
+			a.imageGC.Nudge("agent-lock")
+		case <-ctx.Done():
+			return
 		}
-	}()
-	return a.imageGC.Run(ctx)
+	}
 }
 
 // imagePassSummary is schema.LastGC: the last image GC pass in heartbeats.

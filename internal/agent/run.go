@@ -354,6 +354,7 @@ func (a *agent) start(g *errgroup.Group, gctx context.Context, evs chan events.S
 	// keeps for), so that a list NATS gives is read before anything goes.
 	g.Go(afterIntents(func(ctx context.Context) error { a.keep.firstTry(ctx); close(a.imageGCReady); return nil }))
 	g.Go(func() error { return a.runImageGC(gctx) })
+	g.Go(func() error { a.nudgeImageGCOnLock(gctx); return nil })
 	g.Go(func() error { return a.runControl(gctx) })
 	g.Go(func() error { return a.keep.run(gctx, a.bus.nc, a.cfg.NATSJSDomain, a.bus.emb != nil) })
 	g.Go(func() error { a.keep.awaitRead(gctx, clock.System(a.clock.Now)); return nil })
