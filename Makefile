@@ -33,9 +33,19 @@ export GCAGENT_TEST_CRICTL_DIR := $(CRICTL_DIR)
 # the release's own build would.
 KUBELET_VERSION := v1.37.2
 KUBELET_DIR ?= $(HOME)/.cache/gcagent/kubelet-$(KUBELET_VERSION)
-KUBELET_MODULE := internal/testenv/kubeletbuild
+KUBELET_MODULE := internal/testenv/k8sbuild
 KUBELET_LDFLAGS := $(foreach kv,gitVersion=$(KUBELET_VERSION) gitMajor=1 gitMinor=37 gitTreeState=clean,-X k8s.io/component-base/version.$(kv))
 export GCAGENT_TEST_KUBELET_DIR := $(KUBELET_DIR)
+# The real API server the cluster component's tests run against
+# (internal/testenv/apiserver.go): kube-apiserver and kubectl of the
+# kubelet's release, built from the same module, and etcd's server, built
+# from a module of its own (internal/testenv/etcdbuild).
+K8S_DIR ?= $(HOME)/.cache/gcagent/k8s-$(KUBELET_VERSION)
+export GCAGENT_TEST_K8S_DIR := $(K8S_DIR)
+ETCD_VERSION := v3.7.3
+ETCD_DIR ?= $(HOME)/.cache/gcagent/etcd-$(ETCD_VERSION)
+ETCD_MODULE := internal/testenv/etcdbuild
+export GCAGENT_TEST_ETCD_DIR := $(ETCD_DIR)
 # The Helm chart's tests are a module of their own: Helm's Go SDK would move
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
@@ -57,7 +67,7 @@ deps-apt: ## install Debian's packages that are missing (containerd 1.6 and its 
 	fi
 	@$(GO) mod download
 
-deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its ctr, crictl (go install), the kubelet (go build, ~7 min cold)
+deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its ctr, crictl (go install), the kubelet (go build, ~7 min cold), kube-apiserver, kubectl and etcd
 	@if [ ! -x $(CONTAINERD2_DIR)/containerd ] || [ ! -x $(CONTAINERD2_DIR)/containerd-shim-runc-v2 ] || [ ! -x $(CONTAINERD2_DIR)/ctr ]; then \
 		echo "building containerd $(CONTAINERD2_VERSION) (daemon, shim, ctr) into $(CONTAINERD2_DIR)"; \
 		GOBIN=$(CONTAINERD2_DIR) GOFLAGS=-tags=no_btrfs $(GO) install \
@@ -74,6 +84,18 @@ deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its
 		mkdir -p $(KUBELET_DIR) && cd $(KUBELET_MODULE) && \
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(KUBELET_LDFLAGS)" -o $(KUBELET_DIR)/kubelet.tmp k8s.io/kubernetes/cmd/kubelet && \
 		mv $(KUBELET_DIR)/kubelet.tmp $(KUBELET_DIR)/kubelet; \
+	fi
+	@for b in kube-apiserver kubectl; do if [ ! -x $(K8S_DIR)/$$b ]; then \
+		echo "building $$b $(KUBELET_VERSION) into $(K8S_DIR) (a few minutes once the kubelet's packages are built)"; \
+		mkdir -p $(K8S_DIR) && (cd $(KUBELET_MODULE) && \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(KUBELET_LDFLAGS)" -o $(K8S_DIR)/$$b.tmp k8s.io/kubernetes/cmd/$$b) && \
+		mv $(K8S_DIR)/$$b.tmp $(K8S_DIR)/$$b || exit 1; \
+	fi; done
+	@if [ ! -x $(ETCD_DIR)/etcd ]; then \
+		echo "building etcd $(ETCD_VERSION) into $(ETCD_DIR)"; \
+		mkdir -p $(ETCD_DIR) && cd $(ETCD_MODULE) && \
+		CGO_ENABLED=0 $(GO) build -trimpath -o $(ETCD_DIR)/etcd.tmp go.etcd.io/etcd/server/v3 && \
+		mv $(ETCD_DIR)/etcd.tmp $(ETCD_DIR)/etcd; \
 	fi
 
 build: ## build bin/gcagent (version and commit stamped; TAGS=noembeddednats: without the embedded NATS server)
@@ -152,7 +174,7 @@ manifest: ## regenerate deploy/kubernetes/gcagent.yaml (the chart rendered with 
 test: chart
 
 tidy-check: ## fail if go mod tidy would change go.mod or go.sum (of the module, of kubeletdiff and of the kubelet's build module)
-	@for d in . kubeletdiff $(KUBELET_MODULE); do \
+	@for d in . kubeletdiff $(KUBELET_MODULE) $(ETCD_MODULE); do \
 		cp $$d/go.mod /tmp/gcagent.go.mod.bak; cp $$d/go.sum /tmp/gcagent.go.sum.bak; \
 		(cd $$d && $(GO) mod tidy); \
 		if ! diff -q $$d/go.mod /tmp/gcagent.go.mod.bak >/dev/null || ! diff -q $$d/go.sum /tmp/gcagent.go.sum.bak >/dev/null; then \

@@ -22,7 +22,7 @@ import (
 )
 
 // KubeletVersion is the kubelet release `make deps` builds (from the
-// module in internal/testenv/kubeletbuild).
+// module in internal/testenv/k8sbuild).
 const KubeletVersion = "v1.37.2"
 
 // KubeletPath returns the kubelet `make deps` built (GCAGENT_TEST_KUBELET_DIR,

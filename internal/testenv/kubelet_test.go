@@ -13,28 +13,30 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 )
 
-// TestKubeletVersionMatchesBuild: the kubelet the harness looks for is the
-// one `make deps` builds, from the module that requires it, with every
+// TestKubeletVersionMatchesBuild: the kubelet (and kube-apiserver and
+// kubectl) the harness looks for is the one `make deps` builds, from the module that requires it, with every
 // staging module replaced by the tag of the same release.
 func TestKubeletVersionMatchesBuild(t *testing.T) {
-	gomod, err := os.ReadFile(filepath.Join("kubeletbuild", "go.mod"))
+	gomod, err := os.ReadFile(filepath.Join("k8sbuild", "go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes ` + regexp.QuoteMeta(KubeletVersion) + `\b`).Match(gomod) {
-		t.Errorf("kubeletbuild/go.mod does not require k8s.io/kubernetes %s", KubeletVersion)
+		t.Errorf("k8sbuild/go.mod does not require k8s.io/kubernetes %s", KubeletVersion)
 	}
-	if !regexp.MustCompile(`(?m)^tool k8s\.io/kubernetes/cmd/kubelet$`).Match(gomod) {
-		t.Error("kubeletbuild/go.mod has no `tool k8s.io/kubernetes/cmd/kubelet`")
+	for _, cmd := range []string{"kubelet", "kube-apiserver", "kubectl"} {
+		if !regexp.MustCompile(`(?m)^(tool |\t)k8s\.io/kubernetes/cmd/` + regexp.QuoteMeta(cmd) + `$`).Match(gomod) {
+			t.Errorf("k8sbuild/go.mod has no tool k8s.io/kubernetes/cmd/%s", cmd)
+		}
 	}
 	staging := "v0" + strings.TrimPrefix(KubeletVersion, "v1")
 	replaces := regexp.MustCompile(`(?m)^\s*(k8s\.io/[a-z-]+) => k8s\.io/[a-z-]+ (v\S+)$`).FindAllSubmatch(gomod, -1)
 	if len(replaces) < 20 {
-		t.Errorf("kubeletbuild/go.mod replaces %d staging modules; k8s.io/kubernetes has over 20", len(replaces))
+		t.Errorf("k8sbuild/go.mod replaces %d staging modules; k8s.io/kubernetes has over 20", len(replaces))
 	}
 	for _, r := range replaces {
 		if string(r[2]) != staging {
-			t.Errorf("kubeletbuild/go.mod: %s => %s, want %s", r[1], r[2], staging)
+			t.Errorf("k8sbuild/go.mod: %s => %s, want %s", r[1], r[2], staging)
 		}
 	}
 	mk, err := os.ReadFile(filepath.Join("..", "..", "Makefile"))
