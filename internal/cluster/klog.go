@@ -22,8 +22,10 @@ type klogSink struct {
 	values []any
 }
 
-func (s *klogSink) Init(logr.RuntimeInfo)  {}
-func (s *klogSink) Enabled(level int) bool { return level <= 0 || s.log.GetLevel() <= zerolog.DebugLevel }
+func (s *klogSink) Init(logr.RuntimeInfo) {}
+func (s *klogSink) Enabled(level int) bool {
+	return level <= 0 || s.log.GetLevel() <= zerolog.DebugLevel
+}
 
 func (s *klogSink) Info(level int, msg string, kv ...any) {
 	ev := s.log.Info()
