@@ -515,7 +515,7 @@ func readKeepList(ctx context.Context, cfg Config, nc *nats.Conn) ([]string, err
 	defer cancel()
 	patterns := map[string]bool{}
 	synced := false
-	err = natsbus.WatchKeep(wctx, js, []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, func(u natsbus.KeepUpdate) {
+	err = natsbus.WatchKeep(wctx, js, []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, natsbus.KeepWatchOptions{}, func(u natsbus.KeepUpdate) {
 		switch {
 		case u.Synced:
 			synced = true

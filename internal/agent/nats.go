@@ -134,6 +134,11 @@ func (a *agent) startNATS() (*bus, error) {
 			return nil, fmt.Errorf("embedded nats: %w", err)
 		}
 		b.emb = emb
+		if a.keep != nil {
+			// The list lives in this server's store: while it does not
+			// run, nothing can change what the agent saved of it.
+			a.keep.setOwnServer(func() bool { return !emb.Running() })
+		}
 		opts.URL, opts.InProcess, opts.NkeyFile = embeddedURL, emb, seed
 	}
 	nc, err := natsbus.Connect(opts)
