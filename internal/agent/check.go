@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -384,12 +387,16 @@ func checkKubelet(cfg Config, capacity uint64) []CheckResult {
 
 // checkNATS connects to --nats-url with the given credentials; without
 // one, to the embedded server of an agent running on the state dir, if
-// any. A server older than natsbus.MinServerVersion fails. The line also
-// says what fleet keep list this node has (keepListNote).
+// any, and, when that server cannot be reached (its address not bound),
+// says what the agent itself reports of it (agentNATSNotes). A server
+// older than natsbus.MinServerVersion fails. The line also says what
+// fleet keep list this node has (keepListNote).
 func checkNATS(ctx context.Context, cfg Config) CheckResult {
-	nc, what, res := checkConnect(cfg)
+	nc, what, res := checkConnect(ctx, cfg)
 	if nc == nil {
-		res.Detail += "; " + keepListNote(ctx, cfg, nil, res.Status == CheckOK, &res)
+		if !strings.Contains(res.Detail, "fleet keep list") {
+			res.Detail += "; " + keepListNote(ctx, cfg, nil, cfg.NATSURL == "" && res.Status == CheckOK, &res)
+		}
 		return res
 	}
 	defer nc.Close()
@@ -404,7 +411,7 @@ func checkNATS(ctx context.Context, cfg Config) CheckResult {
 
 // checkConnect connects as checkNATS does; a nil connection comes with
 // the line to print instead.
-func checkConnect(cfg Config) (*nats.Conn, string, CheckResult) {
+func checkConnect(ctx context.Context, cfg Config) (*nats.Conn, string, CheckResult) {
 	o := cfg.ConnOptions()
 	o.FailFast = true
 	what := natsbus.RedactURL(cfg.NATSURL)
@@ -414,19 +421,91 @@ func checkConnect(cfg Config) (*nats.Conn, string, CheckResult) {
 			return nil, "", failLine("nats", "embedded server: %v", err)
 		}
 		if url == "" {
-			return nil, "", okLine("nats", "embedded server: started by run")
+			return nil, "", embeddedUnreached(ctx, cfg, nil)
 		}
 		o = natsbus.ConnOptions{URL: url, NkeyFile: seed, Cluster: cfg.Cluster, Node: cfg.NodeName, FailFast: true}
 		what = "embedded server at " + url
 	}
 	nc, err := natsbus.Connect(o)
 	if err != nil {
-		if cfg.NATSURL == "" && errors.Is(err, syscall.ECONNREFUSED) || cfg.NATSURL == "" && strings.Contains(err.Error(), "no servers available") {
-			return nil, "", okLine("nats", "embedded server: no agent runs on %s now (started by run)", cfg.StateDir)
+		if cfg.NATSURL == "" {
+			return nil, "", embeddedUnreached(ctx, cfg, fmt.Errorf("%s: %w", what, err))
 		}
 		return nil, "", failLine("nats", "%s: %v", what, err)
 	}
 	return nc, what, CheckResult{}
+}
+
+// embeddedUnreached is the nats line when no local client reaches the
+// embedded server (no URL recorded: its address never bound in this
+// run; or connectErr): what the agent at --metrics-address says of its
+// server and of the fleet keep list, or, with no agent answering there,
+// that none runs.
+func embeddedUnreached(ctx context.Context, cfg Config, connectErr error) CheckResult {
+	notes, err := agentNATSNotes(ctx, cfg.MetricsAddress)
+	switch {
+	case err != nil && connectErr != nil && !errors.Is(connectErr, syscall.ECONNREFUSED) && !strings.Contains(connectErr.Error(), "no servers available"):
+		return failLine("nats", "%v (and no agent answers on --metrics-address %s: %v)", connectErr, cfg.MetricsAddress, err)
+	case err != nil:
+		return okLine("nats", "embedded server: no agent runs on %s now (started by run; nothing answers on --metrics-address %s)", cfg.StateDir, cfg.MetricsAddress)
+	}
+	var server, keep []string
+	for _, n := range notes {
+		if rest, ok := strings.CutPrefix(n, "fleet keep list: "); ok {
+			keep = append(keep, rest)
+		} else {
+			server = append(server, strings.TrimPrefix(n, "nats: "))
+		}
+	}
+	var res CheckResult
+	if len(server) > 0 {
+		res = warnLine("nats", "embedded server: the agent on --metrics-address %s says: %s", cfg.MetricsAddress, strings.Join(server, "; "))
+	} else if connectErr != nil {
+		res = warnLine("nats", "embedded server: the agent on --metrics-address %s runs, but local tools cannot reach its server: %v", cfg.MetricsAddress, connectErr)
+	} else {
+		res = warnLine("nats", "embedded server: the agent on --metrics-address %s runs, but recorded no URL for local tools in %s", cfg.MetricsAddress, cfg.StateDir)
+	}
+	if len(keep) == 0 {
+		res.Detail += "; fleet keep list: known (the agent's /readyz names no problem with it)"
+	} else {
+		res.Detail += "; fleet keep list: " + strings.Join(keep, "; ")
+	}
+	return res
+}
+
+// agentNATSNotes asks the agent at addr for its /readyz and returns its
+// lines about NATS and the fleet keep list; an error when no agent
+// answers there.
+func agentNATSNotes(ctx context.Context, addr string) ([]string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "nats: ") || strings.HasPrefix(l, "fleet keep list: ") {
+			out = append(out, l)
+		}
+	}
+	return out, nil
 }
 
 // keepListNote says what fleet keep list this node has: the list its
@@ -465,7 +544,7 @@ func keepListNote(ctx context.Context, cfg Config, nc *nats.Conn, embedded bool,
 	}
 	if nc == nil {
 		if embedded {
-			return "fleet keep list: read from the embedded server at start; " + saved
+			return embeddedKeepNote(cfg, saved, haveSaved)
 		}
 		return warn("NATS does not answer")
 	}
@@ -481,6 +560,23 @@ func keepListNote(ctx context.Context, cfg Config, nc *nats.Conn, embedded bool,
 	default:
 		return warn(cause + ": " + err.Error())
 	}
+}
+
+// embeddedKeepNote says what fleet keep list an agent starting on its
+// embedded server will have, from its own store: none in a store without
+// the bucket, the list it saved itself, or, without a copy saved from
+// it, what the server (which runs in process whatever its address) gives.
+func embeddedKeepNote(cfg Config, saved string, haveSaved bool) string {
+	stored, err := natsbus.EmbeddedKeepStored(cfg.StateDir)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("fleet keep list: read from the embedded server's store at start (%v); %s", err, saved)
+	case !stored:
+		return "fleet keep list: none (the embedded server's store holds no bucket " + natsbus.KeepBucket + "): known empty at start, image deletes do not wait"
+	case haveSaved:
+		return "fleet keep list: the agent's own store, known at start from its " + saved
+	}
+	return "fleet keep list: read from the embedded server's store at start, in process; " + saved
 }
 
 // checkClock: the wall clock is set, and agrees with the time the agent
