@@ -30,6 +30,7 @@ func (k *fleetKeep) loadOwn(stateDir string) {
 				Msg("the embedded server's store holds no fleet keep list: the list saved before no longer applies")
 		}
 		k.doc = keepDoc{Lists: map[string]natsbus.KeepList{}, ConfirmedAt: k.started, Source: k.source}
+		k.ownNone = true
 		k.log.Info().Msg("fleet keep list known empty: the embedded server's store holds none")
 	}
 }
@@ -47,10 +48,13 @@ func (k *fleetKeep) setOwnServer(down func() bool) {
 // last is the store's. The caller holds mu.
 func (k *fleetKeep) ownQuiet() bool { return k.own && k.ownDown != nil && k.ownDown() }
 
-func (k *fleetKeep) ownQuietNow() bool {
+// ownEvidence says what of the agent's own store makes the list known
+// now: its store held no bucket at start (none), or its server does not
+// run (quiet).
+func (k *fleetKeep) ownEvidence() (none, quiet bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.ownQuiet()
+	return k.ownNone, k.ownQuiet()
 }
 
 // badCause says which keys' values are not understood ("" when none).

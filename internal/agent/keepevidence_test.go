@@ -65,6 +65,9 @@ func TestFleetKeepOwnStore(t *testing.T) {
 		if l := k.KeepList(); l.State != gc.InputKnown || len(l.Patterns) != 0 || !k.everRead() || waits(k) {
 			t.Errorf("first start on the embedded server: %+v, read %v, waits %v; want known empty, nothing waits", l, k.everRead(), waits(k))
 		}
+		if s := k.Setting(now); !strings.Contains(s.Source, "holds no bucket") {
+			t.Errorf("setting %+v", s)
+		}
 		k.setOwnServer(func() bool { return true }) // the server cannot start
 		now = start.Add(time.Hour)
 		if l := k.KeepList(); l.State != gc.InputKnown {

@@ -132,6 +132,9 @@ type fleetKeep struct {
 	// ownDown, on the embedded server, reports that the server does not
 	// run (nothing can write its store then); nil until the bus is up.
 	ownDown func() bool
+	// ownNone says the list is known empty because the embedded store
+	// held no bucket at start (until a watch reads the server).
+	ownNone bool
 	// cause and failErr are the current run of failed watches' cause and
 	// last error ("" while none fails); logged holds the causes logged in
 	// that run, each logged once.
@@ -345,7 +348,10 @@ func (k *fleetKeep) Setting(now time.Time) Setting {
 		src = "nats bucket " + natsbus.KeepBucket + ": never read; none saved (" + in.Cause + ")"
 	case gc.InputKnown:
 		src = fmt.Sprintf("nats bucket %s, confirmed %s ago", natsbus.KeepBucket, now.Sub(in.Since).Round(time.Second))
-		if k.ownQuietNow() {
+		switch none, quiet := k.ownEvidence(); {
+		case none:
+			src = "the embedded server's store, which holds no bucket " + natsbus.KeepBucket + ": none"
+		case quiet:
 			src = fmt.Sprintf("the embedded server's store, as the agent saved it %s ago; the server does not run, so nothing changes it", now.Sub(in.Since).Round(time.Second))
 		}
 	default:
@@ -406,6 +412,7 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 	firstRead, badNew := false, false
 	switch {
 	case u.Synced:
+		k.ownNone = false
 		// Keys the watch did not deliver do not exist (any more).
 		for key := range maps.Clone(k.doc.Lists) {
 			if !k.seen[key] {
