@@ -3,7 +3,10 @@ package natsbus
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -73,4 +76,34 @@ func (o EmbeddedOptions) hostPort() (string, int, error) {
 		port = -1 // nats-server's RANDOM_PORT: to it, 0 means its default port (4222); we mean any
 	}
 	return host, port, nil
+}
+
+// EmbeddedKeepStored reports whether the embedded server's store in
+// stateDir holds the fleet keep list bucket (the stream KV_gcagent_keep,
+// in any account): false when the store or the bucket was never made (or
+// was removed), so that no list can exist there. It errs when it cannot
+// tell (a directory it cannot read): the caller must then assume a list.
+// The store only changes through the agent's own server.
+func EmbeddedKeepStored(stateDir string) (bool, error) {
+	accounts := filepath.Join(stateDir, "nats", "jetstream")
+	entries, err := os.ReadDir(accounts)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("natsbus: embedded NATS store: %w", err)
+	}
+	for _, acc := range entries {
+		if !acc.IsDir() {
+			continue
+		}
+		_, err := os.Stat(filepath.Join(accounts, acc.Name(), "streams", "KV_"+KeepBucket))
+		switch {
+		case err == nil:
+			return true, nil
+		case !errors.Is(err, fs.ErrNotExist):
+			return false, fmt.Errorf("natsbus: embedded NATS store: %w", err)
+		}
+	}
+	return false, nil
 }

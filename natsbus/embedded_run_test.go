@@ -38,7 +38,7 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 	}
 	const maxStore = 8 << 20
 	e, err := RunEmbedded(EmbeddedOptions{StateDir: stateDir, Listen: "127.0.0.1:-1", AuthNkey: pub, MaxStore: maxStore},
-		EmbeddedRunOptions{OnUp: func(url string) { _ = WriteLocalURL(stateDir, url) }})
+		EmbeddedRunOptions{OnListen: func(url string) { _ = WriteLocalURL(stateDir, url) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,12 +110,16 @@ func TestEmbeddedAuthAndStoreLimit(t *testing.T) {
 	}
 }
 
-// TestEmbeddedRetriesWhenPortTaken: with its port taken, RunEmbedded does
-// not fail: it reports the problem, counts failures, and the agent's
-// in-process connection waits (events stay in the outbox); once the port is
-// free the server starts by itself, the connection comes up and the waiting
-// event is stored.
-func TestEmbeddedRetriesWhenPortTaken(t *testing.T) {
+// TestEmbeddedRunsWhenPortTaken: with its client address taken the
+// embedded server still runs in process: the agent's in-process
+// connection comes up at once and its event is stored while the address
+// is taken; Problem names the address and the bind error, and the
+// listener is retried (counted, gauge 0). Once the address is free the
+// listener binds by itself, local tools connect through it with the
+// state dir's nkey and see the event, and an anonymous client is
+// refused. On d7dd547 the server did not start at all while its port was
+// taken: the connection stayed down and the event waited in the outbox.
+func TestEmbeddedRunsWhenPortTaken(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -127,16 +131,19 @@ func TestEmbeddedRetriesWhenPortTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	up := make(chan struct{}, 1)
+	listening := make(chan string, 1)
 	e, err := RunEmbedded(EmbeddedOptions{StateDir: stateDir, Listen: addr, AuthNkey: pub},
 		EmbeddedRunOptions{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Registerer: reg,
-			OnUp: func(string) { up <- struct{}{} }})
+			OnListen: func(url string) { listening <- url }})
 	if err != nil {
 		t.Fatalf("RunEmbedded with its port taken: %v", err)
 	}
 	t.Cleanup(e.Close)
-	if e.ClientURL() != "" || !strings.Contains(e.Problem(), "retrying") {
-		t.Fatalf("server %q, problem %q: want not running, retrying", e.ClientURL(), e.Problem())
+	if !e.Running() || e.ClientURL() != "" {
+		t.Fatalf("running %v, client URL %q: want running in process, not listening", e.Running(), e.ClientURL())
+	}
+	if p := e.Problem(); !strings.Contains(p, "cannot listen on "+addr) || !strings.Contains(p, "address already in use") || !strings.Contains(p, "retrying") {
+		t.Errorf("problem %q: want the address, the bind error and that it retries", p)
 	}
 	agent, err := Connect(ConnOptions{URL: "nats://embedded", Cluster: "c1", Node: "node-1", NkeyFile: seed, InProcess: e,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
@@ -148,31 +155,42 @@ func TestEmbeddedRetriesWhenPortTaken(t *testing.T) {
 	if err := p.Publish(action(1)); err != nil {
 		t.Fatal(err)
 	}
-	wait.Until(t, 5*time.Second, "two failed attempts", func() bool {
-		return testutil.ToFloat64(e.failures) >= 2
-	})
-	if agent.IsConnected() || p.Depth() != 1 {
-		t.Fatalf("connected %v, outbox %d while the server is down", agent.IsConnected(), p.Depth())
+	wait.Until(t, 20*time.Second, "the event stored while the port is taken", func() bool { return p.Depth() == 0 })
+	wait.Until(t, 5*time.Second, "two failed binds", func() bool { return testutil.ToFloat64(e.listenFailures) >= 2 })
+	if v := testutil.ToFloat64(e.up); v != 1 {
+		t.Errorf("embedded_up %v while the server runs in process", v)
 	}
-	if v := testutil.ToFloat64(e.up); v != 0 {
-		t.Errorf("embedded_up %v while down", v)
+	if v := testutil.ToFloat64(e.listening); v != 0 {
+		t.Errorf("embedded_listening %v while the port is taken", v)
+	}
+	if v := testutil.ToFloat64(e.failures); v != 0 {
+		t.Errorf("%v server start failures: only the listener failed", v)
 	}
 
 	busy.Close()
+	var url string
 	select {
-	case <-up:
+	case url = <-listening:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("the server did not start after the port was freed: %q", e.Problem())
+		t.Fatalf("the listener did not bind after the port was freed: %q", e.Problem())
 	}
-	if e.Problem() != "" || testutil.ToFloat64(e.up) != 1 {
-		t.Errorf("problem %q, up %v after start", e.Problem(), testutil.ToFloat64(e.up))
+	if url != "nats://"+addr || e.ClientURL() != url || e.Problem() != "" || testutil.ToFloat64(e.listening) != 1 {
+		t.Errorf("url %q, client URL %q, problem %q, listening %v after the bind", url, e.ClientURL(), e.Problem(), testutil.ToFloat64(e.listening))
 	}
-	wait.Until(t, 20*time.Second, "the waiting event stored", func() bool { return p.Depth() == 0 })
-	tool := connectNkey(t, e.ClientURL(), seed)
+	tool := connectNkey(t, url, seed)
 	assertExactlyOnce(t, tool, []string{actionID(1)})
+	if nc, err := nats.Connect(url, nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("an anonymous client connected through the listener")
+	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Fatalf("anonymous client: %v, want an authorization error", err)
+	}
 	if _, err := os.Stat(filepath.Join(stateDir, "nats", "jetstream")); err != nil {
 		t.Errorf("store not under the state dir: %v", err)
 	}
+	// Close ends the connections the listener handed to the server.
+	e.Close()
+	wait.Until(t, 10*time.Second, "the tool disconnected by Close", func() bool { return !tool.IsConnected() })
 }
 
 func connectNkey(t *testing.T, url, seed string) *nats.Conn {
@@ -184,4 +202,56 @@ func connectNkey(t *testing.T, url, seed string) *nats.Conn {
 	t.Cleanup(nc.Close)
 	wait.Until(t, 5*time.Second, "tool connected", nc.IsConnected)
 	return nc
+}
+
+// TestEmbeddedKeepStored: the embedded store holds the keep list bucket
+// exactly when the server made it: not before the server ever ran, not
+// after it ran without the bucket, and not after the bucket was removed.
+func TestEmbeddedKeepStored(t *testing.T) {
+	stateDir := t.TempDir()
+	stored := func() bool {
+		t.Helper()
+		ok, err := EmbeddedKeepStored(stateDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if stored() {
+		t.Fatal("no store, but a bucket")
+	}
+	_, pub, err := EnsureLocalNkey(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(stateDir, LocalNkeyFile)
+	e, err := RunEmbedded(EmbeddedOptions{StateDir: stateDir, Listen: "127.0.0.1:-1", AuthNkey: pub}, EmbeddedRunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	nc, err := Connect(ConnOptions{URL: "nats://embedded", Node: "n1", NkeyFile: seed, InProcess: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	wait.Until(t, 10*time.Second, "connected in process", nc.IsConnected)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(nc)
+	if _, err := js.AccountInfo(ctx); err != nil || stored() {
+		t.Fatalf("a store without the bucket: %v, stored %v", err, stored())
+	}
+	if _, err := EnsureKeepBucket(ctx, js, 1, EmbeddedKeepMaxBytes); err != nil {
+		t.Fatal(err)
+	}
+	if !stored() {
+		t.Fatal("the bucket is not found in the store")
+	}
+	if err := js.DeleteKeyValue(ctx, KeepBucket); err != nil {
+		t.Fatal(err)
+	}
+	if stored() {
+		t.Fatal("the removed bucket is still found")
+	}
 }

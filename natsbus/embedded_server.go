@@ -15,9 +15,10 @@ import (
 // built with -tags noembeddednats it does not, and needs a NATS of its own.
 const EmbeddedBuilt = true
 
-// startServer is StartEmbedded behind the interface Embedded keeps.
+// startServer starts the server Embedded keeps: in process only
+// (nats-server's DontListen), since Embedded owns the client listener.
 func startServer(o EmbeddedOptions) (runningServer, error) {
-	s, err := StartEmbedded(o)
+	s, err := startEmbedded(o, false)
 	if err != nil {
 		return nil, err
 	}
@@ -29,7 +30,12 @@ func startServer(o EmbeddedOptions) (runningServer, error) {
 // s.ClientURL(). Stop it with s.Shutdown() followed by s.WaitForShutdown().
 // It fails when the options are invalid, the address is taken or JetStream
 // cannot start.
-func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
+func StartEmbedded(o EmbeddedOptions) (*server.Server, error) { return startEmbedded(o, true) }
+
+// startEmbedded is StartEmbedded; without listen the server never binds
+// o.Listen (clients reach it through InProcessConn only), so that a taken
+// address cannot stop it.
+func startEmbedded(o EmbeddedOptions, listen bool) (*server.Server, error) {
 	o.setDefaults()
 	host, port, err := o.hostPort()
 	if err != nil {
@@ -43,6 +49,7 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 		StoreDir:          filepath.Join(o.StateDir, "nats"),
 		JetStreamMaxStore: o.MaxStore,
 		NoSigs:            true,
+		DontListen:        !listen,
 	}
 	if o.AuthNkey != "" {
 		so.Nkeys = []*server.NkeyUser{{Nkey: o.AuthNkey}}
@@ -67,6 +74,9 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 		}
 		s.Shutdown()
 		s.WaitForShutdown()
+		if !listen {
+			return nil, fmt.Errorf("natsbus: embedded NATS with store %s: %s", filepath.Join(o.StateDir, "nats"), why)
+		}
 		return nil, fmt.Errorf("natsbus: embedded NATS on %s with store %s: %s", o.Listen, filepath.Join(o.StateDir, "nats"), why)
 	}
 	return s, nil

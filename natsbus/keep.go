@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -83,10 +84,13 @@ func EnsureKeepBucket(ctx context.Context, js jetstream.JetStream, replicas int,
 }
 
 // DecodeKeep reads a value of KeepBucket; an empty value (a delete) is an
-// empty list. Anything else must be an object with a patterns key and no
-// unknown field: a value another tool wrote wrongly ({"images": [...]},
-// {}, null) is an error, so that the agent keeps its last list rather
-// than taking it for an empty one.
+// empty list. Anything else must be an object whose patterns key is a
+// list of strings: a value written wrongly ({"images": [...]}, {}, null,
+// "patterns": "x" or [1]) is an error, so that the agent keeps its last
+// list (or, without one, the list stays unknown) rather than taking it
+// for an empty one. Only patterns is needed: other fields, those a newer
+// ctl or a hand-written `nats kv put` adds, and updatedAt or updatedBy in
+// a form this version does not read, are ignored.
 func DecodeKeep(b []byte) (KeepList, error) {
 	var l KeepList
 	if len(b) == 0 {
@@ -96,24 +100,42 @@ func DecodeKeep(b []byte) (KeepList, error) {
 	if err := json.Unmarshal(b, &probe); err != nil || probe == nil {
 		return l, fmt.Errorf("keep list value: want an object with patterns, got %.40q", b)
 	}
-	if raw, ok := probe["patterns"]; !ok || string(bytes.TrimSpace(raw)) == "null" {
+	raw, ok := probe["patterns"]
+	if !ok || string(bytes.TrimSpace(raw)) == "null" {
 		return l, errors.New(`keep list value: no "patterns" key (an empty list is "patterns": [])`)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&l); err != nil {
-		return l, fmt.Errorf("keep list value: %w", err)
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return l, fmt.Errorf(`keep list value: "patterns" is not a list: %.40q`, raw)
+	}
+	l.Patterns = make([]string, 0, len(items))
+	for _, it := range items {
+		var p string
+		if string(bytes.TrimSpace(it)) == "null" || json.Unmarshal(it, &p) != nil {
+			return KeepList{}, fmt.Errorf(`keep list value: "patterns" holds %.40q, not a string`, it)
+		}
+		l.Patterns = append(l.Patterns, p)
+	}
+	// Informational only: a form this version cannot read is left out.
+	if json.Unmarshal(probe["updatedAt"], &l.UpdatedAt) != nil {
+		l.UpdatedAt = time.Time{}
+	}
+	if json.Unmarshal(probe["updatedBy"], &l.UpdatedBy) != nil {
+		l.UpdatedBy = ""
 	}
 	return l, nil
 }
 
 // EditKeep changes the patterns of key with edit (which gets the stored
 // patterns and returns the new ones), by compare-and-set on the key's
-// revision, retrying when another writer won. It returns the list stored.
+// revision, retrying when another writer won. Fields of the stored value
+// this version does not know (a newer writer's) are kept as they are. It
+// returns the list stored.
 func EditKeep(ctx context.Context, kv jetstream.KeyValue, key, by string, now func() time.Time, edit func([]string) ([]string, error)) (KeepList, error) {
 	for attempt := 0; ; attempt++ {
 		var cur KeepList
 		var rev uint64
+		extra := map[string]json.RawMessage{}
 		e, err := kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
@@ -124,6 +146,9 @@ func EditKeep(ctx context.Context, kv jetstream.KeyValue, key, by string, now fu
 			if cur, err = DecodeKeep(e.Value()); err != nil {
 				return cur, err
 			}
+			if len(e.Value()) > 0 {
+				_ = json.Unmarshal(e.Value(), &extra) // DecodeKeep read it as an object
+			}
 		}
 		patterns, err := edit(slices.Clone(cur.Patterns))
 		if err != nil {
@@ -131,6 +156,13 @@ func EditKeep(ctx context.Context, kv jetstream.KeyValue, key, by string, now fu
 		}
 		next := KeepList{Patterns: patterns, UpdatedAt: now().UTC(), UpdatedBy: by}
 		b, _ := json.Marshal(next)
+		if len(extra) > 0 {
+			var known map[string]json.RawMessage
+			_ = json.Unmarshal(b, &known)
+			delete(extra, "updatedBy") // omitted when empty: not the old one's
+			maps.Copy(extra, known)
+			b, _ = json.Marshal(extra)
+		}
 		if rev == 0 {
 			rev, err = kv.Create(ctx, key, b)
 		} else {
@@ -176,98 +208,6 @@ func ReadKeep(ctx context.Context, kv jetstream.KeyValue) (map[string]KeepList, 
 	return out, nil
 }
 
-// KeepUpdate is one change a keep list watch delivers: the key's list
-// (empty when the key was deleted), or Synced once the current values of
-// every watched key are delivered.
-type KeepUpdate struct {
-	Key    string
-	List   KeepList
-	Synced bool
-	Err    error // a value that does not decode (the key's list is then unchanged)
-}
-
-// WatchKeep watches the keys of the bucket and calls fn with each update
-// in order until ctx ends or the watch fails. Each key has a watcher of
-// its own (an ephemeral ordered consumer with one filter subject): a
-// consumer with several filter subjects needs a 2.10 server, and 2.9
-// refuses it ("consumer delivery policy is deliver last per subject, but
-// optional filter subject is not set"), while one filter subject works on
-// every version. It returns a *ServerTooOld before watching anything on
-// a server older than MinServerVersion, jetstream.ErrBucketNotFound
-// (wrapped) when the bucket does not exist, and ErrFilterIgnored when the
-// server delivers a key it was not asked for.
-func WatchKeep(ctx context.Context, js jetstream.JetStream, keys []string, fn func(KeepUpdate)) error {
-	if err := CheckServerVersion(js.Conn().ConnectedServerVersion(), "the fleet keep list watch"); err != nil {
-		return err
-	}
-	kv, err := js.KeyValue(ctx, KeepBucket)
-	if err != nil {
-		return fmt.Errorf("keep list bucket %s: %w", KeepBucket, err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type delivery struct {
-		i     int
-		e     jetstream.KeyValueEntry
-		ended bool
-	}
-	merged := make(chan delivery)
-	for i, key := range keys {
-		w, err := kv.Watch(ctx, key)
-		if err != nil {
-			return fmt.Errorf("watch keep list key %s: %w", key, err)
-		}
-		defer func() { _ = w.Stop() }()
-		go func() {
-			for e := range w.Updates() {
-				select {
-				case merged <- delivery{i: i, e: e}:
-				case <-ctx.Done():
-					return
-				}
-			}
-			select {
-			case merged <- delivery{i: i, ended: true}:
-			case <-ctx.Done():
-			}
-		}()
-	}
-	pending := len(keys) // watchers that have not delivered their current value yet
-	if pending == 0 {
-		fn(KeepUpdate{Synced: true})
-	}
-	current := make([]bool, len(keys))
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case d := <-merged:
-			switch {
-			case d.ended:
-				return fmt.Errorf("watch keep list key %s: updates ended", keys[d.i])
-			case d.e == nil:
-				if !current[d.i] {
-					current[d.i] = true
-					if pending--; pending == 0 {
-						fn(KeepUpdate{Synced: true})
-					}
-				}
-				continue
-			case d.e.Key() != keys[d.i]:
-				// ADR-34: an old server may drop a consumer's filter
-				// silently; then it delivers every key of the bucket.
-				return fmt.Errorf("%w: watching %s, got %s", ErrFilterIgnored, keys[d.i], d.e.Key())
-			}
-			u := KeepUpdate{Key: d.e.Key()}
-			if d.e.Operation() == jetstream.KeyValuePut {
-				u.List, u.Err = DecodeKeep(d.e.Value())
-				u.List.Revision = d.e.Revision()
-			}
-			fn(u)
-		}
-	}
-}
-
 // ErrFilterIgnored says the server delivered a key a keep list watcher
 // did not ask for: it ignores the consumer's filter subject.
 var ErrFilterIgnored = errors.New("the NATS server ignores the watch's filter subject")
@@ -282,13 +222,14 @@ const (
 	KeepCauseTimeout        = "timeout"
 	KeepCauseDisconnected   = "disconnected"
 	KeepCauseWatchEnded     = "watch-ended"
+	KeepCauseStalled        = "stalled"
 	KeepCauseBucketNotFound = "no-bucket"
 	KeepCauseOther          = "other"
 )
 
 // KeepWatchCauses are every cause KeepWatchCause returns.
 var KeepWatchCauses = []string{KeepCauseServerTooOld, KeepCauseFilterIgnored, KeepCauseNoJetStream, KeepCausePermission,
-	KeepCauseTimeout, KeepCauseDisconnected, KeepCauseWatchEnded, KeepCauseBucketNotFound, KeepCauseOther}
+	KeepCauseTimeout, KeepCauseDisconnected, KeepCauseWatchEnded, KeepCauseStalled, KeepCauseBucketNotFound, KeepCauseOther}
 
 // KeepWatchCause sorts the error of a keep list watch (WatchKeep,
 // EnsureKeepBucket) into one of KeepWatchCauses.
@@ -300,6 +241,8 @@ func KeepWatchCause(err error) string {
 		return KeepCauseServerTooOld
 	case errors.Is(err, ErrFilterIgnored):
 		return KeepCauseFilterIgnored
+	case errors.Is(err, ErrWatchStalled):
+		return KeepCauseStalled
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 		return KeepCauseBucketNotFound
 	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):

@@ -40,7 +40,7 @@ func testKeepWatch(t *testing.T, url string) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := WatchKeep(ctx, js, []string{KeepAllKey}, func(KeepUpdate) {}); !errors.Is(err, jetstream.ErrBucketNotFound) {
+	if err := WatchKeep(ctx, js, []string{KeepAllKey}, KeepWatchOptions{}, func(KeepUpdate) {}); !errors.Is(err, jetstream.ErrBucketNotFound) {
 		t.Fatalf("watch without a bucket: %v", err)
 	}
 	kv, err := EnsureKeepBucket(ctx, js, 1, EmbeddedKeepMaxBytes)
@@ -59,7 +59,11 @@ func testKeepWatch(t *testing.T, url string) {
 	done := make(chan error, 1)
 	keys := []string{KeepAllKey, KeepClusterKey("prod")}
 	go func() {
-		done <- WatchKeep(wctx, js, keys, func(u KeepUpdate) { updates <- u })
+		done <- WatchKeep(wctx, js, keys, KeepWatchOptions{}, func(u KeepUpdate) {
+			if !u.Alive {
+				updates <- u
+			}
+		})
 	}()
 	next := func() KeepUpdate {
 		t.Helper()
@@ -132,10 +136,102 @@ func TestKeepWatchCause(t *testing.T) {
 		{context.DeadlineExceeded, KeepCauseTimeout},
 		{fmt.Errorf("watch: %w", nats.ErrConnectionClosed), KeepCauseDisconnected},
 		{errors.New("watch keep list key all: updates ended"), KeepCauseWatchEnded},
+		{fmt.Errorf("watch keep list key all: %w: nothing received for 10s", ErrWatchStalled), KeepCauseStalled},
 		{errors.New("nats: API error: code=500 err_code=10012 description=insufficient resources"), KeepCauseOther},
 	} {
 		if got := KeepWatchCause(c.err); got != c.want || !slices.Contains(KeepWatchCauses, got) {
 			t.Errorf("%v: %s, want %s", c.err, got, c.want)
 		}
 	}
+}
+
+// TestKeepWatchBucketMadeAgain: the bucket is removed and made again with
+// another value within a heartbeat. The watch must not go on from the
+// sequence it had reached (the new bucket's first values lie below it and
+// would stay hidden for good): it ends as stalled within a few heartbeats,
+// and a new watch reads the new value. Until then it said Alive only while
+// heartbeats came. On d7dd547 the watch (an ordered consumer resuming
+// after the last sequence it saw) neither ended nor delivered the value.
+func TestKeepWatchBucketMadeAgain(t *testing.T) { keepServers(t, testKeepWatchBucketMadeAgain) }
+
+func testKeepWatchBucketMadeAgain(t *testing.T, url string) {
+	nc, err := Connect(ConnOptions{URL: url, Cluster: "prod", Node: "n1", InboxPrefix: InboxPrefix("prod", "n1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	put := func(patterns ...string) {
+		t.Helper()
+		kv, err := EnsureKeepBucket(ctx, js, 1, EmbeddedKeepMaxBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := EditKeep(ctx, kv, KeepAllKey, "test", time.Now, func([]string) ([]string, error) { return patterns, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("old/a")
+	put("old/b") // the watch reaches sequence 2
+	const hb = 300 * time.Millisecond
+	watch := func(want []string) error {
+		t.Helper()
+		got := make(chan []string, 16)
+		alive := make(chan struct{}, 16)
+		done := make(chan error, 1)
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			done <- WatchKeep(wctx, js, []string{KeepAllKey}, KeepWatchOptions{Heartbeat: hb}, func(u KeepUpdate) {
+				switch {
+				case u.Alive:
+					alive <- struct{}{}
+				case !u.Synced:
+					got <- u.List.Patterns
+				}
+			})
+		}()
+		select {
+		case p := <-got:
+			if !slices.Equal(p, want) {
+				t.Fatalf("watch read %v, want %v", p, want)
+			}
+		case err := <-done:
+			t.Fatalf("watch ended before its first value: %v", err)
+		case <-ctx.Done():
+			t.Fatal("no value")
+		}
+		select {
+		case <-alive:
+		case err := <-done:
+			t.Fatalf("watch ended before a heartbeat: %v", err)
+		case <-time.After(10 * hb):
+			t.Fatal("no Alive update within 10 heartbeats")
+		}
+		if want[0] != "old/b" {
+			return nil
+		}
+		// Removed and made again with one value (sequence 1), at once.
+		if err := js.DeleteKeyValue(ctx, KeepBucket); err != nil {
+			t.Fatal(err)
+		}
+		put("new/c")
+		for {
+			select {
+			case p := <-got:
+				t.Fatalf("the old watch delivered %v", p)
+			case <-alive:
+			case err := <-done:
+				return err
+			case <-time.After(20 * hb):
+				t.Fatal("the watch of the removed bucket neither ended nor delivered within 20 heartbeats")
+			}
+		}
+	}
+	if err := watch([]string{"old/b"}); !errors.Is(err, ErrWatchStalled) || KeepWatchCause(err) != KeepCauseStalled {
+		t.Fatalf("the old watch ended with %v, want stalled", err)
+	}
+	_ = watch([]string{"new/c"})
 }

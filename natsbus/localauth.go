@@ -52,6 +52,17 @@ func WriteLocalURL(stateDir, url string) error {
 	return writePrivate(filepath.Join(stateDir, LocalURLFile), []byte(url+"\n"))
 }
 
+// RemoveLocalURL removes the recorded URL (none is no error): the agent
+// does so before its listener binds, so that a URL left by an earlier run
+// never sends a local tool to whatever holds the address now.
+func RemoveLocalURL(stateDir string) error {
+	err := os.Remove(filepath.Join(stateDir, LocalURLFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
 // LocalClient returns what a local tool needs to reach the embedded server of
 // the agent whose state dir is stateDir: its URL ("" when not recorded) and
 // its nkey seed file ("" when the agent has none). It fails only when the

@@ -130,14 +130,14 @@ func TestFlagsEitherSide(t *testing.T) {
 		{"watch", "--state-dir", dir, "--json"},
 	} {
 		_, _, err := runCLI(context.Background(), nil, args...)
-		if err == nil || !strings.Contains(err.Error(), "no agent ever ran with --state-dir "+dir) {
+		if err == nil || !strings.Contains(err.Error(), "no agent listens for local tools with --state-dir "+dir) {
 			t.Errorf("%v: %v, want it to look for an agent in %s", args, err, dir)
 		}
 	}
 	// And from the environment, as the agent reads it.
 	for _, args := range [][]string{{"ctl", "status"}, {"ctl", "--json", "plan"}, {"ctl", "keep", "ls"}, {"watch"}} {
 		_, _, err := runCLI(context.Background(), map[string]string{"GCAGENT_STATE_DIR": dir}, args...)
-		if err == nil || !strings.Contains(err.Error(), "no agent ever ran with --state-dir "+dir) {
+		if err == nil || !strings.Contains(err.Error(), "no agent listens for local tools with --state-dir "+dir) {
 			t.Errorf("GCAGENT_STATE_DIR %v: %v, want it to look for an agent in %s", args, err, dir)
 		}
 	}

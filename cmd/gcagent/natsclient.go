@@ -38,14 +38,14 @@ type natsTarget struct {
 	local    bool
 	stateDir string
 	url      string // redacted
-	noURL    bool   // local, but the state dir names no URL (no agent ever ran there)
+	noURL    bool   // local, but the state dir names no URL (no agent runs there, or its server's address is not bound)
 }
 
 // hint is what to check when nothing answers.
 func (t natsTarget) hint() string {
 	switch {
 	case t.noURL:
-		return fmt.Sprintf(": no agent ever ran with --state-dir %s (no %s there)", t.stateDir, natsbus.LocalURLFile)
+		return fmt.Sprintf(": no agent listens for local tools with --state-dir %s (no %s there: none runs, or its embedded server cannot bind its address; gcagent check says which)", t.stateDir, natsbus.LocalURLFile)
 	case t.local:
 		return fmt.Sprintf(": is the agent running with --state-dir %s?", t.stateDir)
 	}

@@ -267,7 +267,7 @@ func TestCtlNamesWhatDoesNotAnswer(t *testing.T) {
 		t.Errorf("dead URL: %v", err)
 	}
 	empty := t.TempDir()
-	if _, err := run("--state-dir", empty, "status"); err == nil || !strings.Contains(err.Error(), "no agent ever ran with --state-dir "+empty) {
+	if _, err := run("--state-dir", empty, "status"); err == nil || !strings.Contains(err.Error(), "no agent listens for local tools with --state-dir "+empty) {
 		t.Errorf("empty state dir: %v", err)
 	}
 

@@ -1,12 +1,10 @@
 package agent
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,9 +17,7 @@ import (
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/internal/kubeletconfig"
-	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/node"
-	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
@@ -382,107 +378,6 @@ func checkKubelet(cfg Config, capacity uint64) []CheckResult {
 	return out
 }
 
-// checkNATS connects to --nats-url with the given credentials; without
-// one, to the embedded server of an agent running on the state dir, if
-// any. A server older than natsbus.MinServerVersion fails. The line also
-// says what fleet keep list this node has (keepListNote).
-func checkNATS(ctx context.Context, cfg Config) CheckResult {
-	nc, what, res := checkConnect(cfg)
-	if nc == nil {
-		res.Detail += "; " + keepListNote(ctx, cfg, nil, res.Status == CheckOK, &res)
-		return res
-	}
-	defer nc.Close()
-	v := nc.ConnectedServerVersion()
-	if err := natsbus.CheckServerVersion(v, "gcagent"); err != nil {
-		return failLine("nats", "%s: %v", what, err)
-	}
-	res = okLine("nats", "%s: connected (server %s)", what, v)
-	res.Detail += "; " + keepListNote(ctx, cfg, nc, false, &res)
-	return res
-}
-
-// checkConnect connects as checkNATS does; a nil connection comes with
-// the line to print instead.
-func checkConnect(cfg Config) (*nats.Conn, string, CheckResult) {
-	o := cfg.ConnOptions()
-	o.FailFast = true
-	what := natsbus.RedactURL(cfg.NATSURL)
-	if cfg.NATSURL == "" {
-		url, seed, err := natsbus.LocalClient(cfg.StateDir)
-		if err != nil {
-			return nil, "", failLine("nats", "embedded server: %v", err)
-		}
-		if url == "" {
-			return nil, "", okLine("nats", "embedded server: started by run")
-		}
-		o = natsbus.ConnOptions{URL: url, NkeyFile: seed, Cluster: cfg.Cluster, Node: cfg.NodeName, FailFast: true}
-		what = "embedded server at " + url
-	}
-	nc, err := natsbus.Connect(o)
-	if err != nil {
-		if cfg.NATSURL == "" && errors.Is(err, syscall.ECONNREFUSED) || cfg.NATSURL == "" && strings.Contains(err.Error(), "no servers available") {
-			return nil, "", okLine("nats", "embedded server: no agent runs on %s now (started by run)", cfg.StateDir)
-		}
-		return nil, "", failLine("nats", "%s: %v", what, err)
-	}
-	return nc, what, CheckResult{}
-}
-
-// keepListNote says what fleet keep list this node has: the list its
-// agent saved in the state dir, and what NATS gives on nc (read as the
-// agent reads it, one watcher per key; nil: not asked, embedded says the
-// agent's own server will give it at start). Without a saved list and with
-// NATS not giving one, image deletes wait for it at start
-// (--keep-list-wait): res becomes a WARN that says so; a server too old
-// for the watch makes it a FAIL.
-func keepListNote(ctx context.Context, cfg Config, nc *nats.Conn, embedded bool, res *CheckResult) string {
-	saved, haveSaved := "no list saved in "+filepath.Join(cfg.StateDir, KeepListFile), false
-	doc, ferr := ReadKeepFile(cfg.StateDir)
-	switch {
-	case ferr == nil && !doc.ConfirmedAt.IsZero() && doc.Source != keepSource(cfg):
-		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: doc}
-		saved = fmt.Sprintf("a list saved from another NATS (%s; %d patterns, which keep) and none read from this one",
-			cmp.Or(doc.Source, "unknown"), len(k.patterns()))
-	case ferr == nil && !doc.ConfirmedAt.IsZero():
-		k := &fleetKeep{keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, doc: doc}
-		saved, haveSaved = fmt.Sprintf("saved list: %d patterns, confirmed by NATS %s ago", len(k.patterns()), time.Since(doc.ConfirmedAt).Round(time.Second)), true
-	case ferr != nil && !errors.Is(ferr, fs.ErrNotExist):
-		saved = fmt.Sprintf("saved list unreadable (%v): the agent starts as with none", ferr)
-	}
-	warn := func(why string) string {
-		if res.Status == CheckOK {
-			res.Status = CheckWarn
-		}
-		if haveSaved {
-			return fmt.Sprintf("fleet keep list: not read (%s); the agent keeps by the %s", why, saved)
-		}
-		if cfg.KeepListWait == 0 {
-			return fmt.Sprintf("fleet keep list: not read (%s), %s: image GC does not wait for it (--keep-list-wait 0s) and keeps by --keep-image only until NATS answers", why, saved)
-		}
-		return fmt.Sprintf("fleet keep list: not read (%s), %s: image deletes by threshold or maximum age wait for it up to --keep-list-wait %s at start, then go on with --keep-image only",
-			why, saved, cfg.KeepListWait)
-	}
-	if nc == nil {
-		if embedded {
-			return "fleet keep list: read from the embedded server at start; " + saved
-		}
-		return warn("NATS does not answer")
-	}
-	patterns, err := readKeepList(ctx, cfg, nc)
-	switch cause := natsbus.KeepWatchCause(err); {
-	case err == nil:
-		return fmt.Sprintf("fleet keep list: %d patterns for cluster %s (%s); %s", len(patterns), cfg.Cluster, orNone(patterns), saved)
-	case cause == natsbus.KeepCauseBucketNotFound:
-		return fmt.Sprintf("fleet keep list: none (no bucket %s); %s", natsbus.KeepBucket, saved)
-	case cause == natsbus.KeepCauseServerTooOld:
-		res.Status = CheckFail
-		return fmt.Sprintf("fleet keep list: %v", err)
-	default:
-		return warn(cause + ": " + err.Error())
-	}
-}
-
 // checkClock: the wall clock is set, and agrees with the time the agent
 // saved in the state dir (a step since is absorbed by the agent's clock,
 // but worth knowing).
@@ -500,39 +395,4 @@ func checkClock(now time.Time, markFile string) CheckResult {
 			wall, step.Round(time.Second), markFile)
 	}
 	return okLine("clock", "wall clock %s; agrees with the agent's saved time (or that is of another boot)", wall)
-}
-
-// readKeepList reads the fleet keep list of cfg's cluster from nc once, as
-// the agent's watch reads it (one watcher per key, in --nats-js-domain),
-// within checkTimeout: the patterns, sorted; an error when NATS does not
-// give it (a missing bucket: jetstream.ErrBucketNotFound, wrapped).
-func readKeepList(ctx context.Context, cfg Config, nc *nats.Conn) ([]string, error) {
-	js, err := natsbus.NewJetStream(nc, cfg.NATSJSDomain)
-	if err != nil {
-		return nil, err
-	}
-	wctx, cancel := context.WithTimeout(ctx, checkTimeout)
-	defer cancel()
-	patterns := map[string]bool{}
-	synced := false
-	err = natsbus.WatchKeep(wctx, js, []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cfg.Cluster)}, func(u natsbus.KeepUpdate) {
-		switch {
-		case u.Synced:
-			synced = true
-			cancel()
-		case u.Err == nil:
-			for _, p := range u.List.Patterns {
-				if gc.ValidKeepPattern(p) == nil {
-					patterns[p] = true
-				}
-			}
-		}
-	})
-	if synced {
-		return slices.Sorted(maps.Keys(patterns)), nil
-	}
-	if err == nil {
-		err = wctx.Err()
-	}
-	return nil, err
 }

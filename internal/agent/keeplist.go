@@ -26,16 +26,17 @@ import (
 const KeepListFile = "fleet-keep.json"
 
 // keepStaleAfter is how long the fleet keep list may go unconfirmed by
-// NATS and still be known; after it, it is stale and /readyz says so (not
-// a readiness failure: GC keeps the last list it saw).
-const keepStaleAfter = time.Minute
+// NATS and still be known: three of its watch's heartbeats (the watch
+// confirms the list at each one, and ends as stalled when two pass with
+// nothing received). After it the list is stale and /readyz says so (not a
+// readiness failure: GC keeps the last list it saw).
+const keepStaleAfter = 3 * natsbus.DefaultKeepHeartbeat
 
-// keepConfirmEvery is how often a live watch on a connected NATS counts
-// as confirming the list; the file's time is saved at most keepSaveEvery.
+// The file's confirmation time is saved at most every keepSaveEvery; a
+// failed watch is tried again after a backoff of up to keepRetryMax.
 const (
-	keepConfirmEvery = 5 * time.Second
-	keepSaveEvery    = time.Minute
-	keepRetryMax     = time.Minute
+	keepSaveEvery = time.Minute
+	keepRetryMax  = time.Minute
 )
 
 // keepDoc is KeepListFile.
@@ -49,11 +50,19 @@ type keepDoc struct {
 	Source string `json:"source,omitempty"`
 }
 
+// keepSourceEmbedded starts the keepSource of an agent on its embedded
+// server, whose store is the agent's own.
+const keepSourceEmbedded = "embedded server"
+
+// ownSource reports whether source (keepSource) is the agent's embedded
+// server.
+func ownSource(source string) bool { return strings.HasPrefix(source, keepSourceEmbedded+",") }
+
 // keepSource names where cfg's agent reads the fleet keep list: its
 // embedded server or the NATS URLs (without credentials) and JetStream
 // domain, and the cluster whose key it watches.
 func keepSource(cfg Config) string {
-	src := "embedded server"
+	src := keepSourceEmbedded
 	if cfg.NATSURL != "" {
 		var urls []string
 		for _, u := range strings.Split(cfg.NATSURL, ",") {
@@ -81,14 +90,20 @@ func keepSource(cfg Config) string {
 const DefaultKeepListWait = 5 * time.Minute
 
 // fleetKeep is the fleet keep list as this agent last saw it: the lists of
-// the two keys it watches (its cluster's and every cluster's), and the
-// state of that read (gc.Input): unknown until NATS answered once (or a
-// saved list was restored), known while a watch confirms it, stale after.
-// Its methods are safe for concurrent use; run owns the watch.
+// the keys it watches (its cluster's and every cluster's; each key is
+// decoded and tracked on its own, so a key more is one entry of keys),
+// and the state of that read (gc.Input): unknown until NATS answered once
+// with every key understood (or a saved list was restored), known while
+// a watch confirms it, stale after. On the agent's embedded server the
+// store is the agent's own: a store without the bucket is a known empty
+// list, and while the server does not run nothing can change the list
+// the agent saved. Its methods are safe for concurrent use; run owns the
+// watch.
 type fleetKeep struct {
 	file    string
 	keys    []string
 	source  string // keepSource: where the list is read from
+	own     bool   // source is the agent's embedded server
 	started time.Time
 	// wait is --keep-list-wait: the planner's bound for a list never read.
 	wait time.Duration
@@ -101,12 +116,25 @@ type fleetKeep struct {
 	changed, settled func()
 	// failures counts failed watches by cause (natsbus.KeepWatchCauses).
 	failures *prometheus.CounterVec
+	// heartbeat is the watch's (natsbus.KeepWatchOptions); zero: the default.
+	heartbeat time.Duration
 
 	mu       sync.Mutex
 	doc      keepDoc
 	saved    time.Time // when the file was last written
 	watching bool      // a watch delivered the current values and runs
 	seen     map[string]bool
+	// bad holds the keys whose current value does not decode (the key's
+	// last good list, if any, stays in doc.Lists); warned the invalid
+	// patterns already logged, by key and pattern.
+	bad    map[string]error
+	warned map[string]bool
+	// ownDown, on the embedded server, reports that the server does not
+	// run (nothing can write its store then); nil until the bus is up.
+	ownDown func() bool
+	// ownNone says the list is known empty because the embedded store
+	// held no bucket at start (until a watch reads the server).
+	ownNone bool
 	// cause and failErr are the current run of failed watches' cause and
 	// last error ("" while none fails); logged holds the causes logged in
 	// that run, each logged once.
@@ -128,8 +156,8 @@ type fleetKeep struct {
 // the list is unknown until this source gives it.
 func loadFleetKeep(stateDir, cluster, source string, wait time.Duration, now func() time.Time, log zerolog.Logger) *fleetKeep {
 	k := &fleetKeep{file: filepath.Join(stateDir, KeepListFile), keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cluster)},
-		source: source, started: now(), wait: wait, now: now, log: log, doc: keepDoc{Lists: map[string]natsbus.KeepList{}},
-		logged: map[string]bool{}, read: make(chan struct{}), tried: make(chan struct{}),
+		source: source, own: ownSource(source), started: now(), wait: wait, now: now, log: log, doc: keepDoc{Lists: map[string]natsbus.KeepList{}},
+		logged: map[string]bool{}, bad: map[string]error{}, warned: map[string]bool{}, read: make(chan struct{}), tried: make(chan struct{}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gcagent_keep_list_watch_failures_total",
 			Help: "Failed watches of the fleet keep list in NATS, by cause (server-too-old, no-jetstream, permission, timeout, disconnected, ...).",
@@ -153,6 +181,9 @@ func loadFleetKeep(stateDir, cluster, source string, wait time.Duration, now fun
 		} else if len(k.patterns()) > 0 {
 			log.Info().Strs("patterns", k.patterns()).Time("confirmed_at", doc.ConfirmedAt).Msg("fleet keep list restored from the state dir")
 		}
+	}
+	if k.own {
+		k.loadOwn(stateDir)
 	}
 	if !k.doc.ConfirmedAt.IsZero() {
 		k.markRead()
@@ -228,8 +259,12 @@ func (k *fleetKeep) patterns() []string {
 	var out []string
 	for _, key := range k.keys {
 		for _, p := range k.doc.Lists[key].Patterns {
-			if gc.ValidKeepPattern(p) == nil { // written by another tool: never trusted blindly
+			// Written by another tool: never trusted blindly. An invalid
+			// pattern keeps what it could name (invalidKeeps).
+			if gc.ValidKeepPattern(p) == nil {
 				out = append(out, p)
+			} else {
+				out = append(out, invalidKeeps(p)...)
 			}
 		}
 	}
@@ -265,11 +300,16 @@ func (k *fleetKeep) input(now time.Time) gc.Input {
 	if k.cause != "" {
 		cause = k.cause + ": " + k.failErr
 	}
+	if bad := k.badCause(); bad != "" {
+		cause = bad
+	}
 	at := k.doc.ConfirmedAt
 	switch {
 	case at.IsZero():
 		return gc.Input{State: gc.InputUnknown, Since: k.started, Cause: cause}
-	case now.Sub(at) < keepStaleAfter:
+	case len(k.bad) > 0:
+		return gc.Input{State: gc.InputStale, Since: at, Cause: cause + "; keeping its last list"}
+	case now.Sub(at) < keepStaleAfter, k.ownQuiet():
 		return gc.Input{State: gc.InputKnown, Since: at}
 	}
 	if k.cause == "" {
@@ -308,6 +348,12 @@ func (k *fleetKeep) Setting(now time.Time) Setting {
 		src = "nats bucket " + natsbus.KeepBucket + ": never read; none saved (" + in.Cause + ")"
 	case gc.InputKnown:
 		src = fmt.Sprintf("nats bucket %s, confirmed %s ago", natsbus.KeepBucket, now.Sub(in.Since).Round(time.Second))
+		switch none, quiet := k.ownEvidence(); {
+		case none:
+			src = "the embedded server's store, which holds no bucket " + natsbus.KeepBucket + ": none"
+		case quiet:
+			src = fmt.Sprintf("the embedded server's store, as the agent saved it %s ago; the server does not run, so nothing changes it", now.Sub(in.Since).Round(time.Second))
+		}
 	default:
 		src = fmt.Sprintf("nats bucket %s, confirmed %s ago (stale: %s)", natsbus.KeepBucket, now.Sub(in.Since).Round(time.Second), in.Cause)
 	}
@@ -317,6 +363,18 @@ func (k *fleetKeep) Setting(now time.Time) Setting {
 // detail is /readyz's line while the list is not known ("" when it is):
 // never a readiness failure, since GC keeps what the list could protect.
 func (k *fleetKeep) detail(now time.Time) string {
+	var lines []string
+	for _, bad := range k.Invalid() {
+		lines = append(lines, "fleet keep list: "+bad)
+	}
+	if d := k.stateDetail(now); d != "" {
+		lines = append(lines, d)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// stateDetail is detail's line for the list's state ("" when known).
+func (k *fleetKeep) stateDetail(now time.Time) string {
 	in := k.Input(now)
 	switch in.State {
 	case gc.InputKnown:
@@ -337,44 +395,58 @@ func (k *fleetKeep) detail(now time.Time) string {
 		in.Cause, until.UTC().Format(time.RFC3339))
 }
 
-// apply takes one update of the watch.
+// apply takes one update of the watch. The list is read (known) once the
+// watch has delivered every key's current value and each of them was
+// understood: a key whose value does not decode keeps its last good list
+// and makes the list stale, or, never read, leaves it unknown.
 func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
+	if u.Alive {
+		k.confirm()
+		return
+	}
 	k.log.Debug().Str("key", u.Key).Strs("patterns", u.List.Patterns).Bool("synced", u.Synced).Uint64("revision", u.List.Revision).
 		Msg("fleet keep list update")
 	k.mu.Lock()
 	before := k.patterns()
 	now := k.now()
-	firstRead := false
+	firstRead, badNew := false, false
 	switch {
 	case u.Synced:
+		k.ownNone = false
 		// Keys the watch did not deliver do not exist (any more).
 		for key := range maps.Clone(k.doc.Lists) {
 			if !k.seen[key] {
 				delete(k.doc.Lists, key)
 			}
 		}
-		firstRead = !k.everRead()
-		k.watching, k.doc.ConfirmedAt = true, now
-		k.markRead()
-	case u.Err != nil:
-		k.log.Warn().Err(u.Err).Str("key", u.Key).Msg("fleet keep list value not understood: keeping the last one")
-		k.seen[u.Key] = true
-	case len(u.List.Patterns) == 0:
-		k.seen[u.Key] = true
-		delete(k.doc.Lists, u.Key)
-	default:
-		k.seen[u.Key] = true
-		for _, p := range u.List.Patterns {
-			if err := gc.ValidKeepPattern(p); err != nil {
-				k.log.Warn().Err(err).Str("key", u.Key).Str("pattern", p).Msg("fleet keep list pattern invalid: it protects nothing")
+		for key := range maps.Clone(k.bad) {
+			if !k.seen[key] {
+				delete(k.bad, key)
 			}
 		}
-		k.doc.Lists[u.Key] = u.List
+		k.watching = true
+		firstRead = k.readNow(now)
+		k.markTried()
+	case u.Err != nil:
+		k.seen[u.Key] = true
+		prev := k.bad[u.Key]
+		badNew = prev == nil || prev.Error() != u.Err.Error()
+		k.bad[u.Key] = u.Err
+	default:
+		k.seen[u.Key] = true
+		delete(k.bad, u.Key)
+		if len(u.List.Patterns) == 0 {
+			delete(k.doc.Lists, u.Key)
+		} else {
+			k.doc.Lists[u.Key] = u.List
+		}
 		if k.watching {
-			k.doc.ConfirmedAt = now
+			firstRead = k.readNow(now)
 		}
 	}
 	after := k.patterns()
+	invalid := k.newInvalid()
+	read := k.everRead()
 	var err error
 	if !slices.Equal(before, after) || u.Synced {
 		err = k.save(now)
@@ -382,6 +454,17 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 	k.mu.Unlock()
 	if err != nil {
 		k.log.Warn().Err(err).Str("file", k.file).Msg("fleet keep list not saved: a restart without NATS would not keep it")
+	}
+	if badNew {
+		msg := "fleet keep list value not understood: keeping the key's last list"
+		if !read {
+			msg = "fleet keep list value not understood, never read: the list stays unknown until the key holds a value this agent understands"
+		}
+		k.log.Warn().Err(u.Err).Str("key", u.Key).Uint64("revision", u.List.Revision).Msg(msg)
+	}
+	for _, bad := range invalid {
+		k.log.Warn().Str("key", bad.key).Str("pattern", bad.pattern).Str("prefix", bad.prefix).Err(bad.err).
+			Msg("fleet keep list pattern invalid: it keeps every image whose name starts with its literal text before the first glob character")
 	}
 	if firstRead {
 		e := k.log.Info().Strs("patterns", after).Int64("waited_ms", now.Sub(k.started).Milliseconds())
@@ -401,11 +484,26 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 	}
 }
 
-// confirm counts a live watch on a connected NATS as a confirmation.
-func (k *fleetKeep) confirm(connected bool) {
+// readNow records that the watch gives the list now, when every key was
+// understood; it reports whether that is the first read of this run with
+// no read before (the wait for it ends). The caller holds mu.
+func (k *fleetKeep) readNow(now time.Time) (first bool) {
+	if len(k.bad) > 0 {
+		return false
+	}
+	first = !k.everRead()
+	k.doc.ConfirmedAt = now
+	k.markRead()
+	return first
+}
+
+// confirm counts a watch that delivered within its heartbeat (an Alive
+// update) as a confirmation of the list; never while a key's value is
+// not understood.
+func (k *fleetKeep) confirm() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if !k.watching || !connected {
+	if !k.watching || len(k.bad) > 0 || k.doc.ConfirmedAt.IsZero() {
 		return
 	}
 	now := k.now()
@@ -449,41 +547,4 @@ func (k *fleetKeep) save(now time.Time) error {
 	}
 	k.saved = now
 	return nil
-}
-
-// keepMetrics exports the list's age, size and state at scrape time.
-type keepMetrics struct{ k *fleetKeep }
-
-var (
-	descKeepAge      = prometheus.NewDesc("gcagent_keep_list_age_seconds", "Time since NATS last confirmed the fleet keep list the agent applies (since start when never).", nil, nil)
-	descKeepPatterns = prometheus.NewDesc("gcagent_keep_list_patterns", "Patterns of the fleet keep list in force.", nil, nil)
-	descKeepState    = prometheus.NewDesc("gcagent_keep_list_state", "State of the fleet keep list: 1 for the state it is in (known, unknown: never read, stale: not confirmed by NATS for a minute).", []string{"state"}, nil)
-	descKeepWaiting  = prometheus.NewDesc("gcagent_keep_list_waiting", "1 while image deletes by threshold or maximum age wait for a fleet keep list never read (--keep-list-wait), else 0.", nil, nil)
-)
-
-func (m keepMetrics) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descKeepAge
-	ch <- descKeepPatterns
-	ch <- descKeepState
-	ch <- descKeepWaiting
-}
-
-func (m keepMetrics) Collect(ch chan<- prometheus.Metric) {
-	now := m.k.now()
-	age, _ := m.k.Age(now)
-	ch <- prometheus.MustNewConstMetric(descKeepAge, prometheus.GaugeValue, age.Seconds())
-	ch <- prometheus.MustNewConstMetric(descKeepPatterns, prometheus.GaugeValue, float64(len(m.k.Patterns())))
-	in := m.k.Input(now)
-	for _, s := range []gc.InputState{gc.InputKnown, gc.InputUnknown, gc.InputStale} {
-		v := 0.0
-		if in.State == s {
-			v = 1
-		}
-		ch <- prometheus.MustNewConstMetric(descKeepState, prometheus.GaugeValue, v, s.String())
-	}
-	waiting := 0.0
-	if until := m.k.waitUntil(); in.State == gc.InputUnknown && now.Before(until) {
-		waiting = 1
-	}
-	ch <- prometheus.MustNewConstMetric(descKeepWaiting, prometheus.GaugeValue, waiting)
 }

@@ -27,9 +27,10 @@ import (
 )
 
 // TestFleetKeepFollowsTheWatchAndPersists: the agent applies its
-// cluster's and the all-clusters key, ignores other clusters and bad
-// patterns, forgets keys gone while it was away, and restores the last
-// list from its state dir with the time NATS last confirmed it.
+// cluster's and the all-clusters key, ignores other clusters, keeps by
+// an invalid pattern's literal prefix, forgets keys gone while it was
+// away, and restores the last list from its state dir with the time NATS
+// last confirmed it.
 func TestFleetKeepFollowsTheWatchAndPersists(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
@@ -39,11 +40,11 @@ func TestFleetKeepFollowsTheWatchAndPersists(t *testing.T) {
 	k.changed = func() { changes++ }
 	k.settled = func() { settled++ }
 	k.seen = map[string]bool{}
-	k.apply(natsbus.KeepUpdate{Key: natsbus.KeepAllKey, List: natsbus.KeepList{Patterns: []string{"base/*", "[bad"}}})
+	k.apply(natsbus.KeepUpdate{Key: natsbus.KeepAllKey, List: natsbus.KeepList{Patterns: []string{"base/*", "legacy/app:[bad"}}})
 	k.apply(natsbus.KeepUpdate{Key: natsbus.KeepClusterKey("prod"), List: natsbus.KeepList{Patterns: []string{"app:*"}}})
 	k.apply(natsbus.KeepUpdate{Synced: true})
 	// Two changes of the patterns; the first read changed none.
-	if got := k.Patterns(); !slices.Equal(got, []string{"app:*", "base/*"}) || changes != 2 || settled != 1 {
+	if got := k.Patterns(); !slices.Equal(got, []string{"app:*", "base/*", "legacy/app:*"}) || changes != 2 || settled != 1 {
 		t.Fatalf("patterns %v after %d changes, %d settled", got, changes, settled)
 	}
 	if age, ok := k.Age(now.Add(90 * time.Second)); !ok || age != 90*time.Second || k.detail(now.Add(90*time.Second)) == "" {
@@ -52,7 +53,7 @@ func TestFleetKeepFollowsTheWatchAndPersists(t *testing.T) {
 
 	now = now.Add(time.Hour) // a restart without NATS keeps the list and its age
 	k2 := loadFleetKeep(dir, "prod", testKeepSource, DefaultKeepListWait, clock, zerolog.Nop())
-	if got := k2.Patterns(); !slices.Equal(got, []string{"app:*", "base/*"}) {
+	if got := k2.Patterns(); !slices.Equal(got, []string{"app:*", "base/*", "legacy/app:*"}) {
 		t.Fatalf("restored %v", got)
 	}
 	if age, ok := k2.Age(now); !ok || age != time.Hour {
@@ -103,7 +104,7 @@ func countLogged(lines []map[string]any, level, msg string) int {
 
 // TestFleetKeepStates: a list never read is unknown since the agent
 // started, and image deletes wait for it (/readyz line, gauge); read, it
-// is known; unconfirmed for a minute, stale; restored from the state dir,
+// is known; unconfirmed for three heartbeats, stale; restored from the state dir,
 // it is what it was (never unknown again). Each state reaches image GC
 // with the patterns (KeepList).
 func TestFleetKeepStates(t *testing.T) {
@@ -166,8 +167,8 @@ func TestFleetKeepStates(t *testing.T) {
 		t.Errorf("read: %+v, /readyz %q", l, k.detail(now))
 	}
 	now = now.Add(keepStaleAfter)
-	if l := k.KeepList(); l.State != gc.InputStale || !slices.Equal(l.Patterns, []string{"app:*"}) || l.Cause != "not confirmed by NATS for 1m0s" {
-		t.Errorf("unconfirmed for a minute: %+v", l)
+	if l := k.KeepList(); l.State != gc.InputStale || !slices.Equal(l.Patterns, []string{"app:*"}) || l.Cause != "not confirmed by NATS for "+keepStaleAfter.String() {
+		t.Errorf("unconfirmed for three heartbeats: %+v", l)
 	}
 	if d := k.detail(now); !strings.Contains(d, "keeping the last list seen (1 patterns)") {
 		t.Errorf("stale /readyz line %q", d)

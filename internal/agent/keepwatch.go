@@ -21,24 +21,15 @@ import (
 // bucket means no fleet list, looked for again at a jittered backoff up to
 // a minute. A failed watch is counted by cause and logged once per cause
 // until a watch works again; it is tried again at the same backoff, and at
-// once when NATS comes back after being away.
+// once when NATS comes back after being away. The watch confirms the list
+// at each heartbeat of the server (KeepUpdate.Alive), never merely
+// because the connection is up; a watch that stops delivering ends as
+// stalled and is made again.
 func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, domain string, create bool) error {
 	js, err := natsbus.NewJetStream(nc, domain)
 	if err != nil {
 		return err
 	}
-	go func() {
-		t := time.NewTicker(keepConfirmEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				k.confirm(nc.IsConnected())
-			}
-		}
-	}()
 	backoff, noBucket := time.Second, false
 	for {
 		if !nc.IsConnected() {
@@ -64,7 +55,7 @@ func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, domain string, creat
 		k.seen = map[string]bool{}
 		k.mu.Unlock()
 		if err == nil {
-			err = natsbus.WatchKeep(ctx, js, k.keys, func(u natsbus.KeepUpdate) {
+			err = natsbus.WatchKeep(ctx, js, k.keys, natsbus.KeepWatchOptions{Heartbeat: k.heartbeat}, func(u natsbus.KeepUpdate) {
 				backoff = time.Second
 				k.recovered()
 				k.apply(u)

@@ -92,12 +92,15 @@ const embeddedURL = "nats://embedded"
 
 // startNATS starts the embedded server when no --nats-url is given,
 // connects (never giving up), and opens the durable publisher. NATS being
-// down does not stop the agent: events wait in the outbox. Neither does an
-// embedded server that cannot listen: it is retried in the background.
+// down does not stop the agent: events wait in the outbox. An embedded
+// server whose address is taken still runs: the agent talks to it in
+// process, and only its listener, for local tools, is retried in the
+// background.
 //
 // The embedded server accepts one user, the nkey whose seed is in the state
 // dir (0600), which the agent and local `gcagent watch`/`ctl` use; it
-// listens where EmbeddedNATSListen says and records its URL next to the seed.
+// listens where EmbeddedNATSListen says and records its URL next to the
+// seed once it does (a URL an earlier run recorded is removed first).
 func (a *agent) startNATS() (*bus, error) {
 	cfg := a.cfg
 	// natsbus's constructors name their own component in the log.
@@ -113,18 +116,29 @@ func (a *agent) startNATS() (*bus, error) {
 		}
 		eo := cfg.EmbeddedOptions()
 		eo.Logger, eo.AuthNkey = a.log, pub
-		emb, err := natsbus.RunEmbedded(eo, natsbus.EmbeddedRunOptions{Registerer: a.reg, OnUp: func(url string) {
-			if err := natsbus.WriteLocalURL(cfg.StateDir, url); err != nil {
-				a.log.Error().Str("component", "natsbus").Err(err).Msg("cannot record the embedded NATS URL for local tools")
-			}
-			if nc := ncReady.Load(); nc != nil && !nc.IsConnected() {
-				_ = nc.ForceReconnect() // do not wait for the reconnect backoff
-			}
-		}})
+		if err := natsbus.RemoveLocalURL(cfg.StateDir); err != nil {
+			a.log.Warn().Str("component", "natsbus").Err(err).Msg("cannot remove the embedded NATS URL an earlier run recorded")
+		}
+		emb, err := natsbus.RunEmbedded(eo, natsbus.EmbeddedRunOptions{Registerer: a.reg,
+			OnUp: func() {
+				if nc := ncReady.Load(); nc != nil && !nc.IsConnected() {
+					_ = nc.ForceReconnect() // do not wait for the reconnect backoff
+				}
+			},
+			OnListen: func(url string) {
+				if err := natsbus.WriteLocalURL(cfg.StateDir, url); err != nil {
+					a.log.Error().Str("component", "natsbus").Err(err).Msg("cannot record the embedded NATS URL for local tools")
+				}
+			}})
 		if err != nil {
 			return nil, fmt.Errorf("embedded nats: %w", err)
 		}
 		b.emb = emb
+		if a.keep != nil {
+			// The list lives in this server's store: while it does not
+			// run, nothing can change what the agent saved of it.
+			a.keep.setOwnServer(func() bool { return !emb.Running() })
+		}
 		opts.URL, opts.InProcess, opts.NkeyFile = embeddedURL, emb, seed
 	}
 	nc, err := natsbus.Connect(opts)
