@@ -34,11 +34,15 @@ type KeepWatchOptions struct {
 
 // KeepUpdate is one change a keep list watch delivers: the key's list
 // (empty when the key was deleted), Synced once the current values of
-// every watched key are delivered, or Alive.
+// every watched key are delivered, or Alive. A key under a wildcard filter
+// (the cluster component's declared.<cluster>.>, whose values are not
+// lists of patterns) comes as Value, undecoded, and Deleted.
 type KeepUpdate struct {
-	Key    string
-	List   KeepList
-	Synced bool
+	Key     string
+	List    KeepList
+	Value   []byte
+	Deleted bool
+	Synced  bool
 	// Alive, sent every heartbeat once synced, says that every watcher
 	// received a value or the server's heartbeat within two heartbeats:
 	// the list delivered is the server's now.
@@ -47,7 +51,8 @@ type KeepUpdate struct {
 }
 
 // WatchKeep watches the keys of the bucket and calls fn with each update
-// in order until ctx ends or the watch fails. Each key has a watcher of
+// in order until ctx ends or the watch fails. A key may end in ">" (every
+// key below it, each delivered as a raw Value). Each key has a watcher of
 // its own: an ephemeral push consumer with one filter subject, delivering
 // the key's last value and then each change, with idle heartbeats (a
 // consumer with several filter subjects needs a 2.10 server, and 2.9
@@ -217,14 +222,18 @@ func (w *keepWatcher) handle(m *nats.Msg) (*KeepUpdate, bool, error) {
 		return nil, false, fmt.Errorf("%w: value %d received after %d", ErrWatchStalled, meta.Sequence.Consumer, w.cseq)
 	}
 	w.cseq = meta.Sequence.Consumer
-	if m.Subject != w.subject {
+	key := strings.TrimPrefix(m.Subject, "$KV."+KeepBucket+".")
+	if !w.covers(m.Subject) {
 		// ADR-34: an old server may drop a consumer's filter silently;
 		// then it delivers every key of the bucket.
-		return nil, false, fmt.Errorf("%w: watching %s, got %s", ErrFilterIgnored, w.key, strings.TrimPrefix(m.Subject, "$KV."+KeepBucket+"."))
+		return nil, false, fmt.Errorf("%w: watching %s, got %s", ErrFilterIgnored, w.key, key)
 	}
-	u := &KeepUpdate{Key: w.key}
+	u := &KeepUpdate{Key: key}
+	gone := m.Header.Get("KV-Operation") != "" || m.Header.Get("Nats-Marker-Reason") != ""
 	switch {
-	case m.Header.Get("KV-Operation") != "", m.Header.Get("Nats-Marker-Reason") != "":
+	case w.wildcard():
+		u.Value, u.Deleted = m.Data, gone
+	case gone:
 		// DEL, PURGE, or a marker of a value gone by age: no list.
 	default:
 		u.List, u.Err = DecodeKeep(m.Data)
@@ -235,6 +244,17 @@ func (w *keepWatcher) handle(m *nats.Msg) (*KeepUpdate, bool, error) {
 		w.synced, synced = true, true
 	}
 	return u, synced, nil
+}
+
+// wildcard reports whether w watches every key below a prefix.
+func (w *keepWatcher) wildcard() bool { return strings.HasSuffix(w.key, ">") }
+
+// covers reports whether a value's subject is one w watches.
+func (w *keepWatcher) covers(subject string) bool {
+	if w.wildcard() {
+		return strings.HasPrefix(subject, strings.TrimSuffix(w.subject, ">"))
+	}
+	return subject == w.subject
 }
 
 // stop unsubscribes and deletes the consumer (best effort: an ephemeral
