@@ -38,6 +38,7 @@ func TestLogsInotifyOverflow(t *testing.T) {
 	if err := os.WriteFile(maxQueuedEvents, []byte("16"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	nodePod(t, c) // the pod log dir is the watched containerd's
 	a := testenv.StartAgent(t, c, filepath.Join(t.TempDir(), "state"), "--prune-containers=off", "--pod-log-grace=1s")
 	testenv.Eventually(t, 30*time.Second, func() string {
 		b, _ := os.ReadFile(a.LogFile)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -168,9 +169,11 @@ func metricSum(text, name string) float64 {
 // (issue 34 item 2). That directory is reached through
 // <pod-log-dir>/gone_<name>, a symlink to a directory elsewhere, so that
 // it is not a pod dir the agent would remove too. (An agent in a pod does
-// not see elsewhere: danglingLogIn.)
+// not see elsewhere: danglingLogIn.) The daemon runs a pod, as a node
+// does (nodePod).
 func danglingLog(t *testing.T, c *testenv.Containerd, name, id string) string {
 	t.Helper()
+	nodePod(t, c)
 	holder := t.TempDir()
 	podDir := filepath.Join(c.PodLogDir, "gone_"+name)
 	if _, err := os.Lstat(podDir); os.IsNotExist(err) {
@@ -179,6 +182,24 @@ func danglingLog(t *testing.T, c *testenv.Containerd, name, id string) string {
 		}
 	}
 	return danglingLogIn(t, c, podDir, name, id)
+}
+
+// nodePods holds the addresses of the daemons nodePod ran a pod on.
+var nodePods sync.Map
+
+// nodePod runs a CRI pod on c, once per daemon, as every node runs some:
+// its sandbox's log dir in the pod log dir shows the agent that the pod
+// log dir is the watched containerd's. Without that it removes no
+// dangling link of a container it does not know: the container may be
+// another containerd's, running (issue 42 item 2).
+func nodePod(t *testing.T, c *testenv.Containerd) {
+	t.Helper()
+	if _, done := nodePods.LoadOrStore(c.Address, true); done {
+		return
+	}
+	c.Import(t, testenv.Pause(c.SandboxImage))
+	rt, _ := c.CRI(t)
+	c.RunPod(t, rt, "node", "kube-system", "0d0e0000-node")
 }
 
 // danglingLogIn is danglingLog with the missing file in podDir/app.

@@ -19,6 +19,7 @@ import (
 
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -27,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // TestSoak is `make soak`: for GCAGENT_TEST_SOAK (a duration, e.g. 2h), the
@@ -102,7 +104,14 @@ func (l *soakLoad) add(list *[]string, s string) {
 
 func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 	c := testenv.StartContainerd(t, testenv.Options{Version: v, RootSize: "384m"})
-	c.Import(t, testenv.Runnable("soak.test/run:1"))
+	c.Import(t, testenv.Runnable("soak.test/run:1"), testenv.Pause(c.SandboxImage))
+	// A pod runs all along, as on every node (the agent's own, on a
+	// DaemonSet install): its sandbox's log dir shows the agent that the
+	// pod log dir holds the watched containerd's pods, without which it
+	// removes no orphaned pod dir and no dangling link of a container it
+	// does not know. It goes when the load stops, its dir with it.
+	rt, _ := c.CRI(t)
+	node := c.RunPod(t, rt, "soak-node", "kube-system", "50a60000-node")
 	natsAddr := testenv.FreeAddr(t)
 	base := usagePercent(t, c.Root)
 	high, low := base+30, base+15
@@ -192,9 +201,8 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 	})
 	// Logs: a pod's log dir with its container's log, and the kubelet's
 	// link to it, of a pod with no sandbox (a pod deleted while the node
-	// was down): the agent sees the dir, collects it as orphaned after
-	// --pod-log-grace, and then the link, dangling into a pod dir it saw go
-	// (a link into a dir never seen stays: target-unseen).
+	// was down): the agent sees the dir, collects it as orphaned once it
+	// has been quiet for --pod-log-grace, and then the link, dangling.
 	every(2*time.Second, func(i int) error {
 		pod := fmt.Sprintf("default_soak%06d_%08x-0000-4000-8000-%012x", i, i, i)
 		name := fmt.Sprintf("soak%06d_default_app-%064x.log", i, i)
@@ -242,7 +250,7 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 		if err != nil {
 			t.Fatalf("list containers: %v", err)
 		}
-		s.ContainersGone = s.Ran - int64(len(ctrs))
+		s.ContainersGone = s.Ran - int64(countPrefixed(ctrs, "soak-c-")) // not the pod's sandbox
 		left, err := os.ReadDir(c.LogDir)
 		if err != nil {
 			t.Fatal(err)
@@ -277,6 +285,15 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 			t.Fatalf("remove %s, cut short by the end of the load: %v", id, err)
 		}
 	}
+	// The pod goes, as the kubelet removes a deleted pod's sandbox: its
+	// dir is an orphan the agent collects too.
+	if _, err := rt.StopPodSandbox(c.Ctx(), &runtime.StopPodSandboxRequest{PodSandboxId: node.SandboxID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.RemovePodSandbox(c.Ctx(), &runtime.RemovePodSandboxRequest{PodSandboxId: node.SandboxID}); err != nil {
+		t.Fatal(err)
+	}
+	load.add(&load.podDirs, filepath.Base(node.LogDir))
 
 	// The agent catches up: every link and container gone, the disk back
 	// under the high threshold, the outbox empty.
@@ -330,6 +347,17 @@ func soak(t *testing.T, v testenv.Version, d time.Duration, out string) {
 			}
 		}
 	}
+}
+
+// countPrefixed counts the containers whose id starts with prefix.
+func countPrefixed(ctrs []containers.Container, prefix string) int {
+	n := 0
+	for _, c := range ctrs {
+		if strings.HasPrefix(c.ID, prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 // imageNames is the set of image names in containerd now.

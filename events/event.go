@@ -72,7 +72,11 @@ type ContainerUpserted struct {
 	PodNamespace  string    `json:"podNamespace,omitempty"`
 	ContainerName string    `json:"containerName,omitempty"`
 	SandboxID     string    `json:"sandboxID,omitempty"`
-	Created       time.Time `json:"created"`
+	// LogDir is, for a CRI sandbox, the pod's log directory CRI was given
+	// (its spec's io.kubernetes.cri.sandbox-log-directory): where the
+	// pod's containers write their logs. Empty for anything else.
+	LogDir  string    `json:"logDir,omitempty"`
+	Created time.Time `json:"created"`
 	// What the container really runs, whatever its image name points at
 	// now: ImageID is the config digest CRI stored for it, RootChain the
 	// chain id of the image top its rootfs snapshot descends from (its

@@ -9,13 +9,17 @@
 // (unlinkat with fstatat and statx under AT_SYMLINK_NOFOLLOW, openat with
 // O_NOFOLLOW|O_DIRECTORY when descending): no symlink is ever followed for
 // a delete, no mount point is crossed, and nothing outside the two
-// configured directories is touched.
+// configured directories is touched. What it removes depends on what shows
+// that the pod log dir is the kubelet's and the watched containerd's
+// (Evidence): dangling links and orphaned pod dirs as the kubelet removes
+// them where it does, none of them where nothing does.
 package logs
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -87,6 +91,10 @@ type Options struct {
 	// MinGap spaces the passes Changes asks for: a burst of changes costs
 	// one pass (two directory scans) per gap, not one per change.
 	MinGap time.Duration
+	// Wall reads the wall clock the filesystem stamps files with: how long
+	// a link or a pod dir has been quiet is measured on it, never on
+	// Clock. nil: Go's time.Now.
+	Wall func() time.Time
 }
 
 // Cleaner applies PlanLogs to the configured directories. Its methods are
@@ -101,6 +109,7 @@ type Cleaner struct {
 	metrics *Metrics
 	log     zerolog.Logger
 	now     func() time.Time
+	wall    func() time.Time
 	clock   clock.Timers
 	kick    chan struct{}
 
@@ -108,7 +117,8 @@ type Cleaner struct {
 
 	deepFull bool // the deep watch limit was reached (logged once); Run's goroutine only
 
-	unverifiableSaid bool // links kept as unverifiable were logged; guarded by mu
+	unverifiableSaid bool     // links kept as unverifiable were logged; guarded by mu
+	evidenceSaid     Verified // what was last said of the pod log dir (sayEvidence); guarded by mu
 
 	mu   sync.Mutex // serializes passes; guards seen
 	seen map[key]*tracked
@@ -132,7 +142,7 @@ type tracked struct {
 
 // notable are the keep reasons an operator should hear about, once.
 var notable = map[Reason]bool{
-	ReasonBadName: true, ReasonTargetError: true, ReasonTruncatedName: true, ReasonMountPoint: true,
+	ReasonBadName: true, ReasonTargetError: true, ReasonTruncatedName: true, ReasonMountPoint: true, ReasonChangeUnknown: true,
 }
 
 // New returns a Cleaner; it fails if the config is invalid or there is no
@@ -150,8 +160,11 @@ func New(d Deps, o Options) (*Cleaner, error) {
 	if d.PodDirs == nil {
 		d.PodDirs = NewPodDirs("")
 	}
+	if o.Wall == nil {
+		o.Wall = time.Now
+	}
 	return &Cleaner{dirs: d.PodDirs,
-		cfg: o.Config, state: d.State, changes: d.Changes, minGap: o.MinGap, deletes: d.Deletes, pub: d.Publisher, metrics: o.Metrics, now: o.Clock.Now, clock: o.Clock,
+		cfg: o.Config, state: d.State, changes: d.Changes, minGap: o.MinGap, deletes: d.Deletes, pub: d.Publisher, metrics: o.Metrics, now: o.Clock.Now, wall: o.Wall, clock: o.Clock,
 		log:  o.Log.With().Str("component", "logs").Logger(),
 		kick: make(chan struct{}, 1),
 		seen: map[key]*tracked{},
@@ -203,21 +216,28 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 	if !apply {
 		dirs = dirs.Clone() // a plan changes nothing
 	}
-	roots, entries, scanErr := c.scan(dirs, now, apply)
+	roots, entries, read, scanErr := c.scan(dirs, now, apply)
 	defer func() {
 		for _, fd := range roots {
 			unix.Close(fd)
 		}
 	}()
 	c.track(entries, now, apply)
+	ev := c.evidence(dirs, entries, read, now)
+	if apply {
+		c.saveDirs(dirs) // what the pass read and showed
+	}
+	c.age(roots[KindPodDir], entries, ev)
+	quiet(entries, c.wall())
 
-	plan := PlanLogs(entries, c.state, c.cfg.PodLogGrace, now)
+	plan := PlanLogs(entries, ev, c.state, c.cfg.PodLogGrace, now)
 	plan.DryRun = c.cfg.DryRun
 	plan.Problems = c.problems(plan)
 	if !apply {
 		return plan, scanErr
 	}
 	c.sayUnverifiable(plan)
+	c.sayEvidence(plan)
 	errs := []error{scanErr}
 	if scanErr != nil {
 		c.metrics.error("scan")
@@ -244,7 +264,7 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 		if d.Kind == KindPodDir {
 			dir = c.cfg.PodLogDir
 		}
-		if err := c.remove(ctx, roots[d.Kind], dir, byKey[key{d.Kind, d.Name}], d); err != nil {
+		if err := c.remove(ctx, roots[d.Kind], dir, byKey[key{d.Kind, d.Name}], d, ev); err != nil {
 			c.metrics.error("remove")
 			errs = append(errs, err)
 			if errors.Is(err, deletion.ErrUnsettled) {
@@ -259,12 +279,13 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 
 // scan opens both configured directories (the caller closes the fds in
 // roots; a missing directory has none) and scans them: the pod log dir
-// first, whose full read goes to dirs (and, with save, to its file), then
-// the links, judged by it. Errors are joined; what could be scanned is
-// returned.
-func (c *Cleaner) scan(dirs *PodDirs, now time.Time, save bool) (roots map[Kind]int, entries []Entry, err error) {
+// first, whose full read goes to dirs (read says whether it succeeded),
+// then the links, judged by it. Errors are joined; what could be scanned
+// is returned.
+func (c *Cleaner) scan(dirs *PodDirs, now time.Time, save bool) (roots map[Kind]int, entries []Entry, read bool, err error) {
 	roots = map[Kind]int{}
 	var errs []error
+	podDirsRead := false
 	for _, kind := range []Kind{KindPodDir, KindSymlink} {
 		dir := c.cfg.LogDir
 		if kind == KindPodDir {
@@ -300,54 +321,18 @@ func (c *Cleaner) scan(dirs *PodDirs, now time.Time, save bool) (roots map[Kind]
 				c.dirsFailed(dirs, ierr.Error(), now, save)
 			default:
 				c.dirsRead(dirs, id, es, unsure, now, save)
+				podDirsRead = true
 			}
 		} else {
 			for i := range es {
-				if es[i].TargetPodDir != "" {
+				if es[i].TargetPodDir != "" && errors.Is(es[i].TargetErr, fs.ErrNotExist) {
 					_, es[i].TargetPodDirGone = dirs.dirGone(es[i].TargetPodDir)
 				}
 			}
 		}
 		entries = append(entries, es...)
 	}
-	return roots, entries, errors.Join(errs...)
-}
-
-// dirsRead gives dirs a full read of the pod log dir (identified as id)
-// and, with save, saves it; what an operator must hear is logged once.
-func (c *Cleaner) dirsRead(dirs *PodDirs, id DirID, es []Entry, unsure []string, now time.Time, save bool) {
-	restarted, was := dirs.observe(id, podDirNames(es), unsure, now)
-	if !save {
-		return
-	}
-	if restarted {
-		c.log.Warn().Str("path", c.cfg.PodLogDir).Str("dir_id", id.String()).Str("was_dir_id", was.String()).
-			Msg("the pod log dir is another directory than the one its pod dirs were seen in: no pod counts as deleted until its dir is seen here and goes")
-	}
-	if c.dirsSaid != "" {
-		c.dirsSaid = ""
-		c.log.Info().Str("path", c.cfg.PodLogDir).Msg("pod log dir read again")
-	}
-	if err := dirs.Save(); err != nil {
-		c.metrics.error("state")
-		if !c.saveSaid {
-			c.saveSaid = true
-			c.log.Warn().Err(err).Msg("pod dirs seen not saved: after a restart, pods deleted meanwhile are not told")
-		}
-	} else {
-		c.saveSaid = false
-	}
-}
-
-// dirsFailed records a failed read of the pod log dir, logged once per
-// cause.
-func (c *Cleaner) dirsFailed(dirs *PodDirs, cause string, now time.Time, save bool) {
-	dirs.failed(cause, now)
-	if save && c.dirsSaid != cause {
-		c.dirsSaid = cause
-		c.log.Warn().Str("path", c.cfg.PodLogDir).Str("cause", cause).
-			Msg("pod log dir not read: no pod counts as deleted by it, and no log link as dangling, until it is")
-	}
+	return roots, entries, podDirsRead, errors.Join(errs...)
 }
 
 // track fills in FirstSeen and, when apply, remembers new entries and
@@ -399,7 +384,7 @@ func (c *Cleaner) path(d Decision) string {
 // remove re-checks one entry the plan said to remove and removes it in a
 // delete transaction (or, in a dry run, reports it once), logs, publishes
 // and records it.
-func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, planned Decision) error {
+func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, planned Decision, ev Evidence) error {
 	path := c.path(planned)
 	fresh, gone, err := scanEntry(c.cfg, root, e.Kind, e.Name)
 	if err != nil {
@@ -409,10 +394,19 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		return nil
 	}
 	fresh.Mounted, fresh.FirstSeen = e.Mounted, e.FirstSeen
-	if fresh.TargetPodDir != "" {
+	if fresh.TargetPodDir != "" && errors.Is(fresh.TargetErr, fs.ErrNotExist) {
 		_, fresh.TargetPodDirGone = c.dirs.dirGone(fresh.TargetPodDir)
 	}
-	d := decide(fresh, c.state, c.cfg.PodLogGrace, c.now())
+	// A pod dir's change time is read again by the removal's own walk
+	// (quietSince), right before it unlinks anything.
+	if e.Kind == KindPodDir {
+		fresh.Changed, fresh.ChangedErr = e.Changed, e.ChangedErr
+	}
+	wall := c.wall()
+	if !fresh.Changed.IsZero() {
+		fresh.Quiet = wall.Sub(fresh.Changed)
+	}
+	d := decide(fresh, ev, c.state, c.cfg.PodLogGrace, c.now())
 	if d.Action != ActionRemove {
 		c.log.Info().Str("path", path).Str("reason", string(d.Reason)).Msg("kept on re-check")
 		return nil
@@ -424,7 +418,7 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		if t.dryRun {
 			return nil
 		}
-		return c.dryRun(root, e, planned, r, t)
+		return c.dryRun(root, e, planned, r, t, wall.Add(-c.cfg.PodLogGrace))
 	}
 
 	// The delete transaction: the intent is durable before the removal,
@@ -439,7 +433,7 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	}
 	var removed tally
 	if e.Kind == KindPodDir {
-		removed, err = removePodDir(root, dir, e.Name, false)
+		removed, err = removePodDir(root, dir, e.Name, false, wall.Add(-c.cfg.PodLogGrace))
 	} else {
 		var ok bool
 		if ok, err = removeLink(root, dir, e.Name, false); ok {
@@ -468,6 +462,10 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 				c.keptMounted(t, path, d.Kind, err)
 				return nil
 			}
+			if errors.Is(err, errRecent) {
+				c.log.Info().Str("path", path).Str("reason", string(ReasonGrace)).Err(err).Msg("kept on re-check")
+				return nil
+			}
 			return fmt.Errorf("remove %s: %w", path, err)
 		default:
 			return fmt.Errorf("remove %s: outcome unknown (%w): %w", path, serr, err)
@@ -481,12 +479,12 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 	r.Bytes, r.Entries, r.At = removed.bytes, removed.entries, at
 	latency := at.Sub(planned.EligibleAt)
 	c.metrics.removal(d, latency.Seconds())
-	ev, msg := c.log.Info(), "removed"
+	line, msg := c.log.Info(), "removed"
 	if r.Partial {
-		ev, msg = c.log.Warn().Err(err), "removed in part"
+		line, msg = c.log.Warn().Err(err), "removed in part"
 		err = fmt.Errorf("remove %s: removed in part: %w", path, err)
 	}
-	c.event(ev, path, d).Int64("size_bytes", r.Bytes).Int("entries", r.Entries).Float64("latency_s", latency.Seconds()).Msg(msg)
+	c.event(line, path, d).Int64("size_bytes", r.Bytes).Int("entries", r.Entries).Float64("latency_s", latency.Seconds()).Msg(msg)
 	if cerr := tx.Commit(r); cerr != nil {
 		c.metrics.error("publish")
 		c.log.Warn().Str("path", path).Err(cerr).Msg("store the removal's event")
@@ -497,13 +495,16 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 // dryRun reports, once per entry, that a dry run would remove it: logged,
 // and published as log.skipped with reason dry-run, never on the removal
 // subject.
-func (c *Cleaner) dryRun(root int, e Entry, planned Decision, r Removal, t *tracked) error {
+func (c *Cleaner) dryRun(root int, e Entry, planned Decision, r Removal, t *tracked, quiet time.Time) error {
 	path := c.path(planned)
 	if e.Kind == KindPodDir {
-		found, err := removePodDir(root, r.Dir, e.Name, true)
+		found, err := removePodDir(root, r.Dir, e.Name, true, quiet)
 		if errors.Is(err, errMount) {
 			c.keptMounted(t, path, r.Kind, err)
 			return nil
+		}
+		if errors.Is(err, errRecent) {
+			return nil // the next pass plans it again
 		}
 		if err != nil {
 			return fmt.Errorf("check %s: %w", path, err)

@@ -61,14 +61,17 @@ func setImmutable(t *testing.T, path string, on bool) {
 }
 
 // txDirs returns a config on new temp dirs with no grace, and a state
-// where pod uid1 is gone and container cid("e") exited.
+// where pod uid1 is gone and container cid("e") exited, and the live pod
+// uid9's log dir shows the pod log dir is the watched containerd's.
 func txDirs(t *testing.T) (Config, *fakeState) {
 	base := t.TempDir()
 	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods")}
 	mkdirAll(t, cfg.LogDir)
-	mkdirAll(t, cfg.PodLogDir)
+	mkdirAll(t, filepath.Join(cfg.PodLogDir, "ns_live_uid9"))
 	st := newFakeState()
 	st.setPod("uid1", fakePod{goneSince: t0})
+	st.setPod("uid9", fakePod{alive: true})
+	st.setLogDirs(filepath.Join(cfg.PodLogDir, "ns_live_uid9"))
 	st.setContainer(cid("e"), false)
 	return cfg, st
 }

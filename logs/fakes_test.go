@@ -35,6 +35,7 @@ type fakeState struct {
 	criAsked   int             // CRIContainersRunning calls
 	containers map[string]bool // id -> running
 	pods       map[string]fakePod
+	logDirs    []string // SandboxLogDirs
 }
 
 type fakePod struct {
@@ -73,6 +74,19 @@ func (s *fakeState) PodState(uid string) (alive bool, goneSince time.Time, known
 	return p.alive, p.goneSince, known
 }
 
+func (s *fakeState) SandboxLogDirs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.logDirs...)
+}
+
+// setLogDirs sets the log dirs of the sandboxes CRI has.
+func (s *fakeState) setLogDirs(dirs ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.logDirs = dirs
+}
+
 func (s *fakeState) setContainer(id string, running bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -83,6 +97,35 @@ func (s *fakeState) setPod(uid string, p fakePod) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pods[uid] = p
+}
+
+// wallAlong returns a wall clock that moves as now does: the real time
+// when it is made, plus how far now has moved since. Files made before it
+// is made have been quiet for at least as long as now has moved.
+func wallAlong(now func() time.Time) func() time.Time {
+	return wallFrom(time.Now(), now)
+}
+
+// wallFrom is wallAlong starting at the wall time start.
+func wallFrom(start time.Time, now func() time.Time) func() time.Time {
+	from := now()
+	return func() time.Time { return start.Add(now().Sub(from)) }
+}
+
+// agedDir makes the directory dst with files (relative paths, content
+// "log"), everything in it last modified ago before now: built beside it,
+// backdated, and renamed into place, which keeps the mtimes.
+func agedDir(t *testing.T, dst string, ago time.Duration, files ...string) {
+	t.Helper()
+	stage := filepath.Join(t.TempDir(), filepath.Base(dst))
+	mkdirAll(t, stage)
+	for _, f := range files {
+		writeFile(t, filepath.Join(stage, f), "log\n")
+	}
+	backdate(t, ago, stage)
+	if err := os.Rename(stage, dst); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // fakeClock is stepped by tests; nothing sleeps.

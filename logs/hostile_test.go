@@ -24,7 +24,14 @@ type hostile struct {
 	state                         *fakeState
 	clock                         *fakeClock
 	mounted                       bool
+	// wall0 is the wall time at t0: every entry was last changed then,
+	// but the pod dirs of pods gone at least 10s before t0, an hour
+	// before.
+	wall0 time.Time
 }
+
+// wall is the wall clock of h's clock.
+func (h *hostile) wall() func() time.Time { return wallFrom(h.wall0, h.clock.Now) }
 
 const (
 	uidLive    = "11111111-1111-1111-1111-111111111111"
@@ -128,6 +135,12 @@ func newHostile(t *testing.T) *hostile {
 	symlink(t, p("pods/nowhere/0.log"), p(linkShortID))
 	symlink(t, filepath.Join(h.outside, "missing.txt"), p(linkToMissing))
 
+	h.wall0 = time.Now()
+	stamp(t, h.wall0, h.base)
+	for _, old := range []string{podMounted, podOrphan, podYoung, podWeird, podWhole} {
+		stamp(t, h.wall0.Add(-time.Hour), p(old))
+	}
+
 	if canMount(t) {
 		h.mounted = true
 		bindMount(t, filepath.Join(h.outside, "mountsrc"), p(podMounted+"/app")) // under the pod dir
@@ -169,7 +182,7 @@ func TestHostileTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logBuf bytes.Buffer
-	c, err := New(Deps{State: h.state, Deletes: deletes, Publisher: bus}, Options{Config: h.config(), Metrics: m, Clock: clock.System(h.clock.Now), Log: zerolog.New(&logBuf)})
+	c, err := New(Deps{State: h.state, Deletes: deletes, Publisher: bus}, Options{Config: h.config(), Metrics: m, Clock: clock.System(h.clock.Now), Wall: h.wall(), Log: zerolog.New(&logBuf)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +357,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	cfg := h.config()
 	cfg.DryRun = true
 	deletes, bus := newDeletes(t, lstatChecker{})
-	c, err := New(Deps{State: h.state, Deletes: deletes, Publisher: bus}, Options{Config: cfg, Clock: clock.System(h.clock.Now)})
+	c, err := New(Deps{State: h.state, Deletes: deletes, Publisher: bus}, Options{Config: cfg, Clock: clock.System(h.clock.Now), Wall: h.wall()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +398,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 // TestPlanChangesNothing checks that Plan reports without deleting.
 func TestPlanChangesNothing(t *testing.T) {
 	h := newHostile(t)
-	c, err := New(Deps{State: h.state}, Options{Config: h.config(), Clock: clock.System(h.clock.Now)})
+	c, err := New(Deps{State: h.state}, Options{Config: h.config(), Clock: clock.System(h.clock.Now), Wall: h.wall()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +447,7 @@ func TestRemovePodDirRefusesMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	removed, err := removePodDir(fd, root, "ns_p_uid", false)
+	removed, err := removePodDir(fd, root, "ns_p_uid", false, time.Time{})
 	if !errors.Is(err, errMount) || removed != (tally{}) {
 		t.Fatalf("removePodDir = %+v, %v, want nothing removed and errMount", removed, err)
 	}
@@ -468,7 +481,7 @@ func TestRemovePodDirNeverFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	removed, err := removePodDir(fd, root, "ns_p_uid", false)
+	removed, err := removePodDir(fd, root, "ns_p_uid", false, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,10 @@ type State interface {
 	// CRIContainersRunning reports whether any CRI container (not a
 	// sandbox) runs: their logs must then be under PodLogDir.
 	CRIContainersRunning() bool
+	// SandboxLogDirs returns the log directories CRI was given for the
+	// pods whose sandbox exists (as CRI saw them: host paths), the
+	// evidence that the pod log dir is the watched containerd's.
+	SandboxLogDirs() []string
 }
 
 // Kind names the rule that applies to an entry: KindSymlink for the entries
@@ -87,12 +91,40 @@ const (
 	// target lies outside the pod log dir the agent sees
 	// (Config.TargetInView): the file may exist on the host.
 	ReasonTargetUnverifiable Reason = "target-unverifiable"
-	// ReasonTargetUnseen: the target is not found, but neither does the
-	// directory meant to hold it exist nor was its pod dir seen to go: the
-	// pod log dir the agent reads may not be the kubelet's, and absence
-	// there is no sign that the file is gone.
-	ReasonTargetUnseen Reason = "target-unseen"
+	// ReasonUnverified: a dangling link or an orphaned pod dir whose
+	// removal needs evidence the pod log dir lacks (Evidence): that it is
+	// where the kubelet writes (a missing target is gone), or that it
+	// holds the watched containerd's pods (a container or pod that
+	// containerd does not know is gone, not another containerd's).
+	ReasonUnverified Reason = "pod-log-dir-unverified"
+	// ReasonChangeUnknown: when anything below an orphaned pod dir last
+	// changed could not be read (the walk failed): it may still be
+	// written.
+	ReasonChangeUnknown Reason = "change-unknown"
 )
+
+// InputReasons are the keep reasons that say an input of the decision is
+// unknown or stale (the projection not synced, the pod log dir not
+// verified, a target out of view, no pod log dir, the files' change times
+// unread), not that the kubelet's rule keeps the entry: what the agent
+// keeps that it could know is garbage once the input is known.
+var InputReasons = []Reason{ReasonNotSynced, ReasonUnverified, ReasonTargetUnverifiable, ReasonNoPodLogDir, ReasonChangeUnknown}
+
+// KeptForInputs counts the entries p keeps because an input is unknown
+// or stale (InputReasons), by kind and reason; an empty map when none.
+func (p Plan) KeptForInputs() map[Kind]map[Reason]int {
+	out := map[Kind]map[Reason]int{}
+	for _, d := range p.Decisions {
+		if d.Action == ActionRemove || !slices.Contains(InputReasons, d.Reason) {
+			continue
+		}
+		if out[d.Kind] == nil {
+			out[d.Kind] = map[Reason]int{}
+		}
+		out[d.Kind][d.Reason]++
+	}
+	return out
+}
 
 // Entry is one scanned directory entry, the planner's whole view of it.
 type Entry struct {
@@ -110,18 +142,25 @@ type Entry struct {
 	TargetInView bool
 	// TargetErr is, for a *.log symlink of LogDir, the error of stat of
 	// the target where the agent sees it: nil when the target exists;
-	// ENOENT means dangling if TargetInView and either TargetDirExists or
-	// TargetPodDirGone.
+	// ENOENT means dangling if TargetInView and the pod log dir is where
+	// the kubelet writes (Evidence), TargetDirExists or TargetPodDirGone.
 	TargetErr error
 	// TargetDirExists is, for a target not found, whether the directory
 	// meant to hold it (below the pod log dir) exists: the file is gone
 	// from a directory that is there.
 	TargetDirExists bool
-	// TargetPodDir is, for a target not found, the name of the pod dir it
-	// lies in; TargetPodDirGone whether the agent saw that dir and saw it go
-	// (PodDirs).
+	// TargetPodDir is, for a target in view, the name of the pod dir it
+	// lies in; TargetPodDirGone, for one not found, whether the agent saw
+	// that dir and saw it go (PodDirs).
 	TargetPodDir     string
 	TargetPodDirGone bool
+	// Changed is when the entry last changed by the filesystem's clock: a
+	// link's mtime; for an orphaned pod dir the newest mtime at or below
+	// it (zero: not read; ChangedErr says why, if the walk failed).
+	// Quiet is how long before the pass that was, by the wall clock.
+	Changed    time.Time
+	ChangedErr error
+	Quiet      time.Duration
 	// Mounted is, for a pod dir, whether a mount point is at or under it.
 	Mounted bool
 	// FirstSeen is when the agent first saw the entry; the grace of objects
@@ -150,6 +189,9 @@ type Plan struct {
 	Decisions []Decision `json:"decisions"`
 	// Next is the earliest deadline of a waiting entry; zero if none.
 	Next time.Time `json:"next,omitzero"`
+	// PodLogDir is the pod log dir as an input: the evidence the plan
+	// judged by.
+	PodLogDir Evidence `json:"podLogDir"`
 	// Problems says, one line each, why links are kept that the agent
 	// cannot judge (Cleaner.Problems); set by the Cleaner, not PlanLogs.
 	Problems []string `json:"problems,omitempty"`
@@ -161,9 +203,11 @@ const maxNameLen = 255
 
 // PlanLogs decides, for every entry, whether to remove it now, keep it or
 // wait for a deadline, following the kubelet's rules (KUBELET-GC.md 2.4 and
-// 2.5) made conservative. It does no I/O besides calling st.
-func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Plan {
-	p := Plan{At: now, Synced: st.Synced(), Decisions: make([]Decision, 0, len(entries))}
+// 2.5) where ev shows the pod log dir is the kubelet's and the watched
+// containerd's, and keeping what it does not show. It does no I/O besides
+// calling st.
+func PlanLogs(entries []Entry, ev Evidence, st State, grace time.Duration, now time.Time) Plan {
+	p := Plan{At: now, Synced: st.Synced(), PodLogDir: ev, Decisions: make([]Decision, 0, len(entries))}
 	// A PodLogDir that is missing or empty while CRI containers run is not
 	// the one the kubelet writes to (a DaemonSet without that mount, a
 	// wrong flag): every link would look dangling. Remove no link then,
@@ -174,8 +218,8 @@ func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Pla
 		return !slices.ContainsFunc(entries, func(e Entry) bool { return e.Kind == KindPodDir }) && st.CRIContainersRunning()
 	})
 	for _, e := range entries {
-		d := decide(e, st, grace, now)
-		if e.Kind == KindSymlink && (d.Action != ActionKeep || d.Reason == ReasonTargetUnverifiable || d.Reason == ReasonTargetUnseen) && blind() {
+		d := decide(e, ev, st, grace, now)
+		if e.Kind == KindSymlink && (d.Action != ActionKeep || d.Reason == ReasonTargetUnverifiable || d.Reason == ReasonUnverified) && blind() {
 			d.Action, d.Reason, d.EligibleAt = ActionKeep, ReasonNoPodLogDir, time.Time{}
 		}
 		if d.Action == ActionWait && (p.Next.IsZero() || d.EligibleAt.Before(p.Next)) {
@@ -189,14 +233,14 @@ func PlanLogs(entries []Entry, st State, grace time.Duration, now time.Time) Pla
 	return p
 }
 
-func decide(e Entry, st State, grace time.Duration, now time.Time) Decision {
+func decide(e Entry, ev Evidence, st State, grace time.Duration, now time.Time) Decision {
 	if e.Kind == KindPodDir {
-		return decidePodDir(e, st, grace, now)
+		return decidePodDir(e, ev, st, grace, now)
 	}
-	return decideLink(e, st, grace, now)
+	return decideLink(e, ev, st, grace, now)
 }
 
-func decideLink(e Entry, st State, grace time.Duration, now time.Time) Decision {
+func decideLink(e Entry, ev Evidence, st State, grace time.Duration, now time.Time) Decision {
 	d := Decision{Kind: KindSymlink, Name: e.Name, Action: ActionKeep}
 	switch {
 	case !strings.HasSuffix(e.Name, ".log"):
@@ -235,22 +279,47 @@ func decideLink(e Entry, st State, grace time.Duration, now time.Time) Decision 
 	switch {
 	case running:
 		d.Reason = ReasonContainerRunning
-	case !e.TargetDirExists && !e.TargetPodDirGone:
-		// Absence is a sign only where the agent saw the file's directory:
-		// the pod log dir it reads may not be the kubelet's.
-		d.Reason, d.Detail = ReasonTargetUnseen, "neither the directory of target "+strconv.Quote(e.Target)+" exists nor was its pod dir seen going"
+	case known && !ev.Kubelets() && !e.TargetDirExists && !e.TargetPodDirGone:
+		// Absence is a sign only in a directory the kubelet writes to, or
+		// where the agent saw the file's own directory.
+		d.Reason, d.Detail = ReasonUnverified, "target "+strconv.Quote(e.Target)+" not found, but the pod log dir is not shown to be the kubelet's: "+ev.Detail
 	case known:
 		d.Action, d.Reason, d.EligibleAt = ActionRemove, ReasonContainerExited, now
+	case !ev.Watched() && !e.TargetPodDirGone:
+		// A container the watched containerd does not know may be another
+		// containerd's, running (its log rotating): only a pod log dir of
+		// the watched one's pods, or a pod dir seen going, says it is gone.
+		d.Reason, d.Detail = ReasonUnverified, "container unknown to the watched containerd, and the pod log dir is not shown to be its: "+ev.Detail
 	case len(e.Name) >= maxNameLen:
 		d.Reason = ReasonTruncatedName
 	default:
+		// The grace counts from when the agent first saw the link, or from
+		// when it was made, if that is earlier: an old link found after a
+		// restart or on a first install goes at once.
 		d.Reason = ReasonContainerUnknown
-		waitOrRemove(&d, e.FirstSeen.Add(grace), now)
+		deadline := e.FirstSeen.Add(grace)
+		if !e.Changed.IsZero() {
+			deadline = earliest(deadline, quietAt(e, grace, now))
+		}
+		waitOrRemove(&d, deadline, now)
 	}
 	return d
 }
 
-func decidePodDir(e Entry, st State, grace time.Duration, now time.Time) Decision {
+// quietAt is when e will have been quiet (not changed) for grace, on the
+// clock of now: a change time ahead of the wall clock counts as now.
+func quietAt(e Entry, grace time.Duration, now time.Time) time.Time {
+	return now.Add(grace - max(e.Quiet, 0))
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func decidePodDir(e Entry, ev Evidence, st State, grace time.Duration, now time.Time) Decision {
 	d := Decision{Kind: KindPodDir, Name: e.Name, Action: ActionKeep}
 	if e.Type != fs.ModeDir {
 		d.Reason = ReasonNotDirectory
@@ -275,16 +344,41 @@ func decidePodDir(e Entry, st State, grace time.Duration, now time.Time) Decisio
 		d.Reason = ReasonMountPoint
 		return d
 	}
-	since, reason := e.FirstSeen, ReasonPodUnknown
+	if !ev.Watched() {
+		// The kubelet removes the dirs of pods it does not know; a pod the
+		// watched containerd does not know is no sign of that unless the
+		// pod log dir holds that containerd's pods.
+		d.Reason, d.Detail = ReasonUnverified, "the pod log dir is not shown to hold the watched containerd's pods: "+ev.Detail
+		return d
+	}
+	if e.ChangedErr != nil || e.Changed.IsZero() {
+		d.Reason, d.Detail = ReasonChangeUnknown, "when its files last changed is not known"
+		if e.ChangedErr != nil {
+			d.Detail += ": " + e.ChangedErr.Error()
+		}
+		return d
+	}
+	// Never while anything below it was written within the grace; a pod
+	// the projection knew goes the grace after its last sandbox, one it
+	// never knew once quiet for the grace.
+	deadline, reason := quietAt(e, grace, now), ReasonPodUnknown
 	if known {
-		reason = ReasonPodGone
+		since := e.FirstSeen
 		if !goneSince.IsZero() {
 			since = goneSince
 		}
+		deadline, reason = latest(deadline, since.Add(grace)), ReasonPodGone
 	}
 	d.Reason = reason
-	waitOrRemove(&d, since.Add(grace), now)
+	waitOrRemove(&d, deadline, now)
 	return d
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // waitOrRemove turns d into a removal at deadline, or a wait until it.

@@ -8,6 +8,10 @@ import (
 	"time"
 )
 
+// criVerified is the evidence of a pod log dir that holds the watched
+// containerd's pods: the kubelet's rules apply.
+var criVerified = Evidence{By: VerifiedByCRI, Detail: "test: verified by CRI"}
+
 func TestPlanLogs(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	grace := time.Minute
@@ -26,8 +30,8 @@ func TestPlanLogs(t *testing.T) {
 	link := func(name string, target error) Entry {
 		return Entry{Kind: KindSymlink, Name: name, Type: fs.ModeSymlink, TargetInView: true, TargetDirExists: true, TargetErr: target, FirstSeen: now}
 	}
-	pod := func(name string) Entry {
-		return Entry{Kind: KindPodDir, Name: name, Type: fs.ModeDir, FirstSeen: now}
+	pod := func(name string) Entry { // quiet for an hour
+		return Entry{Kind: KindPodDir, Name: name, Type: fs.ModeDir, FirstSeen: now, Changed: now.Add(-time.Hour), Quiet: time.Hour}
 	}
 	dangling := syscall.ENOENT
 
@@ -68,6 +72,16 @@ func TestPlanLogs(t *testing.T) {
 			e.FirstSeen = now.Add(-grace)
 			return e
 		}(), true, Decision{Action: ActionRemove, Reason: ReasonContainerUnknown, Container: unknown, EligibleAt: now}},
+		{"dangling, unknown, just seen, made long ago (a restart, a first install)", func() Entry {
+			e := link("web_ns_c-"+unknown+".log", dangling)
+			e.Changed, e.Quiet = now.Add(-time.Hour), time.Hour
+			return e
+		}(), true, Decision{Action: ActionRemove, Reason: ReasonContainerUnknown, Container: unknown, EligibleAt: now.Add(grace - time.Hour)}},
+		{"dangling, unknown, just seen, made just now", func() Entry {
+			e := link("web_ns_c-"+unknown+".log", dangling)
+			e.Changed, e.Quiet = now.Add(-time.Second), time.Second
+			return e
+		}(), true, Decision{Action: ActionWait, Reason: ReasonGrace, Container: unknown, EligibleAt: now.Add(grace - time.Second)}},
 		{"dangling, unknown, truncated name", func() Entry {
 			e := link(long, dangling)
 			e.FirstSeen = now.Add(-time.Hour)
@@ -98,20 +112,35 @@ func TestPlanLogs(t *testing.T) {
 			Decision{Action: ActionWait, Reason: ReasonGrace, UID: "young", EligibleAt: now.Add(50 * time.Second)}},
 		{"pod: known, no gone time, counts from first seen", pod("ns_p_nosince"), true,
 			Decision{Action: ActionWait, Reason: ReasonGrace, UID: "nosince", EligibleAt: now.Add(grace)}},
-		{"pod: unknown, just seen", pod("ns_p_never"), true,
-			Decision{Action: ActionWait, Reason: ReasonGrace, UID: "never", EligibleAt: now.Add(grace)}},
-		{"pod: unknown, seen past the grace", func() Entry {
+		{"pod: unknown, just seen, quiet for an hour", pod("ns_p_never"), true,
+			Decision{Action: ActionRemove, Reason: ReasonPodUnknown, UID: "never", EligibleAt: now.Add(grace - time.Hour)}},
+		{"pod: unknown, written 10s ago", func() Entry {
 			e := pod("ns_p_never")
-			e.FirstSeen = now.Add(-grace - time.Second)
+			e.Changed, e.Quiet = now.Add(-10*time.Second), 10*time.Second
 			return e
-		}(), true, Decision{Action: ActionRemove, Reason: ReasonPodUnknown, UID: "never", EligibleAt: now.Add(-time.Second)}},
+		}(), true, Decision{Action: ActionWait, Reason: ReasonGrace, UID: "never", EligibleAt: now.Add(50 * time.Second)}},
+		{"pod: unknown, changed ahead of the wall clock", func() Entry {
+			e := pod("ns_p_never")
+			e.Changed, e.Quiet = now.Add(time.Hour), -time.Hour
+			return e
+		}(), true, Decision{Action: ActionWait, Reason: ReasonGrace, UID: "never", EligibleAt: now.Add(grace)}},
+		{"pod: gone past grace, written 10s ago", func() Entry {
+			e := pod("ns_p_gone")
+			e.Changed, e.Quiet = now.Add(-10*time.Second), 10*time.Second
+			return e
+		}(), true, Decision{Action: ActionWait, Reason: ReasonGrace, UID: "gone", EligibleAt: now.Add(50 * time.Second)}},
+		{"pod: gone, its files' change time not read", func() Entry {
+			e := pod("ns_p_gone")
+			e.Changed, e.ChangedErr = time.Time{}, syscall.EACCES
+			return e
+		}(), true, Decision{Action: ActionKeep, Reason: ReasonChangeUnknown, UID: "gone", Detail: "when its files last changed is not known: " + syscall.EACCES.Error()}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			st.mu.Lock()
 			st.synced = tc.synced
 			st.mu.Unlock()
-			p := PlanLogs([]Entry{tc.entry}, st, grace, now)
+			p := PlanLogs([]Entry{tc.entry}, criVerified, st, grace, now)
 			want := tc.want
 			want.Kind, want.Name = tc.entry.Kind, tc.entry.Name
 			if len(p.Decisions) != 1 || p.Decisions[0] != want {
@@ -132,11 +161,11 @@ func TestPlanLogsNextIsEarliestAndSorted(t *testing.T) {
 	st := newFakeState()
 	st.setPod("young", fakePod{goneSince: now.Add(-50 * time.Second)})
 	entries := []Entry{
-		{Kind: KindPodDir, Name: "ns_b_never", Type: fs.ModeDir, FirstSeen: now},
+		{Kind: KindPodDir, Name: "ns_b_never", Type: fs.ModeDir, FirstSeen: now, Changed: now.Add(-20 * time.Second), Quiet: 20 * time.Second},
 		{Kind: KindSymlink, Name: "x_ns_c-" + cid("f") + ".log", Type: fs.ModeSymlink, TargetInView: true, TargetDirExists: true, TargetErr: syscall.ENOENT, FirstSeen: now.Add(-30 * time.Second)},
-		{Kind: KindPodDir, Name: "ns_a_young", Type: fs.ModeDir, FirstSeen: now},
+		{Kind: KindPodDir, Name: "ns_a_young", Type: fs.ModeDir, FirstSeen: now, Changed: now.Add(-time.Hour), Quiet: time.Hour},
 	}
-	p := PlanLogs(entries, st, time.Minute, now)
+	p := PlanLogs(entries, criVerified, st, time.Minute, now)
 	if want := now.Add(10 * time.Second); !p.Next.Equal(want) {
 		t.Errorf("Next = %v, want %v", p.Next, want)
 	}
@@ -258,7 +287,7 @@ func TestPlanLogsBlindWithoutPodLogDir(t *testing.T) {
 			st.criRunning = tt.criRunning
 			st.setContainer(exited, false)
 			st.setPod("alive", fakePod{alive: true})
-			p := PlanLogs(tt.entries, st, time.Minute, now)
+			p := PlanLogs(tt.entries, criVerified, st, time.Minute, now)
 			for _, d := range p.Decisions {
 				if d.Kind == KindSymlink && d.Reason != tt.want {
 					t.Errorf("link: %s %s, want reason %s", d.Action, d.Reason, tt.want)
@@ -282,11 +311,11 @@ func TestPlanLogsAsksRunningOnlyForALinkToRemove(t *testing.T) {
 	st.criRunning = true
 	st.setContainer(running, true)
 	st.setContainer(exited, false)
-	PlanLogs([]Entry{link(running), link(running)}, st, time.Minute, now)
+	PlanLogs([]Entry{link(running), link(running)}, criVerified, st, time.Minute, now)
 	if st.criAsked != 0 {
 		t.Errorf("links all kept: asked %d times, want 0", st.criAsked)
 	}
-	p := PlanLogs([]Entry{link(exited), link(running), link(exited)}, st, time.Minute, now)
+	p := PlanLogs([]Entry{link(exited), link(running), link(exited)}, criVerified, st, time.Minute, now)
 	if st.criAsked != 1 {
 		t.Errorf("two links to remove: asked %d times, want 1", st.criAsked)
 	}

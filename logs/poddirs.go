@@ -66,6 +66,9 @@ type podDirsDoc struct {
 	Root DirID `json:"root"`
 	// Dirs are the pod dirs seen, by name.
 	Dirs map[string]*podDir `json:"dirs"`
+	// Evidence is the strongest that Root was shown to be the kubelet's
+	// and the watched containerd's (Cleaner.evidence); nil: none yet.
+	Evidence *Evidence `json:"evidence,omitempty"`
 }
 
 // DirID identifies a directory: its device and inode, and its birth time
@@ -134,11 +137,41 @@ func (d *PodDirs) Clone() *PodDirs {
 	defer d.mu.Unlock()
 	c := NewPodDirs("")
 	c.doc.Root, c.read, c.lastRead = d.doc.Root, d.read, d.lastRead
+	if d.doc.Evidence != nil {
+		ev := *d.doc.Evidence
+		c.doc.Evidence = &ev
+	}
 	for name, pd := range d.doc.Dirs {
 		cp := *pd
 		c.doc.Dirs[name] = &cp
 	}
 	return c
+}
+
+// evidence is what was shown of the current root (zero: nothing).
+func (d *PodDirs) evidence() Evidence {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.doc.Evidence == nil {
+		return Evidence{}
+	}
+	return *d.doc.Evidence
+}
+
+// verify records that ev (verified) was shown at now of the current root,
+// unless as much was shown before, and returns what is recorded: a
+// directory once shown to hold the watched containerd's pods stays so
+// (until the pod log dir is another directory: observe starts afresh),
+// and Since is when it was first shown.
+func (d *PodDirs) verify(ev Evidence, now time.Time) Evidence {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old := d.doc.Evidence; old != nil && (old.By == ev.By || old.Watched()) {
+		return *old
+	}
+	ev.Since = now
+	d.doc.Evidence, d.dirty = &ev, true
+	return ev
 }
 
 // Changed signals (coalesced) that a pod dir went.
@@ -368,4 +401,47 @@ func dirID(fd int) (DirID, error) {
 		id.Born = time.Unix(stx.Btime.Sec, int64(stx.Btime.Nsec)).UnixNano()
 	}
 	return id, nil
+}
+
+// dirsRead gives dirs a full read of the pod log dir (identified as id);
+// with save (a Cleaner's pass, not a plan), what an operator must hear is
+// logged once. The pass saves dirs after it (saveDirs).
+func (c *Cleaner) dirsRead(dirs *PodDirs, id DirID, es []Entry, unsure []string, now time.Time, save bool) {
+	restarted, was := dirs.observe(id, podDirNames(es), unsure, now)
+	if !save {
+		return
+	}
+	if restarted {
+		c.log.Warn().Str("path", c.cfg.PodLogDir).Str("dir_id", id.String()).Str("was_dir_id", was.String()).
+			Msg("the pod log dir is another directory than the one its pod dirs were seen in: no pod counts as deleted until its dir is seen here and goes")
+	}
+	if c.dirsSaid != "" {
+		c.dirsSaid = ""
+		c.log.Info().Str("path", c.cfg.PodLogDir).Msg("pod log dir read again")
+	}
+}
+
+// saveDirs saves what dirs holds, logging a failure once. The caller
+// holds c.mu.
+func (c *Cleaner) saveDirs(dirs *PodDirs) {
+	if err := dirs.Save(); err != nil {
+		c.metrics.error("state")
+		if !c.saveSaid {
+			c.saveSaid = true
+			c.log.Warn().Err(err).Msg("pod dirs seen not saved: after a restart, pods deleted meanwhile are not told")
+		}
+	} else {
+		c.saveSaid = false
+	}
+}
+
+// dirsFailed records a failed read of the pod log dir, logged once per
+// cause.
+func (c *Cleaner) dirsFailed(dirs *PodDirs, cause string, now time.Time, save bool) {
+	dirs.failed(cause, now)
+	if save && c.dirsSaid != cause {
+		c.dirsSaid = cause
+		c.log.Warn().Str("path", c.cfg.PodLogDir).Str("cause", cause).
+			Msg("pod log dir not read: no pod counts as deleted by it, and no log link as dangling, until it is")
+	}
 }

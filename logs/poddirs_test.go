@@ -1,7 +1,6 @@
 package logs
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/gc"
-	"github.com/gcagent/gcagent/internal/clock"
 	"golang.org/x/sys/unix"
 )
 
@@ -146,71 +144,6 @@ func TestPodDirsKeptAcrossRestarts(t *testing.T) {
 				t.Errorf("state %s: a dir never seen since counts as gone", name)
 			}
 		})
-	}
-}
-
-// TestLinkIntoAPodDirNeverSeenIsKept: a dangling log link of an exited
-// container whose target's directory does not exist where the agent looks
-// is kept (target-unseen): the pod log dir it reads may not be the
-// kubelet's, so absence there is no sign. Once the agent has seen the pod
-// dir and seen it go, the link goes; one into a container dir that is
-// there but lacks the file goes at once. It fails on 7485972, which
-// removed the first link on the first pass.
-func TestLinkIntoAPodDirNeverSeenIsKept(t *testing.T) {
-	base := t.TempDir()
-	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods"), PodLogGrace: time.Hour}
-	mkdirAll(t, cfg.LogDir)
-	mkdirAll(t, cfg.PodLogDir)
-	st := newFakeState()
-	unseen, present, later := cid("e1"), cid("e2"), cid("e3")
-	for _, id := range []string{unseen, present, later} {
-		st.setContainer(id, false)
-	}
-	st.setPod("u9", fakePod{alive: true})
-	// The kubelet's files live elsewhere: this dir never held pod u1.
-	linkUnseen := filepath.Join(cfg.LogDir, "web_ns_app-"+unseen+".log")
-	symlink(t, filepath.Join(cfg.PodLogDir, "ns_web_u1", "app", "0.log"), linkUnseen)
-	// A container dir that is there, without the file: gone.
-	mkdirAll(t, filepath.Join(cfg.PodLogDir, "ns_live_u9", "app"))
-	linkPresent := filepath.Join(cfg.LogDir, "live_ns_app-"+present+".log")
-	symlink(t, filepath.Join(cfg.PodLogDir, "ns_live_u9", "app", "3.log"), linkPresent)
-	// A pod dir seen, then gone (the kubelet deleted the pod).
-	pod := filepath.Join(cfg.PodLogDir, "ns_job_u2")
-	writeFile(t, filepath.Join(pod, "app", "0.log"), "log\n")
-	linkLater := filepath.Join(cfg.LogDir, "job_ns_app-"+later+".log")
-	symlink(t, filepath.Join(pod, "app", "0.log"), linkLater)
-
-	now := t0
-	deletes, _ := newDeletes(t, lstatChecker{})
-	c, err := New(Deps{State: st, Deletes: deletes}, Options{Config: cfg, Clock: clock.System(func() time.Time { return now })})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Clean(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if !exists(linkUnseen) || exists(linkPresent) || !exists(linkLater) {
-		t.Fatalf("after the first pass: unseen link there %v (want true), link into a dir there %v (want false), live link %v (want true)",
-			exists(linkUnseen), exists(linkPresent), exists(linkLater))
-	}
-	if err := os.RemoveAll(pod); err != nil {
-		t.Fatal(err)
-	}
-	now = now.Add(time.Second)
-	plan, err := c.Clean(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if exists(linkLater) {
-		t.Error("the link into a pod dir seen and gone is kept")
-	}
-	if !exists(linkUnseen) {
-		t.Error("the link into a pod dir never seen is removed")
-	}
-	for _, d := range plan.Decisions {
-		if d.Name == filepath.Base(linkUnseen) && d.Reason != ReasonTargetUnseen {
-			t.Errorf("unseen link: %s %s, want keep %s", d.Action, d.Reason, ReasonTargetUnseen)
-		}
 	}
 }
 

@@ -27,6 +27,9 @@ func (c *Cleaner) problems(p Plan) []string {
 		}
 	}
 	var out []string
+	if line := c.unverifiedProblem(p); line != "" {
+		out = append(out, line)
+	}
 	if n > 0 {
 		where := "--pod-log-dir " + c.cfg.PodLogDir
 		if c.cfg.HostPodLogDir != "" && c.cfg.HostPodLogDir != c.cfg.PodLogDir {

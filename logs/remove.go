@@ -3,6 +3,7 @@ package logs
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,7 +25,7 @@ type mountRef struct {
 func statx(dirfd int, name string, flags int) (unix.Statx_t, error) {
 	var stx unix.Statx_t
 	err := unix.Statx(dirfd, name, flags|unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT,
-		unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BLOCKS|unix.STATX_MNT_ID, &stx)
+		unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BLOCKS|unix.STATX_MNT_ID|unix.STATX_MTIME, &stx)
 	return stx, err
 }
 
@@ -59,6 +60,19 @@ func (ref mountRef) crosses(stx *unix.Statx_t) bool {
 type tally struct {
 	bytes   int64 // allocated bytes of non-directories, an estimate (hard links)
 	entries int   // entries of every type, directories (the root included) too
+	// changed is the newest mtime of the entries walked (the root
+	// included), in nanoseconds since 1970.
+	changed int64
+}
+
+// changedAt notes stx's mtime in t.
+func (t *tally) changedAt(stx *unix.Statx_t) {
+	if stx.Mask&unix.STATX_MTIME == 0 {
+		return
+	}
+	if ns := stx.Mtime.Sec*int64(time.Second) + int64(stx.Mtime.Nsec); ns > t.changed {
+		t.changed = ns
+	}
 }
 
 // walk visits the tree at name in the directory open as parent without
@@ -79,6 +93,7 @@ func walk(parent int, name, path string, ref mountRef, depth int, remove bool, t
 	if ref.crosses(&stx) {
 		return fmt.Errorf("%s: %w", path, errMount)
 	}
+	t.changedAt(&stx)
 	if stx.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return count(t, int64(stx.Blocks)*512, unlink(parent, name, path, remove, 0))
 	}
@@ -152,13 +167,17 @@ func unlink(dirfd int, name, path string, remove bool, flags int) error {
 	return nil
 }
 
+// errRecent is returned when a pod dir to remove changed too recently.
+var errRecent = errors.New("changed within the grace")
+
 // removePodDir removes the pod dir name of the directory open as root,
-// recursively, after checking that nothing in it is a mount point. With
-// dryRun it only checks and returns what it would remove. Otherwise it
-// returns what it removed: with an error, nothing when the check failed
-// (nothing was touched), else what went before and after the entries it
-// could not remove (a partial removal).
-func removePodDir(root int, rootPath, name string, dryRun bool) (tally, error) {
+// recursively, after checking that nothing in it is a mount point and
+// that nothing at or below it changed after quiet (wall clock; zero: not
+// checked). With dryRun it only checks and returns what it would remove.
+// Otherwise it returns what it removed: with an error, nothing when the
+// check failed (nothing was touched), else what went before and after the
+// entries it could not remove (a partial removal).
+func removePodDir(root int, rootPath, name string, dryRun bool, quiet time.Time) (tally, error) {
 	ref, err := mountOf(root)
 	if err != nil {
 		return tally{}, fmt.Errorf("statx %s: %w", rootPath, err)
@@ -166,6 +185,9 @@ func removePodDir(root int, rootPath, name string, dryRun bool) (tally, error) {
 	path := display(rootPath, name)
 	var found tally
 	err = walk(root, name, path, ref, 0, false, &found)
+	if err == nil && !quiet.IsZero() && found.changed > quiet.UnixNano() {
+		err = fmt.Errorf("%s: %w: last at %s", path, errRecent, time.Unix(0, found.changed).UTC().Format(time.RFC3339Nano))
+	}
 	switch {
 	case dryRun:
 		return found, err
@@ -175,6 +197,21 @@ func removePodDir(root int, rootPath, name string, dryRun bool) (tally, error) {
 	var removed tally
 	err = walk(root, name, path, ref, 0, true, &removed)
 	return removed, err
+}
+
+// podDirChanged returns when anything at or below the pod dir name of the
+// directory open as root last changed (the newest mtime), walking it as a
+// removal's check does: errMount for a mount point met, an error for
+// anything it could not read.
+func podDirChanged(root int, rootPath, name string) (time.Time, error) {
+	found, err := removePodDir(root, rootPath, name, true, time.Time{})
+	if err != nil {
+		return time.Time{}, err
+	}
+	if found.changed == 0 {
+		return time.Time{}, fmt.Errorf("%s: no change time", display(rootPath, name))
+	}
+	return time.Unix(0, found.changed), nil
 }
 
 // removeLink unlinks the symlink name of the directory open as root and

@@ -29,7 +29,11 @@ func startCleanerWith(t *testing.T, cfg Config, st State, ck clock.Timers) *Clea
 		t.Fatal(err)
 	}
 	deletes, _ := newDeletes(t, lstatChecker{})
-	c, err := New(Deps{State: st, Deletes: deletes}, Options{Config: cfg, Metrics: m, Log: zerolog.New(zerolog.NewTestWriter(t)), Clock: ck})
+	var wall func() time.Time // with a fake clock, the wall clock moves with it
+	if ck != nil {
+		wall = wallAlong(ck.Now)
+	}
+	c, err := New(Deps{State: st, Deletes: deletes}, Options{Config: cfg, Metrics: m, Log: zerolog.New(zerolog.NewTestWriter(t)), Clock: ck, Wall: wall})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,8 +103,10 @@ func TestRunGraceTimerFires(t *testing.T) {
 	const grace = time.Minute
 	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods"), PodLogGrace: grace}
 	mkdirAll(t, cfg.LogDir)
-	mkdirAll(t, cfg.PodLogDir)
+	mkdirAll(t, filepath.Join(cfg.PodLogDir, "ns_live_uid9")) // shows the pod log dir is the watched containerd's
 	st := newFakeState()
+	st.setPod("uid9", fakePod{alive: true})
+	st.setLogDirs(filepath.Join(cfg.PodLogDir, "ns_live_uid9"))
 	ck := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	c := startCleanerWith(t, cfg, st, ck)
 	wait.Until(t, 5*time.Second, "first pass", func() bool { return c.passes() >= 1 })
@@ -108,7 +114,7 @@ func TestRunGraceTimerFires(t *testing.T) {
 	gone := ck.Now()
 	st.setPod("uid1", fakePod{goneSince: gone})
 	pod := filepath.Join(cfg.PodLogDir, "ns_p_uid1")
-	writeFile(t, filepath.Join(pod, "app", "0.log"), "x\n")
+	agedDir(t, pod, time.Hour, "app/0.log") // its log last written an hour ago
 	// The dir's events bring a pass, which keeps it for the grace and arms
 	// the timer at its end.
 	waitTimer(t, ck, gone.Add(grace))

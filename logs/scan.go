@@ -84,14 +84,15 @@ func scanEntry(cfg Config, root int, kind Kind, name string) (e Entry, gone bool
 	}
 	e = Entry{Kind: kind, Name: name, Type: fileType(st.Mode)}
 	if kind == KindSymlink && e.Type == fs.ModeSymlink && strings.HasSuffix(name, ".log") {
+		e.Changed = mtime(&st) // when the link was made: a symlink's own times change with nothing else
 		statTarget(cfg, root, &e)
 	}
 	return e, false, nil
 }
 
 // statTarget reads the target of the symlink e.Name of root, says whether
-// it lies in the pod log dir the agent sees, and sets e.TargetErr to the
-// error of stat there (nil: it exists). Following is a read: it tells
+// it lies in the pod log dir the agent sees (and in which pod dir), and
+// sets e.TargetErr to the error of stat there (nil: it exists). Following is a read: it tells
 // dangling from not. No automount. A target mapped from the host's pod log
 // dir is stat'ed both where it maps to and through the link: ENOENT only
 // when neither finds it. For a target that is not found it also says
@@ -119,11 +120,14 @@ func statTarget(cfg Config, root int, e *Entry) {
 			e.TargetErr = nil
 		}
 	}
-	if !inView || !errors.Is(e.TargetErr, unix.ENOENT) {
+	if !inView {
 		return
 	}
 	rel := strings.TrimPrefix(path, cfg.PodLogDir+"/")
 	e.TargetPodDir, _, _ = strings.Cut(rel, "/")
+	if !errors.Is(e.TargetErr, unix.ENOENT) {
+		return
+	}
 	var dir unix.Stat_t
 	err := unix.Fstatat(unix.AT_FDCWD, filepath.Dir(path), &dir, unix.AT_NO_AUTOMOUNT)
 	e.TargetDirExists = err == nil && dir.Mode&unix.S_IFMT == unix.S_IFDIR && filepath.Dir(path) != cfg.PodLogDir

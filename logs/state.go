@@ -76,6 +76,19 @@ func (s projectionState) CRIContainersRunning() (running bool) {
 	return running
 }
 
+// SandboxLogDirs returns the log dirs CRI gave the pods whose sandbox
+// exists, from the projection's pods (their sandboxes' spec annotation).
+func (s projectionState) SandboxLogDirs() (dirs []string) {
+	s.view(func(st *projection.State) {
+		for _, p := range st.Pods {
+			if p.Alive() && p.LogDir != "" {
+				dirs = append(dirs, p.LogDir)
+			}
+		}
+	})
+	return dirs
+}
+
 // PodState reports whether a sandbox of uid exists and since when the last
 // one is gone, from the projection's pods (remembered for --pod-log-grace
 // and longer after they go).

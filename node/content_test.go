@@ -95,29 +95,35 @@ func TestFactsFromLabels(t *testing.T) {
 }
 
 // TestContainerEventSpec: a CRI record's pod identity comes from the
-// kubelet's labels, else from CRI's spec annotations; a sandbox whose labels
-// say it all needs nothing from its spec (which is then not decoded).
+// kubelet's labels, else from CRI's spec annotations; a sandbox's pod log
+// directory comes from its spec whatever its labels say (a spec that does
+// not decode gives none, and the labels still name the pod).
 func TestContainerEventSpec(t *testing.T) {
 	labels := map[string]string{labelCRIKind: "sandbox", labelPodUID: "uid", labelPodName: "pod", labelPodNamespace: "ns"}
 	spec, err := typeurl.MarshalAny(&specs.Spec{Annotations: map[string]string{
-		annSandboxUID: "uid2", annSandboxName: "pod2", annSandboxNamespace: "ns2", annSandboxID: "sb2", annContainerName: "app"}})
+		annSandboxUID: "uid2", annSandboxName: "pod2", annSandboxNamespace: "ns2", annSandboxID: "sb2", annContainerName: "app",
+		annSandboxLogDir: "/var/log/pods/ns2_pod2_uid2"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	broken := &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: []byte("{not json")}
 
 	sb := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: labels, Spec: broken}, nil)
-	if sb.PodUID != "uid" || sb.PodName != "pod" || sb.PodNamespace != "ns" || sb.SandboxID != "sb1" {
-		t.Errorf("labelled sandbox: %+v", sb)
+	if sb.PodUID != "uid" || sb.PodName != "pod" || sb.PodNamespace != "ns" || sb.SandboxID != "sb1" || sb.LogDir != "" {
+		t.Errorf("labelled sandbox, spec broken: %+v", sb)
+	}
+	sb = containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: labels, Spec: spec}, nil)
+	if sb.PodUID != "uid" || sb.PodName != "pod" || sb.SandboxID != "sb1" || sb.LogDir != "/var/log/pods/ns2_pod2_uid2" {
+		t.Errorf("labelled sandbox: %+v, want the labels' pod and the spec's log dir", sb)
 	}
 	bare := containerEvent(time.Time{}, containers.Container{ID: "sb1", Labels: map[string]string{labelCRIKind: "sandbox"},
 		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, nil)
-	if bare.PodUID != "uid2" || bare.PodName != "pod2" || bare.PodNamespace != "ns2" || bare.SandboxID != "sb1" {
+	if bare.PodUID != "uid2" || bare.PodName != "pod2" || bare.PodNamespace != "ns2" || bare.SandboxID != "sb1" || bare.LogDir != "/var/log/pods/ns2_pod2_uid2" {
 		t.Errorf("sandbox without the kubelet's labels: %+v", bare)
 	}
 	ctr := containerEvent(time.Time{}, containers.Container{ID: "c1", Labels: map[string]string{labelCRIKind: "container", labelPodUID: "uid"},
 		Spec: &anypb.Any{TypeUrl: spec.GetTypeUrl(), Value: spec.GetValue()}}, nil)
-	if ctr.PodUID != "uid" || ctr.PodName != "pod2" || ctr.SandboxID != "sb2" || ctr.ContainerName != "app" {
+	if ctr.PodUID != "uid" || ctr.PodName != "pod2" || ctr.SandboxID != "sb2" || ctr.ContainerName != "app" || ctr.LogDir != "" {
 		t.Errorf("container: %+v", ctr)
 	}
 

@@ -24,6 +24,7 @@ const (
 	annSandboxName      = "io.kubernetes.cri.sandbox-name"
 	annSandboxNamespace = "io.kubernetes.cri.sandbox-namespace"
 	annContainerName    = "io.kubernetes.cri.container-name"
+	annSandboxLogDir    = "io.kubernetes.cri.sandbox-log-directory"
 )
 
 // imageEvent converts an image record; its content facts are supplied by
@@ -75,12 +76,6 @@ func containerEvent(at time.Time, c containers.Container, known *ContainerFacts)
 		return ev
 	}
 	podNamed := ev.PodUID != "" && ev.PodName != "" && ev.PodNamespace != ""
-	if ev.CRIKind == "sandbox" && podNamed {
-		// The kubelet's labels say all a sandbox's annotations would: its
-		// spec (kilobytes of JSON) is not decoded.
-		ev.SandboxID = c.ID
-		return ev
-	}
 	if ev.CRIKind == "container" && podNamed && ev.ContainerName != "" && known != nil && known.SandboxID != "" {
 		ev.SandboxID = known.SandboxID
 		return ev
@@ -99,7 +94,10 @@ func containerEvent(at time.Time, c containers.Container, known *ContainerFacts)
 		fill(&ev.ContainerName, annContainerName)
 	}
 	if ev.CRIKind == "sandbox" {
-		ev.SandboxID = c.ID
+		// A sandbox's spec is decoded whatever its labels say (one per
+		// pod): only its annotations tell where CRI writes the pod's
+		// logs, the evidence that the pod log dir is this CRI's.
+		ev.SandboxID, ev.LogDir = c.ID, ann[annSandboxLogDir]
 	}
 	return ev
 }

@@ -150,6 +150,9 @@ func (s *State) upsertContainer(e events.ContainerUpserted) {
 			s.Pods[c.PodUID] = p
 		}
 		p.Name, p.Namespace, p.GoneAt = c.PodName, c.PodNamespace, time.Time{}
+		if e.LogDir != "" && e.LogDir != p.LogDir {
+			p.LogDir = strings.Clone(e.LogDir) // one pod's: nothing to share
+		}
 		p.Sandboxes[c.ID] = struct{}{}
 	}
 }

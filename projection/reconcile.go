@@ -59,7 +59,7 @@ func Reconcile(s *State, l events.Listing) []events.Event {
 			out = append(out, events.ContainerDeleted{At: l.At, ID: lc.ID})
 			have = nil
 		}
-		if !containerCurrent(have, lc) {
+		if !containerCurrent(have, lc) || lc.LogDir != "" && podLogDir(s, lc.PodUID) != lc.LogDir {
 			lc.At = l.At
 			out = append(out, lc)
 		}
@@ -218,6 +218,16 @@ func containerCurrent(c *Container, l events.ContainerUpserted) bool {
 		(l.ImageID == "" || c.ImageID == l.ImageID) && (l.RootChain == "" || c.RootChain == l.RootChain) &&
 		slices.Equal(c.VolumeImageIDs(), l.VolumeImageIDs) && (l.VolumeChains == nil || slices.Equal(c.VolumeChains(), l.VolumeChains)) &&
 		c.RestartManaged == l.RestartManaged
+}
+
+// podLogDir is the log dir the projection holds of pod uid ("" none): a
+// sandbox listed with another (one restored from a snapshot of format 3,
+// which had none) is upserted again.
+func podLogDir(s *State, uid string) string {
+	if p := s.Pods[uid]; p != nil {
+		return p.LogDir
+	}
+	return ""
 }
 
 // sortedBy returns the indexes 0..n-1 in the order of key(index).

@@ -16,9 +16,11 @@ import (
 // JSON, decoding several times faster, and the restored strings shared as
 // they were before the restart. Snapshots written as JSON by older agents
 // are still read, and so are snapshots of format 2 (before regrets: no
-// deletions after the pods).
+// deletions after the pods) and 3 (before pod log dirs: nothing after the
+// deletions).
 var (
-	snapshotMagic   = []byte("gcagent-snapshot-3\n")
+	snapshotMagic   = []byte("gcagent-snapshot-4\n")
+	snapshotMagicV3 = []byte("gcagent-snapshot-3\n")
 	snapshotMagicV2 = []byte("gcagent-snapshot-2\n")
 )
 
@@ -112,6 +114,19 @@ func (z *snapSizes) encode(s *State) []byte {
 			w.time(t)
 		}
 	}
+	// The pods' log dirs come after the deletions: a snapshot of format 3
+	// ends before them.
+	var logDirs []*Pod
+	for _, p := range s.Pods {
+		if p.LogDir != "" {
+			logDirs = append(logDirs, p)
+		}
+	}
+	w.uint(uint64(len(logDirs)))
+	for _, p := range logDirs {
+		w.str(p.UID)
+		w.str(p.LogDir)
+	}
 
 	z.strings, z.table, z.body = len(w.index), len(w.table)-head, len(w.body)
 	hdr := append(append([]byte{}, snapshotMagic...), binary.AppendUvarint(nil, uint64(len(w.index)-1))...)
@@ -125,14 +140,14 @@ func (z *snapSizes) encode(s *State) []byte {
 // filled (see fill).
 func decodeSnapshot(b []byte) (*State, error) {
 	s := New()
-	v2 := bytes.HasPrefix(b, snapshotMagicV2)
-	if !v2 && !bytes.HasPrefix(b, snapshotMagic) {
+	v2, v3 := bytes.HasPrefix(b, snapshotMagicV2), bytes.HasPrefix(b, snapshotMagicV3)
+	if !v2 && !v3 && !bytes.HasPrefix(b, snapshotMagic) {
 		if err := json.Unmarshal(b, s); err != nil {
 			return nil, err
 		}
 		return s, nil
 	}
-	r := snapReader{b: b[len(snapshotMagic):]} // both magics have one length
+	r := snapReader{b: b[len(snapshotMagic):]} // every magic has one length
 	r.table()
 	s.Synced = r.bool()
 	s.Seq = r.uint()
@@ -190,6 +205,16 @@ func decodeSnapshot(b []byte) (*State, error) {
 			d := &Deletion{Digest: r.str(), Names: r.strs(), Size: r.int(), Freed: r.int(), Rule: r.str(), Trigger: r.str(), ReturnedAs: r.str()}
 			d.At, d.Until, d.ReturnedAt = r.time(), r.time(), r.time()
 			s.Deletions[d.Digest] = d
+		}
+	}
+	if !v2 && !v3 {
+		for n := r.count(); n > 0 && r.err == nil; n-- {
+			uid, dir := r.str(), r.str()
+			if p := s.Pods[uid]; p != nil {
+				p.LogDir = dir
+			} else if r.err == nil {
+				r.fail(fmt.Errorf("log dir of pod %q, which is in no record", uid))
+			}
 		}
 	}
 	if r.err == nil && len(r.b) > 0 {

@@ -28,7 +28,7 @@ func fullState(t *testing.T) *State {
 	s.Containers["c1"].setVolumes([]string{"sha256:v1", "sha256:v2"}, []string{"sha256:vc"})                   // unexported: set by hand
 	s.Containers["c2"] = &Container{ID: "c2", State: StateCreated, FirstSeen: StampOf(time.Unix(-5, 0).UTC())} // nil lists, zero times
 	s.Pods["uid"] = &Pod{UID: "uid", Name: "pod", Namespace: "ns", Sandboxes: map[string]struct{}{"sb": {}, "sb2": {}},
-		FirstSeen: at(10), GoneAt: at(11)}
+		LogDir: "/var/log/pods/ns_pod_uid", FirstSeen: at(10), GoneAt: at(11)}
 	s.Deletions["sha256:gone"] = &Deletion{Digest: "sha256:gone", Names: []string{"b:1", "sha256:bcfg"}, Size: 5 << 20, Freed: 6 << 20,
 		Rule: "space", Trigger: "disk", At: at(12), Until: at(12).Add(24 * time.Hour), ReturnedAt: at(13), ReturnedAs: "b:1"}
 	for _, v := range []any{*s.Images["sha256:i1"], *s.Containers["c1"], *s.Pods["uid"], *s.Deletions["sha256:gone"]} {
@@ -124,8 +124,9 @@ func TestSnapshotReadsJSON(t *testing.T) {
 func TestSnapshotReadsFormat2(t *testing.T) {
 	want := fullState(t)
 	want.Deletions = map[string]*Deletion{}
+	want.Pods["uid"].LogDir = ""
 	b := encodeSnapshot(want)
-	old := append(append([]byte(nil), snapshotMagicV2...), b[len(snapshotMagic):len(b)-1]...) // without the count of deletions
+	old := append(append([]byte(nil), snapshotMagicV2...), b[len(snapshotMagic):len(b)-2]...) // without the counts of deletions and log dirs
 	got, err := decodeSnapshot(old)
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +135,24 @@ func TestSnapshotReadsFormat2(t *testing.T) {
 	want.fill()
 	if !reflect.DeepEqual(want, got) {
 		t.Fatalf("format 2 differs\nwant %+v\ngot  %+v", want, got)
+	}
+}
+
+// TestSnapshotReadsFormat3: a snapshot of an agent before pod log dirs
+// (nothing after the deletions) is restored whole, its pods without one.
+func TestSnapshotReadsFormat3(t *testing.T) {
+	want := fullState(t)
+	want.Pods["uid"].LogDir = ""
+	b := encodeSnapshot(want)
+	old := append(append([]byte(nil), snapshotMagicV3...), b[len(snapshotMagic):len(b)-1]...) // without the count of log dirs
+	got, err := decodeSnapshot(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.fill()
+	want.fill()
+	if !reflect.DeepEqual(want, got) {
+		t.Fatalf("format 3 differs\nwant %+v\ngot  %+v", want, got)
 	}
 }
 

@@ -93,7 +93,11 @@ type Pod struct {
 	Name      string              `json:"name,omitempty"`
 	Namespace string              `json:"namespace,omitempty"`
 	Sandboxes map[string]struct{} `json:"sandboxes"`
-	FirstSeen time.Time           `json:"firstSeen"`
+	// LogDir is the pod's log directory CRI was given for its latest
+	// sandbox (events.ContainerUpserted.LogDir): where CRI writes its
+	// containers' logs. Empty when no sandbox said.
+	LogDir    string    `json:"logDir,omitempty"`
+	FirstSeen time.Time `json:"firstSeen"`
 	// GoneAt is when the last sandbox went away; zero while one exists.
 	GoneAt time.Time `json:"goneAt"`
 }

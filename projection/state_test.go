@@ -162,6 +162,35 @@ func TestPodsAndEvictUnits(t *testing.T) {
 	}
 }
 
+// TestPodLogDirFromSandbox: a pod holds the log dir its sandbox was given
+// (another sandbox without one keeps it), and a relist upserts a sandbox
+// whose pod lacks the listed one (restored from a snapshot of format 3),
+// once.
+func TestPodLogDirFromSandbox(t *testing.T) {
+	const dir = "/var/log/pods/default_web_uid-1"
+	sb := events.ContainerUpserted{At: at(0), ID: "sb", CRIKind: KindSandbox, PodUID: "uid-1", PodName: "web", PodNamespace: "default", SandboxID: "sb"}
+	withDir := sb
+	withDir.LogDir = dir
+	s := apply(New(), withDir, events.ContainerUpserted{At: at(1), ID: "sb2", CRIKind: KindSandbox, PodUID: "uid-1", PodName: "web",
+		PodNamespace: "default", SandboxID: "sb2"})
+	if p := s.Pods["uid-1"]; p == nil || p.LogDir != dir {
+		t.Fatalf("pod: %+v, want log dir %s", p, dir)
+	}
+	s = apply(New(), sb, events.Synced{At: at(0)})
+	listing := events.Listing{At: at(10), Containers: []events.ContainerUpserted{withDir}}
+	evs := Reconcile(s, listing)
+	if len(evs) != 2 || evs[0].Kind() != events.KindContainerUpserted {
+		t.Fatalf("relist of a sandbox with a log dir the pod lacks: %v, want its upsert and synced", evs)
+	}
+	apply(s, evs...)
+	if p := s.Pods["uid-1"]; p.LogDir != dir {
+		t.Fatalf("after the relist: %+v", p)
+	}
+	if again := Reconcile(s, listing); len(again) != 1 {
+		t.Fatalf("the same listing again: %v, want synced only", again)
+	}
+}
+
 func TestReconcileRepairsMissedEvents(t *testing.T) {
 	s := apply(New(),
 		events.ImageUpserted{At: at(0), Name: "keep:1", Digest: "sha256:k"},

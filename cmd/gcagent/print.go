@@ -97,6 +97,11 @@ func printLogsPlan(w io.Writer, cfg logs.Config, p logs.Plan) {
 		fmt.Fprintf(w, "last pass %s, ", p.At.Format(time.RFC3339Nano))
 	}
 	fmt.Fprintf(w, "synced %v, dry run %v: %d to remove, %d kept or waiting\n", p.Synced, p.DryRun, remove, len(p.Decisions)-remove)
+	if by := p.PodLogDir.By; by != logs.Unverified {
+		fmt.Fprintf(w, "pod log dir: verified by %s: %s\n", by, p.PodLogDir.Detail)
+	} else if p.PodLogDir.Detail != "" {
+		fmt.Fprintf(w, "pod log dir: not verified: %s\n", p.PodLogDir.Detail)
+	}
 	for _, pr := range p.Problems {
 		fmt.Fprintf(w, "kept: %s\n", pr)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/clock"
 	"github.com/gcagent/gcagent/internal/kubeletconfig"
+	"github.com/gcagent/gcagent/logs"
 	"github.com/gcagent/gcagent/node"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
@@ -61,8 +62,10 @@ type nodeFacts struct {
 	namespaces []string
 	nsErr      error
 	// pods are the ready CRI sandboxes (namespace_name_uid, as pod log
-	// dirs are named); podsErr when CRI could not list them.
+	// dirs are named), podUIDs the uids of every sandbox CRI has, ready or
+	// not; podsErr when CRI could not list them.
 	pods    []string
+	podUIDs map[string]bool
 	podsErr error
 	disk    gc.DiskStats
 	diskErr error
@@ -100,11 +103,14 @@ func gatherNode(ctx context.Context, cfg Config) nodeFacts {
 		return
 	})
 	f.podsErr = call(func(ctx context.Context) error {
-		resp, err := cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
-			State: &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY}}})
+		resp, err := cri.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		f.podUIDs = map[string]bool{}
 		for _, p := range resp.GetItems() {
 			m := p.GetMetadata()
-			f.pods = append(f.pods, m.GetNamespace()+"_"+m.GetName()+"_"+m.GetUid())
+			f.podUIDs[m.GetUid()] = true
+			if p.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
+				f.pods = append(f.pods, m.GetNamespace()+"_"+m.GetName()+"_"+m.GetUid())
+			}
 		}
 		return err
 	})
@@ -125,8 +131,8 @@ func Checks(ctx context.Context, cfg Config) []CheckResult {
 		checkCRI(f.status, f.statusErr),
 		checkNamespaces(nss, f.namespaces, f.nsErr),
 		checkImageFS(f, cfg.ImageGCHighThreshold, cfg.ImageGCLowThreshold, cfg.ImageMaximumGCAge),
-		checkLogDir("log-dir", cfg.LogDir, "the kubelet's container log links", f),
-		checkLogDir("pod-log-dir", cfg.PodLogDir, "the pods' log dirs", f),
+		checkLogDir("log-dir", cfg.LogDir, "the kubelet's container log links"),
+		checkPodLogDir(cfg, f),
 		checkStateDir(cfg.StateDir, cfg.OutboxMaxBytes),
 		checkPlainContainers(ctx, cfg, f),
 	}
@@ -243,38 +249,79 @@ func checkImageFS(f nodeFacts, high, low int, maxAge time.Duration) CheckResult 
 	return okLine("image-fs", "%s", detail)
 }
 
-// checkLogDir: a log dir exists and is a dir; a pod log dir holds a dir
-// for each ready CRI pod (else the kubelet writes elsewhere: another
-// podLogsDir, or the host's dir is not what is mounted here).
-func checkLogDir(name, dir, what string, f nodeFacts) CheckResult {
+// checkLogDir: a log dir exists and is a dir.
+func checkLogDir(name, dir, what string) CheckResult {
+	res, _ := readLogDir(name, dir, what)
+	return res
+}
+
+// readLogDir is checkLogDir, and the entries read (nil with a result that
+// is not OK).
+func readLogDir(name, dir, what string) (CheckResult, []os.DirEntry) {
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return warnLine(name, "%s does not exist: %s are not cleaned (not mounted? no kubelet on this node?)", dir, what)
+		return warnLine(name, "%s does not exist: %s are not cleaned (not mounted? no kubelet on this node?)", dir, what), nil
 	case err != nil:
-		return failLine(name, "%s: %v", dir, err)
+		return failLine(name, "%s: %v", dir, err), nil
 	case !fi.IsDir():
-		return failLine(name, "%s is not a directory", dir)
+		return failLine(name, "%s is not a directory", dir), nil
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return failLine(name, "%s: %v", dir, err)
+		return failLine(name, "%s: %v", dir, err), nil
 	}
-	detail := fmt.Sprintf("%s: %d entries", dir, len(entries))
-	if name != "pod-log-dir" || f.podsErr != nil || len(f.pods) == 0 {
-		return okLine(name, "%s", detail)
+	return okLine(name, "%s: %d entries", dir, len(entries)), entries
+}
+
+// checkPodLogDir: the pod log dir exists and is a dir, and holds a dir for
+// each ready CRI pod (else the kubelet writes elsewhere: another
+// podLogsDir, the host's dir is not what is mounted here, or it is another
+// containerd's kubelet). The dirs of pods CRI does not know are counted:
+// where CRI's own pods have their dirs they are orphans the agent removes
+// once quiet; where none has, the agent removes none of them.
+func checkPodLogDir(cfg Config, f nodeFacts) CheckResult {
+	const name = "pod-log-dir"
+	dir := cfg.PodLogDir
+	res, entries := readLogDir(name, dir, "the pods' log dirs")
+	if res.Status != CheckOK || f.podsErr != nil {
+		return res
 	}
-	var missing []string
+	detail := res.Detail
+	var missing, unknown []string
 	for _, p := range f.pods {
 		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
 			missing = append(missing, p)
 		}
 	}
-	if len(entries) == 0 || len(missing) == len(f.pods) {
-		return warnLine(name, "%s, but no log dir of the %d running CRI pods (e.g. %s): is this where the kubelet writes (its podLogsDir), mounted from the host?",
-			detail, len(f.pods), missing[0])
+	for _, e := range entries {
+		if uid, ok := logs.PodUID(e.Name()); ok && e.IsDir() && !f.podUIDs[uid] {
+			unknown = append(unknown, e.Name())
+		}
 	}
-	return okLine(name, "%s; %d of %d running pods have their log dir here", detail, len(f.pods)-len(missing), len(f.pods))
+	here := len(f.pods) - len(missing)
+	if len(f.pods) > 0 {
+		detail += fmt.Sprintf("; %d of %d running pods have their log dir here", here, len(f.pods))
+	}
+	var others string
+	if len(unknown) > 0 {
+		others = fmt.Sprintf("%d pod dirs here are of pods CRI at %s does not know (e.g. %s)", len(unknown), cfg.ContainerdAddress, unknown[0])
+	}
+	switch {
+	case len(f.pods) > 0 && here == 0:
+		line := warnLine(name, "%s, but no log dir of the %d running CRI pods (e.g. %s): is this where the kubelet writes (its podLogsDir), mounted from the host?",
+			res.Detail, len(f.pods), missing[0])
+		if others != "" {
+			line.Detail += "; " + others + ": the agent removes none of them"
+		}
+		return line
+	case others != "" && here > 0:
+		return warnLine(name, "%s; %s: orphans, the agent removes each once nothing in it changed for --pod-log-grace %s", detail, others, cfg.PodLogGrace)
+	case others != "":
+		return warnLine(name, "%s; %s, and no pod of it has its log dir here: the agent removes none of them unless it saw this dir hold that containerd's pods before "+
+			"(is --containerd-address the containerd of this node's kubelet?)", detail, others)
+	}
+	return okLine(name, "%s", detail)
 }
 
 // checkStateDir: the state dir takes a file (a real write: as root,

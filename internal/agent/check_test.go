@@ -19,10 +19,6 @@ import (
 
 func TestCheckJudges(t *testing.T) {
 	dir := t.TempDir()
-	pods := filepath.Join(dir, "pods")
-	if err := os.Mkdir(pods, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	file := filepath.Join(dir, "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -34,7 +30,16 @@ func TestCheckJudges(t *testing.T) {
 	disk := func(capacity, avail uint64) nodeFacts {
 		return nodeFacts{imageFS: "/var/lib/containerd", disk: gc.DiskStats{CapacityBytes: capacity, AvailableBytes: avail}}
 	}
-	running := nodeFacts{pods: []string{"default_web_uid-1"}}
+	running := nodeFacts{pods: []string{"default_web_uid-1"}, podUIDs: map[string]bool{"uid-1": true}}
+	podDirs := func(f nodeFacts, dirs ...string) CheckResult { // checkPodLogDir of a new pod log dir holding dirs
+		root := filepath.Join(t.TempDir(), "pods")
+		for _, d := range append(dirs, "") {
+			if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return checkPodLogDir(Config{PodLogDir: root, ContainerdAddress: "/run/containerd/containerd.sock", PodLogGrace: time.Minute}, f)
+	}
 	for _, tc := range []struct {
 		name   string
 		got    CheckResult
@@ -45,10 +50,19 @@ func TestCheckJudges(t *testing.T) {
 		{"image fs over high", checkImageFS(disk(100, 15), 85, 80, 0), CheckWarn, "GC starts as soon as"},
 		{"image fs capacity 0", checkImageFS(disk(0, 0), 85, 80, 0), CheckFail, "capacity 0"},
 		{"image GC off", checkImageFS(disk(100, 50), 100, 80, 0), CheckWarn, "image GC off"},
-		{"log dir missing", checkLogDir("log-dir", filepath.Join(dir, "none"), "links", nodeFacts{}), CheckWarn, "does not exist"},
-		{"log dir a file", checkLogDir("log-dir", file, "links", nodeFacts{}), CheckFail, "not a directory"},
-		{"pod log dir empty, no pods", checkLogDir("pod-log-dir", pods, "dirs", nodeFacts{}), CheckOK, "0 entries"},
-		{"pod log dir empty, pods run", checkLogDir("pod-log-dir", pods, "dirs", running), CheckWarn, "default_web_uid-1"},
+		{"log dir missing", checkLogDir("log-dir", filepath.Join(dir, "none"), "links"), CheckWarn, "does not exist"},
+		{"log dir a file", checkLogDir("log-dir", file, "links"), CheckFail, "not a directory"},
+		{"pod log dir empty, no pods", podDirs(nodeFacts{}), CheckOK, "0 entries"},
+		{"pod log dir empty, pods run", podDirs(running), CheckWarn, "default_web_uid-1"},
+		{"pod log dir of the running pods", podDirs(running, "default_web_uid-1"), CheckOK, "1 of 1 running pods have their log dir here"},
+		// Issue 42 item 2: dirs of pods the watched CRI does not know are
+		// named, and whether the agent removes them.
+		{"pod log dir with orphans", podDirs(running, "default_web_uid-1", "default_gone_uid-2", "lost+found"), CheckWarn,
+			"1 pod dirs here are of pods CRI at /run/containerd/containerd.sock does not know (e.g. default_gone_uid-2): orphans, the agent removes each once nothing in it changed for --pod-log-grace 1m0s"},
+		{"pod log dir of another containerd's pods", podDirs(nodeFacts{podUIDs: map[string]bool{}}, "default_web_uid-7", "default_job_uid-8"), CheckWarn,
+			"2 pod dirs here are of pods CRI at /run/containerd/containerd.sock does not know (e.g. default_job_uid-8), and no pod of it has its log dir here: the agent removes none of them"},
+		{"pod log dir of another containerd's pods, this one's elsewhere", podDirs(running, "default_job_uid-8"), CheckWarn,
+			"no log dir of the 1 running CRI pods (e.g. default_web_uid-1): is this where the kubelet writes (its podLogsDir), mounted from the host?; 1 pod dirs here are of pods CRI at /run/containerd/containerd.sock does not know (e.g. default_job_uid-8): the agent removes none of them"},
 		{"state dir writable", checkStateDir(dir, 1), CheckOK, "writable"},
 		{"state dir to be made", checkStateDir(filepath.Join(dir, "a", "b"), 1), CheckOK, "run creates it in " + dir},
 		{"state dir a file", checkStateDir(file, 1), CheckFail, "not writable"},

@@ -80,8 +80,9 @@ func (logsGone) Gone(_ context.Context, in deletion.Intent) (bool, error) {
 }
 
 // TestLogsPassAsksCRINothingPerPodDir: finding 7. N orphaned pod dirs, the
-// projection synced and seeing no sandbox of their uids, the agent wired
-// as run wires it: one pass removes them all without asking CRI, and a CRI
+// projection synced and seeing no sandbox of their uids (and one of a live
+// pod, whose sandbox's log dir shows the pod log dir is the watched
+// containerd's), the agent wired as run wires it: one pass removes them all without asking CRI, and a CRI
 // that hangs does not stall the pass (it cost a call per dir, twice, 5 s
 // each while CRI hung).
 func TestLogsPassAsksCRINothingPerPodDir(t *testing.T) {
@@ -107,12 +108,20 @@ func TestLogsPassAsksCRINothingPerPodDir(t *testing.T) {
 				}
 				paths = append(paths, p)
 			}
+			// A live pod whose sandbox's log dir is there: the pod log dir
+			// holds the watched containerd's pods.
+			liveDir := filepath.Join(cfg.PodLogDir, "ns_live_uid-9")
+			if err := os.MkdirAll(liveDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			live, err := projection.NewSpaces(projection.SpacesOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			now := time.Now()
-			live.Apply(events.Scoped{Namespace: events.CRINamespace, Event: events.Listing{At: now}},
+			sandbox := events.ContainerUpserted{ID: "sb9", CRIKind: projection.KindSandbox, PodUID: "uid-9", PodName: "live", PodNamespace: "ns",
+				SandboxID: "sb9", LogDir: liveDir}
+			live.Apply(events.Scoped{Namespace: events.CRINamespace, Event: events.Listing{At: now, Containers: []events.ContainerUpserted{sandbox}}},
 				events.Scoped{Event: events.Round{At: now, Namespaces: []string{events.CRINamespace}}})
 			cri := &logsCRI{hang: hang}
 			j := &logsJournal{}
