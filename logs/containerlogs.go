@@ -17,7 +17,9 @@ import (
 // by the path CRI gives for it, every file beside it whose name starts
 // with that file's (its rotated files, <attempt>.log.<timestamp> and
 // .gz: the kubelet globs "<log path>*"), and the legacy link
-// <log-dir>/<pod>_<namespace>_<container>-<id>.log. Unlike the kubelet it
+// <log-dir>/<pod>_<namespace>_<container>-<id>.log when it points at that
+// log file (the kubelet removes it by name, which, cut to 255 bytes, may
+// be another attempt's). Unlike the kubelet it
 // removes files only in the pod's own dir under PodLogDir, relative to an
 // open directory (openat, unlinkat), never following a link and never
 // crossing a mount point, and never a directory. Its methods are safe for
@@ -187,7 +189,8 @@ func descend(parent int, name, path string, ref mountRef) (next int, kept string
 }
 
 // link finds (and with remove, removes) the legacy link of the container
-// in LogDir: only a symlink, unlinked as a link.
+// in LogDir: only a symlink that points at the container's log (CRI's
+// path for it), unlinked as a link.
 func (l *ContainerLogs) link(ref gc.ContainerLogRef, remove bool, out *gc.ContainerLogs) error {
 	name, ok := legacyLinkName(ref)
 	if !ok {
@@ -207,6 +210,18 @@ func (l *ContainerLogs) link(ref gc.ContainerLogRef, remove bool, out *gc.Contai
 		return fmt.Errorf("lstat %s: %w", display(l.cfg.LogDir, name), err)
 	case st.Mode&unix.S_IFMT != unix.S_IFLNK:
 		return nil // not the kubelet's link
+	}
+	// The name is cut to 255 bytes, inside the id when the pod, namespace
+	// and container names are long: then each attempt's link has the same
+	// name, and only the one that points at this attempt's log is its.
+	target, err := readlinkat(root, name)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case err != nil:
+		return fmt.Errorf("readlink %s: %w", display(l.cfg.LogDir, name), err)
+	case ref.LogPath == "" || filepath.Clean(target) != filepath.Clean(ref.LogPath):
+		return nil // another attempt's link (or nothing to tell by): it stays
 	}
 	if err := unlink(root, name, display(l.cfg.LogDir, name), remove, 0); errors.Is(err, errGone) {
 		return nil

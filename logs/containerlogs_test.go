@@ -166,3 +166,57 @@ func sorted(s []string) []string {
 	slices.Sort(s)
 	return s
 }
+
+// TestLegacyLinkOnlyOfTheRemovedAttempt (issue 40, item 9): with pod,
+// namespace and container names so long that the kubelet cuts the link
+// name (at 251 bytes, before ".log") inside the container id, two
+// attempts share one link name. Removing the old attempt removes its
+// files but not the link when the link points at the live attempt's log;
+// the live attempt's removal then takes it. On d7dd547 the link went
+// with the old attempt, by name. A link without a log path to compare
+// with stays too.
+func TestLegacyLinkOnlyOfTheRemovedAttempt(t *testing.T) {
+	base := t.TempDir()
+	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods")}
+	mkdirAll(t, cfg.LogDir)
+	podName, ns, name := strings.Repeat("p", 120), strings.Repeat("n", 60), strings.Repeat("c", 60)
+	ctr := filepath.Join(cfg.PodLogDir, ns+"_"+podName+"_u1", name)
+	writeFile(t, filepath.Join(ctr, "0.log"), "attempt 0\n")
+	writeFile(t, filepath.Join(ctr, "1.log"), "attempt 1\n")
+	old, live := cid("abcdef0123"), cid("abcdef0124") // the same first 8 digits
+	oldRef := gc.ContainerLogRef{ID: old, LogPath: filepath.Join(ctr, "0.log"), PodUID: "u1", PodNamespace: ns, PodName: podName, ContainerName: name}
+	liveRef := oldRef
+	liveRef.ID, liveRef.LogPath = live, filepath.Join(ctr, "1.log")
+	oldName, _ := legacyLinkName(oldRef)
+	liveName, _ := legacyLinkName(liveRef)
+	if oldName != liveName {
+		t.Fatalf("the names are not cut inside the id: %s, %s", oldName, liveName)
+	}
+	link := filepath.Join(cfg.LogDir, liveName)
+	symlink(t, liveRef.LogPath, link) // the live attempt's
+	l, err := NewContainerLogs(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found, err := l.FindContainerLogs(oldRef); err != nil || found.Link != "" {
+		t.Errorf("a plan of the old attempt lists link %q (%v), want none: it points at the live attempt's log", found.Link, err)
+	}
+	removed, err := l.RemoveContainerLogs(oldRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed.Link != "" || !exists(link) {
+		t.Errorf("the old attempt's removal removed the live attempt's link (%+v)", removed)
+	}
+	if slices.Equal(removed.Files, []string{filepath.Join(ctr, "0.log")}) == false || exists(filepath.Join(ctr, "0.log")) {
+		t.Errorf("the old attempt's files: removed %q", removed.Files)
+	}
+	noPath := liveRef
+	noPath.LogPath = ""
+	if got, err := l.RemoveContainerLogs(noPath); err != nil || got.Link != "" || !exists(link) {
+		t.Errorf("without a log path: removed %+v, %v; want the link kept", got, err)
+	}
+	if got, err := l.RemoveContainerLogs(liveRef); err != nil || got.Link != link || exists(link) {
+		t.Errorf("the live attempt's removal: %+v, %v; want its link removed", got, err)
+	}
+}
