@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -367,6 +368,9 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
 	}
 	var owner OwnerCleanup
+	// The log paths removed before the container: reported on their own
+	// (logsAlone) unless the container's removal reports them.
+	var alone []LogRemoval
 	switch kind {
 	case ContainerKindNative:
 		owner, err = e.rt.DeleteNative(ctx, it.Namespace, it.ID)
@@ -374,13 +378,14 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		err = e.rt.RemoveCRISandbox(ctx, it.ID)
 	default:
 		if removal.Logs != nil {
-			removed, lerr := e.logs.RemoveContainerLogs(ref)
-			removal.Logs = &removed
+			removed, paths, lerr := e.logs.RemoveContainerLogs(ref)
+			removal.Logs, alone = &removed, paths
 			if lerr != nil {
 				// As the kubelet: the container stays, for a retry.
 				_ = tx.Abort()
 				e.opts.Metrics.error("remove")
-				e.event(e.log.Warn(), it, kind).Strs("removed", removed.Files).Err(lerr).Msg("log not removed: the container stays")
+				logsEvent(e.event(e.log.Warn(), it, kind), removal.Logs).Err(lerr).Msg("log not removed: the container stays")
+				e.logsAlone(it, alone, "the log not removed in full, the container stays: "+lerr.Error())
 				r.Outcome, r.Error, r.At = ContainerFailed, lerr.Error(), e.now()
 				return r, fmt.Errorf("remove the log of %s %s: %w", kind, it.ID, lerr)
 			}
@@ -393,7 +398,12 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		// counted, never an error, never retried, and not our removal.
 		_ = tx.Abort()
 		e.opts.Metrics.ownerWon(kind)
-		e.event(e.log.Debug(), it, kind).Msg("owner deleted it first")
+		ev := e.log.Debug()
+		if len(alone) > 0 {
+			ev = e.log.Info() // its log went by our hand: said, and reported on its own
+		}
+		logsEvent(e.event(ev, it, kind), removal.Logs).Msg("owner deleted it first")
+		e.logsAlone(it, alone, "its owner removed the container first")
 		r.Outcome = ContainerGone
 		return r, nil
 	}
@@ -405,10 +415,14 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			e.event(e.log.Warn(), it, kind).Err(err).Msg("the delete reported an error but happened")
 		case deletion.NotHappened:
 			e.opts.Metrics.error("remove")
+			e.logsAlone(it, alone, "the container's removal failed: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
 		default:
+			// Settled later, its container.removed carries the intent's
+			// data, which names no log file: they are reported now.
 			e.opts.Metrics.error("remove")
+			e.logsAlone(it, alone, "the container's removal failed, its outcome not known yet: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: outcome unknown (%w): %w", kind, it.ID, serr, err)
 		}
@@ -493,6 +507,24 @@ func (e *ContainerExecutor) event(ev *zerolog.Event, it ContainerItem, kind stri
 		ev = ev.Str("name", it.ContainerName)
 	}
 	return ev
+}
+
+// logsAlone publishes one log.removed per path removed with CRI container
+// it whose own removal then did not happen, or whose outcome is not known
+// yet: no removal goes unreported. Each says the container's reason and
+// id, and in Error why the container stayed. The key is the path's and
+// the container run's, so a retry that reports it again is one event.
+func (e *ContainerExecutor) logsAlone(it ContainerItem, paths []LogRemoval, why string) {
+	at := e.now()
+	for _, p := range paths {
+		p.Reason, p.Container, p.UID, p.Namespace, p.At, p.Error = it.Reason, it.ID, it.PodUID, it.Namespace, at, why
+		subject := filepath.Join(p.Dir, p.Name)
+		if err := e.pub.Publish(Action{Kind: schema.KindLog, Action: ActionRemoved, Subject: subject,
+			Key: "with-container:" + subject + "@" + ContainerRemovalKey(it.ID, it.ExitedAt), Data: p}); err != nil {
+			e.opts.Metrics.error("publish")
+			e.log.Warn().Str("path", subject).Err(err).Msg("publish the log's removal")
+		}
+	}
 }
 
 // logsEvent adds what went (or goes) with a CRI container to a log line.

@@ -11,6 +11,9 @@ import (
 // ContainerLogs is schema.ContainerLogs: what goes with a CRI container.
 type ContainerLogs = schema.ContainerLogs
 
+// LogRemoval is schema.LogRemoval: one path removed, as log.removed says.
+type LogRemoval = schema.LogRemoval
+
 // ContainerLogRef names a CRI container's log as the kubelet finds it to
 // remove it (removeContainerLog): CRI's log path for the container (its
 // sandbox's log directory joined with the container's log path), and the
@@ -30,9 +33,11 @@ type ContainerLogRef struct {
 type containerLogFiles interface {
 	// FindContainerLogs lists what RemoveContainerLogs would remove.
 	FindContainerLogs(ref ContainerLogRef) (ContainerLogs, error)
-	// RemoveContainerLogs removes them: what it removed, and an error if
-	// a file could not go (the container must stay, for a retry).
-	RemoveContainerLogs(ref ContainerLogRef) (ContainerLogs, error)
+	// RemoveContainerLogs removes them: what it removed, as a whole and
+	// path by path (Kind, Dir, Name and Bytes set), and an error if a
+	// file could not go (the container must stay, for a retry); what
+	// went before that is returned with the error.
+	RemoveContainerLogs(ref ContainerLogRef) (ContainerLogs, []LogRemoval, error)
 }
 
 // criLogPaths asks CRI for a container's log path.
