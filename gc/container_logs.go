@@ -3,9 +3,11 @@ package gc
 import (
 	"context"
 	"errors"
+	"path/filepath"
 
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
+	"github.com/rs/zerolog"
 )
 
 // ContainerLogs is schema.ContainerLogs: what goes with a CRI container.
@@ -77,4 +79,37 @@ func ShowContainerLogs(ctx context.Context, plan *ContainerPlan, rt criLogPaths,
 		}
 		it.Logs = &found
 	}
+}
+
+// logsAlone publishes one log.removed per path removed with CRI container
+// it whose own removal then did not happen, or whose outcome is not known
+// yet: no removal goes unreported. Each says the container's reason and
+// id, and in Error why the container stayed. The key is the path's and
+// the container run's, so a retry that reports it again is one event.
+func (e *ContainerExecutor) logsAlone(it ContainerItem, paths []LogRemoval, why string) {
+	at := e.now()
+	for _, p := range paths {
+		p.Reason, p.Container, p.UID, p.Namespace, p.At, p.Error = it.Reason, it.ID, it.PodUID, it.Namespace, at, why
+		subject := filepath.Join(p.Dir, p.Name)
+		if err := e.pub.Publish(Action{Kind: schema.KindLog, Action: ActionRemoved, Subject: subject,
+			Key: "with-container:" + subject + "@" + ContainerRemovalKey(it.ID, it.ExitedAt), Data: p}); err != nil {
+			e.opts.Metrics.error("publish")
+			e.log.Warn().Str("path", subject).Err(err).Msg("publish the log's removal")
+		}
+	}
+}
+
+// logsEvent adds what went (or goes) with a CRI container to a log line.
+func logsEvent(ev *zerolog.Event, l *ContainerLogs) *zerolog.Event {
+	if l == nil {
+		return ev
+	}
+	ev = ev.Strs("log_files", l.Files).Int64("log_bytes", l.Bytes)
+	if l.Link != "" {
+		ev = ev.Str("log_link", l.Link)
+	}
+	if l.Kept != "" {
+		ev = ev.Str("log_kept", l.Kept)
+	}
+	return ev
 }
