@@ -414,6 +414,9 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			e.event(e.log.Warn(), it, kind).Err(err).Msg("the delete reported an error but happened")
 		case deletion.NotHappened:
 			e.opts.Metrics.error("remove")
+			if len(alone) > 0 {
+				logsEvent(e.event(e.log.Warn(), it, kind), removal.Logs).Err(err).Msg("the container stays, its log went: reported on its own")
+			}
 			e.logsAlone(it, alone, "the container's removal failed: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
@@ -421,6 +424,9 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			// Settled later, its container.removed carries the intent's
 			// data, which names no log file: they are reported now.
 			e.opts.Metrics.error("remove")
+			if len(alone) > 0 {
+				logsEvent(e.event(e.log.Warn(), it, kind), removal.Logs).Err(err).Msg("the container's removal is not known yet, its log went: reported on its own")
+			}
 			e.logsAlone(it, alone, "the container's removal failed, its outcome not known yet: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: outcome unknown (%w): %w", kind, it.ID, serr, err)
