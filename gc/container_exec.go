@@ -383,7 +383,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 				// As the kubelet: the container stays, for a retry.
 				_ = tx.Abort()
 				e.opts.Metrics.error("remove")
-				logsEvent(e.event(e.log.Warn(), it, kind), removal.Logs).Err(lerr).Msg("log not removed: the container stays")
+				e.event(e.log.Warn(), it, kind).Err(lerr).Msg("log not removed: the container stays")
 				e.logsAlone(it, alone, "the log not removed in full, the container stays: "+lerr.Error())
 				r.Outcome, r.Error, r.At = ContainerFailed, lerr.Error(), e.now()
 				return r, fmt.Errorf("remove the log of %s %s: %w", kind, it.ID, lerr)
@@ -397,11 +397,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		// counted, never an error, never retried, and not our removal.
 		_ = tx.Abort()
 		e.opts.Metrics.ownerWon(kind)
-		ev := e.log.Debug()
-		if len(alone) > 0 {
-			ev = e.log.Info() // its log went by our hand: said, and reported on its own
-		}
-		logsEvent(e.event(ev, it, kind), removal.Logs).Msg("owner deleted it first")
+		e.event(e.log.Debug(), it, kind).Msg("owner deleted it first")
 		e.logsAlone(it, alone, "its owner removed the container first")
 		r.Outcome = ContainerGone
 		return r, nil
@@ -414,9 +410,6 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			e.event(e.log.Warn(), it, kind).Err(err).Msg("the delete reported an error but happened")
 		case deletion.NotHappened:
 			e.opts.Metrics.error("remove")
-			if len(alone) > 0 {
-				logsEvent(e.event(e.log.Warn(), it, kind), removal.Logs).Err(err).Msg("the container stays, its log went: reported on its own")
-			}
 			e.logsAlone(it, alone, "the container's removal failed: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
@@ -424,9 +417,6 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			// Settled later, its container.removed carries the intent's
 			// data, which names no log file: they are reported now.
 			e.opts.Metrics.error("remove")
-			if len(alone) > 0 {
-				logsEvent(e.event(e.log.Warn(), it, kind), removal.Logs).Err(err).Msg("the container's removal is not known yet, its log went: reported on its own")
-			}
 			e.logsAlone(it, alone, "the container's removal failed, its outcome not known yet: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: outcome unknown (%w): %w", kind, it.ID, serr, err)

@@ -85,8 +85,19 @@ func ShowContainerLogs(ctx context.Context, plan *ContainerPlan, rt criLogPaths,
 // it whose own removal then did not happen, or whose outcome is not known
 // yet: no removal goes unreported. Each says the container's reason and
 // id, and in Error why the container stayed. The key is the path's and
-// the container run's, so a retry that reports it again is one event.
+// the container run's, so a retry that reports it again is one event. It
+// logs one line with the paths (info), which the caller's own line about
+// the container does not name.
 func (e *ContainerExecutor) logsAlone(it ContainerItem, paths []LogRemoval, why string) {
+	if len(paths) == 0 {
+		return
+	}
+	var names []string
+	for _, p := range paths {
+		names = append(names, filepath.Join(p.Dir, p.Name))
+	}
+	e.event(e.log.Info(), it, ContainerKindContainer).Strs("log_paths", names).Str("why", why).
+		Msg("its log went, the container stays: each path reported on its own")
 	at := e.now()
 	for _, p := range paths {
 		p.Reason, p.Container, p.UID, p.Namespace, p.At, p.Error = it.Reason, it.ID, it.PodUID, it.Namespace, at, why
