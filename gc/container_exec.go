@@ -367,6 +367,9 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
 	}
 	var owner OwnerCleanup
+	// The log paths removed before the container: reported on their own
+	// (logsAlone) unless the container's removal reports them.
+	var alone []LogRemoval
 	switch kind {
 	case ContainerKindNative:
 		owner, err = e.rt.DeleteNative(ctx, it.Namespace, it.ID)
@@ -374,13 +377,14 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		err = e.rt.RemoveCRISandbox(ctx, it.ID)
 	default:
 		if removal.Logs != nil {
-			removed, lerr := e.logs.RemoveContainerLogs(ref)
-			removal.Logs = &removed
+			removed, paths, lerr := e.logs.RemoveContainerLogs(ref)
+			removal.Logs, alone = &removed, paths
 			if lerr != nil {
 				// As the kubelet: the container stays, for a retry.
 				_ = tx.Abort()
 				e.opts.Metrics.error("remove")
-				e.event(e.log.Warn(), it, kind).Strs("removed", removed.Files).Err(lerr).Msg("log not removed: the container stays")
+				e.event(e.log.Warn(), it, kind).Err(lerr).Msg("log not removed: the container stays")
+				e.logsAlone(it, alone, "the log not removed in full, the container stays: "+lerr.Error())
 				r.Outcome, r.Error, r.At = ContainerFailed, lerr.Error(), e.now()
 				return r, fmt.Errorf("remove the log of %s %s: %w", kind, it.ID, lerr)
 			}
@@ -394,6 +398,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		_ = tx.Abort()
 		e.opts.Metrics.ownerWon(kind)
 		e.event(e.log.Debug(), it, kind).Msg("owner deleted it first")
+		e.logsAlone(it, alone, "its owner removed the container first")
 		r.Outcome = ContainerGone
 		return r, nil
 	}
@@ -405,10 +410,14 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			e.event(e.log.Warn(), it, kind).Err(err).Msg("the delete reported an error but happened")
 		case deletion.NotHappened:
 			e.opts.Metrics.error("remove")
+			e.logsAlone(it, alone, "the container's removal failed: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
 		default:
+			// Settled later, its container.removed carries the intent's
+			// data, which names no log file: they are reported now.
 			e.opts.Metrics.error("remove")
+			e.logsAlone(it, alone, "the container's removal failed, its outcome not known yet: "+err.Error())
 			r.Outcome, r.Error = ContainerFailed, err.Error()
 			return r, fmt.Errorf("remove %s %s: outcome unknown (%w): %w", kind, it.ID, serr, err)
 		}
@@ -491,21 +500,6 @@ func (e *ContainerExecutor) event(ev *zerolog.Event, it ContainerItem, kind stri
 	}
 	if it.ContainerName != "" {
 		ev = ev.Str("name", it.ContainerName)
-	}
-	return ev
-}
-
-// logsEvent adds what went (or goes) with a CRI container to a log line.
-func logsEvent(ev *zerolog.Event, l *ContainerLogs) *zerolog.Event {
-	if l == nil {
-		return ev
-	}
-	ev = ev.Strs("log_files", l.Files).Int64("log_bytes", l.Bytes)
-	if l.Link != "" {
-		ev = ev.Str("log_link", l.Link)
-	}
-	if l.Kept != "" {
-		ev = ev.Str("log_kept", l.Kept)
 	}
 	return ev
 }

@@ -3,13 +3,18 @@ package gc
 import (
 	"context"
 	"errors"
+	"path/filepath"
 
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/schema"
+	"github.com/rs/zerolog"
 )
 
 // ContainerLogs is schema.ContainerLogs: what goes with a CRI container.
 type ContainerLogs = schema.ContainerLogs
+
+// LogRemoval is schema.LogRemoval: one path removed, as log.removed says.
+type LogRemoval = schema.LogRemoval
 
 // ContainerLogRef names a CRI container's log as the kubelet finds it to
 // remove it (removeContainerLog): CRI's log path for the container (its
@@ -30,9 +35,11 @@ type ContainerLogRef struct {
 type containerLogFiles interface {
 	// FindContainerLogs lists what RemoveContainerLogs would remove.
 	FindContainerLogs(ref ContainerLogRef) (ContainerLogs, error)
-	// RemoveContainerLogs removes them: what it removed, and an error if
-	// a file could not go (the container must stay, for a retry).
-	RemoveContainerLogs(ref ContainerLogRef) (ContainerLogs, error)
+	// RemoveContainerLogs removes them: what it removed, as a whole and
+	// path by path (Kind, Dir, Name and Bytes set), and an error if a
+	// file could not go (the container must stay, for a retry); what
+	// went before that is returned with the error.
+	RemoveContainerLogs(ref ContainerLogRef) (ContainerLogs, []LogRemoval, error)
 }
 
 // criLogPaths asks CRI for a container's log path.
@@ -72,4 +79,48 @@ func ShowContainerLogs(ctx context.Context, plan *ContainerPlan, rt criLogPaths,
 		}
 		it.Logs = &found
 	}
+}
+
+// logsAlone publishes one log.removed per path removed with CRI container
+// it whose own removal then did not happen, or whose outcome is not known
+// yet: no removal goes unreported. Each says the container's reason and
+// id, and in Error why the container stayed. The key is the path's and
+// the container run's, so a retry that reports it again is one event. It
+// logs one line with the paths (info), which the caller's own line about
+// the container does not name.
+func (e *ContainerExecutor) logsAlone(it ContainerItem, paths []LogRemoval, why string) {
+	if len(paths) == 0 {
+		return
+	}
+	var names []string
+	for _, p := range paths {
+		names = append(names, filepath.Join(p.Dir, p.Name))
+	}
+	e.event(e.log.Info(), it, ContainerKindContainer).Strs("log_paths", names).Str("why", why).
+		Msg("its log went, the container stays: each path reported on its own")
+	at := e.now()
+	for _, p := range paths {
+		p.Reason, p.Container, p.UID, p.Namespace, p.At, p.Error = it.Reason, it.ID, it.PodUID, it.Namespace, at, why
+		subject := filepath.Join(p.Dir, p.Name)
+		if err := e.pub.Publish(Action{Kind: schema.KindLog, Action: ActionRemoved, Subject: subject,
+			Key: "with-container:" + subject + "@" + ContainerRemovalKey(it.ID, it.ExitedAt), Data: p}); err != nil {
+			e.opts.Metrics.error("publish")
+			e.log.Warn().Str("path", subject).Err(err).Msg("publish the log's removal")
+		}
+	}
+}
+
+// logsEvent adds what went (or goes) with a CRI container to a log line.
+func logsEvent(ev *zerolog.Event, l *ContainerLogs) *zerolog.Event {
+	if l == nil {
+		return ev
+	}
+	ev = ev.Strs("log_files", l.Files).Int64("log_bytes", l.Bytes)
+	if l.Link != "" {
+		ev = ev.Str("log_link", l.Link)
+	}
+	if l.Kept != "" {
+		ev = ev.Str("log_kept", l.Kept)
+	}
+	return ev
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/internal/clock"
+	"github.com/gcagent/gcagent/schema"
 )
 
 // fakeLogs is a containerLogFiles that records its calls in the runtime's
@@ -33,15 +34,27 @@ func (l *fakeLogs) FindContainerLogs(ref ContainerLogRef) (ContainerLogs, error)
 	return l.found(ref), nil
 }
 
-func (l *fakeLogs) RemoveContainerLogs(ref ContainerLogRef) (ContainerLogs, error) {
+func (l *fakeLogs) RemoveContainerLogs(ref ContainerLogRef) (ContainerLogs, []LogRemoval, error) {
 	l.refs = append(l.refs, ref)
 	if err := l.fail; err != nil {
 		l.fail = nil
 		_ = l.rt.call("remove-logs", ref.ID+" !")
-		return ContainerLogs{Path: ref.LogPath, Files: []string{ref.LogPath}}, err
+		return ContainerLogs{Path: ref.LogPath, Files: []string{ref.LogPath}}, fakeLogPaths(ref, false), err
 	}
 	_ = l.rt.call("remove-logs", ref.ID)
-	return l.found(ref), nil
+	return l.found(ref), fakeLogPaths(ref, true), nil
+}
+
+// fakeLogPaths are found's paths one by one: the log file, and with all
+// its rotated file and the link.
+func fakeLogPaths(ref ContainerLogRef, all bool) []LogRemoval {
+	rel := strings.TrimPrefix(ref.LogPath, "/var/log/pods/")
+	out := []LogRemoval{{Kind: schema.LogKindFile, Dir: "/var/log/pods", Name: rel, Bytes: 4096, Entries: 1}}
+	if all {
+		out = append(out, LogRemoval{Kind: schema.LogKindFile, Dir: "/var/log/pods", Name: rel + ".20260101-000000.gz", Bytes: 4096, Entries: 1},
+			LogRemoval{Kind: "symlink", Dir: "/var/log/containers", Name: ref.ID + ".log", Entries: 1})
+	}
+	return out
 }
 
 // TestContainerExecutorRemovesLogsWithTheContainer (issue 34, item 5): a
@@ -139,6 +152,92 @@ func TestContainerExecutorRemovesLogsWithTheContainer(t *testing.T) {
 			t.Errorf("%d dry-run skips of CRI containers, want 2", n)
 		}
 	})
+}
+
+// TestLogsRemovedWithAContainerThatStaysAreReported (issue 40, item 7):
+// the log files and link removed before a CRI container's removal are
+// reported by log.removed events, one per path, whenever the
+// container's own container.removed does not list them: its removal
+// failed and containerd says it did not happen, its owner removed it
+// first, its outcome is not known yet (a container.removed settled later
+// carries the intent's data, which names no file), or a log file could
+// not go (what went is reported). Each event names the container, its
+// reason and why it stayed; the other container's removal lists its
+// files in its own event, and no path is reported twice. On d7dd547 no
+// event reported them.
+func TestLogsRemovedWithAContainerThatStaysAreReported(t *testing.T) {
+	plan := PlanContainers(nodeState(), allPolicy, at(time.Minute))
+	ck := clock.System(func() time.Time { return at(time.Minute) })
+	for _, tc := range []struct {
+		name   string
+		inject func(f *fakeContainerRuntime, l *fakeLogs)
+		paths  int    // log.removed events of app-1
+		why    string // in their error
+		failed bool   // Apply returns an error
+	}{
+		{"removal failed, not happened", func(f *fakeContainerRuntime, _ *fakeLogs) {
+			f.InjectError("cri-remove", "app-1", errors.New("rpc error: code = Unknown desc = failed to remove"))
+		}, 3, "the container's removal failed: rpc error", true},
+		{"its owner removed it first", func(f *fakeContainerRuntime, _ *fakeLogs) {
+			f.InjectError("cri-remove", "app-1", ErrOwnerWon)
+		}, 3, "its owner removed the container first", false},
+		{"outcome unknown", func(f *fakeContainerRuntime, _ *fakeLogs) {
+			f.InjectError("cri-remove", "app-1", errors.New("rpc error: code = DeadlineExceeded"))
+			f.InjectError("gone", "app-1", errors.New("containerd not answering"))
+		}, 3, "its outcome not known yet", true},
+		{"a log file could not go", func(_ *fakeContainerRuntime, l *fakeLogs) {
+			l.fail = errors.New("unlink 0.log.1: operation not permitted")
+		}, 1, "the log not removed in full, the container stays: unlink", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeContainerRuntime()
+			logs := &fakeLogs{rt: f}
+			tc.inject(f, logs)
+			pub := &fakePublisher{}
+			deletes, _ := testDeletes(t, pub, f)
+			e := mustExecutor(t, ContainerExecutorDeps{Runtime: f, Deletes: deletes, Publisher: pub, Logs: logs},
+				ContainerExecutorOptions{Parallelism: 1, Clock: ck})
+			_, err := e.Apply(context.Background(), plan, allPolicy)
+			if (err != nil) != tc.failed {
+				t.Errorf("error %v, want one: %v", err, tc.failed)
+			}
+			subjects := map[string]int{}
+			var alone []LogRemoval
+			for _, a := range pub.Actions() {
+				switch d := a.Data.(type) {
+				case LogRemoval:
+					if a.Kind != "log" || a.Action != ActionRemoved || a.Key == "" {
+						t.Errorf("action %s.%s key %q, want log.removed with a key", a.Kind, a.Action, a.Key)
+					}
+					alone = append(alone, d)
+					subjects[a.Subject]++
+				case ContainerRemoval:
+					if d.ID == "app-1" && (d.Logs == nil || len(d.Logs.Files) != 0) && tc.name != "outcome unknown" {
+						t.Errorf("container.removed of app-1 (%+v), which stayed", d)
+					}
+					if d.Logs != nil {
+						for _, p := range d.Logs.Files {
+							subjects[p]++
+						}
+					}
+				}
+			}
+			if len(alone) != tc.paths {
+				t.Fatalf("%d log.removed events (%+v), want %d: one per path app-1's removal removed", len(alone), alone, tc.paths)
+			}
+			for _, r := range alone {
+				if r.Container != "app-1" || r.UID != "u1" || r.Reason != ReasonPerUnitCap || r.Namespace != plan.Remove[0].Namespace ||
+					!strings.Contains(r.Error, tc.why) || r.Dir == "" || r.Name == "" || r.Entries != 1 || !r.At.Equal(at(time.Minute)) {
+					t.Errorf("log.removed %+v: want app-1's, reason per-unit-cap, error %q", r, tc.why)
+				}
+			}
+			for p, n := range subjects {
+				if n > 1 {
+					t.Errorf("%s reported %d times", p, n)
+				}
+			}
+		})
+	}
 }
 
 // TestShowContainerLogs: a plan shown to an operator names, for each CRI

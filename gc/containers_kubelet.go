@@ -38,7 +38,8 @@ func (p ContainerPolicy) statusLag() time.Duration {
 //     kubelet's own GC leaves it;
 //   - any other is shown until the kubelet has moved on: the attempt after
 //     its successor has started (KubeletStatusSettle ago: the sync that
-//     follows a start shows the new pair), or its successor has been dead
+//     follows a start shows the new pair; by its exit at the latest when
+//     its start was not seen, startedBy), or its successor has been dead
 //     (or not started) for KubeletStatusLag.
 //
 // A kept container stays whatever the caps (reason kubelet-may-show); the
@@ -100,7 +101,7 @@ func (p ContainerPolicy) shownUntil(attempts []*projection.Container, k int) (un
 		by = append(by, deadSince(next).Add(p.statusLag()))
 	}
 	if k >= 2 {
-		if started := attempts[k-2].StartedAt.Time(); !started.IsZero() {
+		if started, ok := startedBy(attempts[k-2]); ok {
 			by = append(by, started.Add(KubeletStatusSettle))
 		}
 	}
@@ -108,4 +109,22 @@ func (p ContainerPolicy) shownUntil(attempts []*projection.Container, k int) (un
 		return time.Time{}, true // its successor runs: this is its lastState
 	}
 	return slices.MinFunc(by, time.Time.Compare), true
+}
+
+// startedBy is the latest instant c can have started at, and false if it
+// never started: its start as the projection saw it, else, for one that
+// exited, its exit. The projection holds no start for an attempt whose
+// /tasks/start came after its /tasks/exit (containerd 1.6 may send them
+// so for a process that exits at once, as a crash loop's do: the late
+// start is dropped as the run already seen exiting) or that was listed
+// already exited; it ran all the same, and the kubelet's sync after its
+// start has shown it.
+func startedBy(c *projection.Container) (time.Time, bool) {
+	if t := c.StartedAt.Time(); !t.IsZero() {
+		return t, true
+	}
+	if c.State == projection.StateExited {
+		return deadSince(c), true
+	}
+	return time.Time{}, false
 }

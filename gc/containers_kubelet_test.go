@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/events"
+	"github.com/gcagent/gcagent/projection"
 )
 
 // crashLoop is a pod whose container "app" crash-loops: attempt i is
@@ -126,6 +127,92 @@ func TestKubeletShownTable(t *testing.T) {
 				t.Errorf("next look %v, want %v", plan.NextEligible, next)
 			}
 			checkContainerPlan(t, s, p, plan)
+		})
+	}
+}
+
+// TestOlderAttemptsGoWhenTheirStartsWereNotSeen (issue 40, item 3): a
+// pod container with four dead attempts that exited at once, as a crash
+// loop's do, and the default lag, in the two ways the projection holds
+// no start for them: the agent started after they ran (a restart, a
+// first install: a listing shows exited tasks, no start), or containerd
+// delivered a quick process's /tasks/exit before its /tasks/start (1.6
+// may: the late start is dropped as the run already seen exiting). The
+// documented rule still holds: only the newest attempt's predecessor
+// (the status's lastState) is kept for the lag; the ones before go once
+// the attempt after their successor has started, which it did by its
+// exit at the latest, plus KubeletStatusSettle. On d7dd547 the unseen
+// starts held every older attempt for the whole lag (2m); end to end:
+// TestContainerGCOlderAttemptsGoWithTheDefaultLag.
+func TestOlderAttemptsGoWhenTheirStartsWereNotSeen(t *testing.T) {
+	ms := 10 * time.Millisecond
+	last := 3*time.Second + 2*ms // a3's exit
+	exitFirst := func() *projection.State {
+		evs := flat(sandbox(0, "sb", "u1"), start(0, "sb"))
+		for i := range 4 {
+			id := "a" + string(rune('0'+i))
+			d := time.Duration(i) * time.Second
+			pid := uint32(2000 + i)
+			evs = append(evs, criContainer(d, id, "img", "u1", "job", "sb"),
+				events.TaskExited{At: at(d + 2*ms), ContainerID: id, Pid: pid, ExitedAt: at(d + 2*ms), ExitStatus: 1},
+				events.TaskStarted{At: at(d + ms), ContainerID: id, Pid: pid}) // late: dropped
+		}
+		return build(append(evs, events.Synced{At: at(0)})...)
+	}
+	listed := func() *projection.State {
+		s := projection.New()
+		l := events.Listing{At: at(last), Containers: []events.ContainerUpserted{sandbox(0, "sb", "u1")},
+			Tasks: []events.Task{{ContainerID: "sb", Pid: 1000, Status: events.TaskRunning}}}
+		for i := range 4 {
+			id := "a" + string(rune('0'+i))
+			d := time.Duration(i) * time.Second
+			l.Containers = append(l.Containers, criContainer(d, id, "img", "u1", "job", "sb"))
+			l.Tasks = append(l.Tasks, events.Task{ContainerID: id, Pid: uint32(2000 + i), Status: events.TaskStopped, ExitStatus: 1, ExitedAt: at(d + 2*ms)})
+		}
+		for _, ev := range projection.Reconcile(s, l) {
+			s.Apply(ev)
+		}
+		return s
+	}
+	p := ContainerPolicy{MaxPerEvictUnit: 1, MaxContainers: -1, Prune: PruneAll}
+	for name, build := range map[string]func() *projection.State{"exit before start": exitFirst, "listed after they exited": listed} {
+		t.Run(name, func(t *testing.T) {
+			s := build()
+			for _, id := range []string{"a0", "a1", "a2", "a3"} {
+				if c := s.Containers[id]; c == nil || !c.StartedAt.IsZero() || !c.Dead() {
+					t.Fatalf("%s: %+v, want dead without a start: the test does not build what it means to", id, c)
+				}
+			}
+			for _, tc := range []struct {
+				now          time.Duration
+				remove, keep []string
+				next         time.Duration
+			}{
+				{now: last, keep: []string{"a0 kubelet-may-show", "a1 kubelet-may-show", "a2 kubelet-may-show", "a3 within-cap", "sb running"},
+					next: 2*time.Second + 2*ms + KubeletStatusSettle},
+				{now: last + KubeletStatusSettle, remove: []string{"a0 per-unit-cap", "a1 per-unit-cap"},
+					keep: []string{"a2 kubelet-may-show", "a3 within-cap", "sb running"}, next: last + DefaultKubeletStatusLag},
+				{now: 20 * time.Second, remove: []string{"a0 per-unit-cap", "a1 per-unit-cap"},
+					keep: []string{"a2 kubelet-may-show", "a3 within-cap", "sb running"}, next: last + DefaultKubeletStatusLag},
+				{now: last + DefaultKubeletStatusLag, remove: []string{"a0 per-unit-cap", "a1 per-unit-cap", "a2 per-unit-cap"},
+					keep: []string{"a3 within-cap", "sb running"}},
+			} {
+				plan := PlanContainers(s, p, at(tc.now))
+				if got := containerSummary(plan.Remove); !slices.Equal(got, tc.remove) {
+					t.Errorf("at %s: remove %q, want %q", tc.now, got, tc.remove)
+				}
+				if got := containerSummary(plan.Keep); !slices.Equal(got, tc.keep) {
+					t.Errorf("at %s: keep %q, want %q", tc.now, got, tc.keep)
+				}
+				var next time.Time
+				if tc.next != 0 {
+					next = at(tc.next)
+				}
+				if !plan.NextEligible.Equal(next) {
+					t.Errorf("at %s: next look %s, want %s", tc.now, plan.NextEligible.Sub(t0), tc.next)
+				}
+				checkContainerPlan(t, s, p, plan)
+			}
 		})
 	}
 }

@@ -36,6 +36,14 @@ func keepMatch(pattern, name string) bool {
 	if ok, _ := path.Match(pattern, reference.FamiliarString(ref)); ok {
 		return true
 	}
+	for _, part := range tagAndDigest(ref) {
+		if ok, _ := path.Match(pattern, part.String()); ok {
+			return true
+		}
+		if ok, _ := path.Match(pattern, reference.FamiliarString(part)); ok {
+			return true
+		}
+	}
 	repo, ok := repositoryPattern(pattern)
 	if !ok {
 		return false
@@ -47,6 +55,27 @@ func keepMatch(pattern, name string) bool {
 	return ok
 }
 
+// tagAndDigest splits a name that carries both a tag and a digest
+// (nginx:1.25@sha256:...) into its tag reference and its digest
+// reference, which patterns are matched against too; nil for any other.
+func tagAndDigest(ref reference.Named) []reference.Named {
+	tagged, ok := ref.(reference.Tagged)
+	digested, ok2 := ref.(reference.Digested)
+	if !ok || !ok2 {
+		return nil
+	}
+	repo := reference.TrimNamed(ref)
+	byTag, err := reference.WithTag(repo, tagged.Tag())
+	if err != nil {
+		return nil
+	}
+	byDigest, err := reference.WithDigest(repo, digested.Digest())
+	if err != nil {
+		return []reference.Named{byTag}
+	}
+	return []reference.Named{byTag, byDigest}
+}
+
 // KeepCovers reports whether a keep pattern (--keep-image, the fleet keep
 // list) keeps an image with this name. A pattern is a path.Match glob (*
 // does not cross a /) matched against the name as stored
@@ -56,7 +85,9 @@ func keepMatch(pattern, name string) bool {
 // digest), covers every name of the matching repositories: each tag, and
 // each digest reference (REPO@sha256:..., the only name a digest-pinned
 // pull gives an image). Any other tag glob (app:1.*) covers tags only: a
-// digest reference carries no tag to match.
+// digest reference carries no tag to match. A name with both a tag and a
+// digest (app:1.25@sha256:...) is matched by its tag (app:1.25) and by
+// its digest (app@sha256:...) too, so a tag pattern covers it.
 func KeepCovers(pattern, name string) bool { return keepMatch(pattern, name) }
 
 // repositoryPattern returns the repository glob of a repository pattern
@@ -92,8 +123,8 @@ func DescribeKeepPattern(pattern string) string {
 		return "digest references matching " + pattern + " (as stored and in short form)"
 	case i >= 0:
 		repo := pattern[:len(pattern)-len(last)+i]
-		return fmt.Sprintf("tags of %s matching %s, not its digest-pinned references (%s@sha256:..., no tag to match): add %s or %s:* to keep those too",
-			repo, last[i+1:], repo, repo, repo)
+		return fmt.Sprintf("tags of %s matching %s (also as %s:TAG@sha256:...), not its digest-pinned references (%s@sha256:..., no tag to match): add %s or %s:* to keep those too",
+			repo, last[i+1:], repo, repo, repo, repo)
 	}
 	return "image names matching " + pattern
 }

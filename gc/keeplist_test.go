@@ -56,6 +56,42 @@ func TestKeepCovers(t *testing.T) {
 	}
 }
 
+// TestKeepCoversANameWithTagAndDigest (issue 40, item 9): a name that
+// carries both a tag and a digest (nginx:1.25@sha256:...) is covered by
+// a tag pattern of its tag, as stored and in short form, and by a digest
+// pattern of its digest; not by another tag. On d7dd547 no tag pattern
+// other than a repository pattern covered it.
+func TestKeepCoversANameWithTagAndDigest(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	name := "docker.io/library/nginx:1.25@" + digest
+	for _, c := range []struct {
+		pattern string
+		want    bool
+	}{
+		{"nginx:1.25", true},
+		{"nginx:1.*", true},
+		{"docker.io/library/nginx:1.25", true},
+		{"docker.io/library/*:1.25", true},
+		{"nginx@" + digest, true},
+		{"nginx@sha256:*", true},
+		{"nginx:*", true},
+		{"nginx", true},
+		{"nginx:1.25@" + digest, true},
+		// Not covered.
+		{"nginx:1.24", false},
+		{"nginx:1.2", false},
+		{"nginx@sha256:" + strings.Repeat("cd", 32), false},
+		{"redis:1.25", false},
+	} {
+		if got := KeepCovers(c.pattern, name); got != c.want {
+			t.Errorf("%s covers %s: %v, want %v", c.pattern, name, got, c.want)
+		}
+	}
+	if KeepCovers("app:1.25", "registry.example/app:1.25@"+digest) {
+		t.Errorf("app:1.25 covers another registry's app")
+	}
+}
+
 // TestKeepPatternKeepsADigestPinnedImage: under pressure, the plan keeps
 // an image pulled by digest (names repo@sha256:... and CRI's image id)
 // by the repository's tag pattern, and deletes the one a tag glob names.
@@ -85,8 +121,8 @@ func TestDescribeKeepPattern(t *testing.T) {
 	for pattern, want := range map[string]string{
 		"registry.example/app:*":        "every tag of registry.example/app and every digest-pinned reference registry.example/app@sha256:... (as stored and in short form)",
 		"registry.example/app":          "every tag of registry.example/app and every digest-pinned reference registry.example/app@sha256:... (as stored and in short form)",
-		"registry.example/app:1.*":      "tags of registry.example/app matching 1.*, not its digest-pinned references (registry.example/app@sha256:..., no tag to match): add registry.example/app or registry.example/app:* to keep those too",
-		"localhost:5000/app:v?":         "tags of localhost:5000/app matching v?, not its digest-pinned references (localhost:5000/app@sha256:..., no tag to match): add localhost:5000/app or localhost:5000/app:* to keep those too",
+		"registry.example/app:1.*":      "tags of registry.example/app matching 1.* (also as registry.example/app:TAG@sha256:...), not its digest-pinned references (registry.example/app@sha256:..., no tag to match): add registry.example/app or registry.example/app:* to keep those too",
+		"localhost:5000/app:v?":         "tags of localhost:5000/app matching v? (also as localhost:5000/app:TAG@sha256:...), not its digest-pinned references (localhost:5000/app@sha256:..., no tag to match): add localhost:5000/app or localhost:5000/app:* to keep those too",
 		"registry.example/app@sha256:*": "digest references matching registry.example/app@sha256:* (as stored and in short form)",
 		"sha256:abc*":                   "image ids (sha256:<config digest>) matching sha256:abc*",
 	} {

@@ -48,30 +48,51 @@ var masks = []mask{
 }
 
 // gcagentDecide builds gcagent's projection of w through its real reducer
-// (the events the node adapter emits for these objects), plans with the
-// same flags under --prune-containers=all, and returns what the plan
-// removes. A deleted pod is one whose pod log dir is gone; the pod grace
-// is 0, as the kubelet acts on deletion at its next pass.
-func gcagentDecide(w *world, m mask) []string {
+// (the events the node adapter emits for these objects, or, with listed,
+// the listing of an agent started after they happened, which shows no
+// task starts), plans with the same flags under --prune-containers=all,
+// and returns what the plan removes. A deleted pod is one whose pod log
+// dir is gone; the pod grace is 0, as the kubelet acts on deletion at its
+// next pass.
+func gcagentDecide(w *world, m mask, listed bool) []string {
 	s := projection.New()
 	deleted := map[string]bool{}
+	var l events.Listing
 	pid := uint32(100)
 	run := func(id string, at, exitedAt time.Time) {
 		pid++
-		s.Apply(events.TaskStarted{At: at, ContainerID: id, Pid: pid})
-		if !exitedAt.IsZero() {
-			s.Apply(events.TaskExited{At: exitedAt, ContainerID: id, Pid: pid, ExitedAt: exitedAt})
+		switch {
+		case listed && exitedAt.IsZero():
+			l.Tasks = append(l.Tasks, events.Task{ContainerID: id, Pid: pid, Status: events.TaskRunning})
+		case listed:
+			l.Tasks = append(l.Tasks, events.Task{ContainerID: id, Pid: pid, Status: events.TaskStopped, ExitedAt: exitedAt})
+		default:
+			s.Apply(events.TaskStarted{At: at, ContainerID: id, Pid: pid})
+			if !exitedAt.IsZero() {
+				s.Apply(events.TaskExited{At: exitedAt, ContainerID: id, Pid: pid, ExitedAt: exitedAt})
+			}
 		}
+	}
+	// The agent listed a moment before it plans (as it does: it plans
+	// after the listing has been applied).
+	l.At = w.now.Add(-time.Millisecond)
+	upsert := func(c events.ContainerUpserted) {
+		if listed {
+			c.At = l.At
+			l.Containers = append(l.Containers, c)
+			return
+		}
+		s.Apply(c)
 	}
 	for _, pd := range w.pods {
 		deleted[pd.uid] = pd.deleted
 		for _, sb := range pd.sandboxes {
-			s.Apply(events.ContainerUpserted{At: sb.created, ID: sb.id, Image: "pause:3.10", CRIKind: projection.KindSandbox,
+			upsert(events.ContainerUpserted{At: sb.created, ID: sb.id, Image: "pause:3.10", CRIKind: projection.KindSandbox,
 				PodUID: pd.uid, PodName: pd.name, PodNamespace: pd.namespace, Created: sb.created})
 			run(sb.id, sb.created, sb.exited)
 		}
 		for _, c := range pd.containers {
-			s.Apply(events.ContainerUpserted{At: c.created, ID: c.id, Image: "app:1", CRIKind: projection.KindContainer,
+			upsert(events.ContainerUpserted{At: c.created, ID: c.id, Image: "app:1", CRIKind: projection.KindContainer,
 				PodUID: pd.uid, PodName: pd.name, PodNamespace: pd.namespace, ContainerName: c.name, SandboxID: c.sandbox, Created: c.created})
 			exitedAt := c.exited
 			if m.ttlFromCreation && !exitedAt.IsZero() {
@@ -80,6 +101,11 @@ func gcagentDecide(w *world, m mask) []string {
 			if c.state != neverStarted {
 				run(c.id, c.created, exitedAt)
 			}
+		}
+	}
+	if listed {
+		for _, ev := range projection.Reconcile(s, l) {
+			s.Apply(ev)
 		}
 	}
 	s.Apply(events.Synced{At: w.now})
@@ -121,9 +147,18 @@ func TestKubeletContainerGC(t *testing.T) {
 	ctx := context.Background()
 	k := newKubelet(t)
 	start := time.Now()
-	var agree, undocumented, kubeletRemoved int
-	masked := map[string]int{}
-	extra := map[string]int{} // by class: what gcagent removes and the kubelet keeps
+	// Each world is planned twice: from the events (the agent watched it
+	// happen) and from a listing (the agent started after: no starts).
+	sources := []string{"events", "a listing"}
+	type tally struct {
+		agree, undocumented int
+		masked, extra       map[string]int // extra, by class: what gcagent removes and the kubelet keeps
+	}
+	tallies := make([]tally, len(sources))
+	for i := range tallies {
+		tallies[i] = tally{masked: map[string]int{}, extra: map[string]int{}}
+	}
+	kubeletRemoved := 0
 	cover := map[string]int{}
 	for i := range worlds {
 		w := generate(seed, i, time.Now())
@@ -133,28 +168,31 @@ func TestKubeletContainerGC(t *testing.T) {
 			t.Fatalf("world %d: kubelet GarbageCollect: %v", i, err)
 		}
 		kubeletRemoved += len(want)
-		got := gcagentDecide(w, mask{})
-		if slices.Equal(got, want) {
-			agree++
-			continue
-		}
-		explained := ""
-		for _, m := range masks {
-			if slices.Equal(gcagentDecide(w, m), want) {
-				explained = m.name
-				break
+		for si, source := range sources {
+			tl, listed := &tallies[si], si == 1
+			got := gcagentDecide(w, mask{}, listed)
+			if slices.Equal(got, want) {
+				tl.agree++
+				continue
 			}
-		}
-		if explained != "" {
-			masked[explained]++
-			extra[explained] += len(minus(got, want))
-			continue
-		}
-		undocumented++
-		extra["undocumented"] += len(minus(got, want))
-		if undocumented <= 3 {
-			t.Errorf("world %d (seed %d): undocumented disagreement\n  kubelet removes %v\n  gcagent removes %v\n  gcagent only %v, kubelet only %v\n%s",
-				i, seed, want, got, minus(got, want), minus(want, got), describe(w))
+			explained := ""
+			for _, m := range masks {
+				if slices.Equal(gcagentDecide(w, m, listed), want) {
+					explained = m.name
+					break
+				}
+			}
+			if explained != "" {
+				tl.masked[explained]++
+				tl.extra[explained] += len(minus(got, want))
+				continue
+			}
+			tl.undocumented++
+			tl.extra["undocumented"] += len(minus(got, want))
+			if tl.undocumented <= 3 {
+				t.Errorf("world %d (seed %d, gcagent from %s): undocumented disagreement\n  kubelet removes %v\n  gcagent removes %v\n  gcagent only %v, kubelet only %v\n%s",
+					i, seed, source, want, got, minus(got, want), minus(want, got), describe(w))
+			}
 		}
 	}
 	elapsed := time.Since(start)
@@ -162,19 +200,22 @@ func TestKubeletContainerGC(t *testing.T) {
 	t.Logf("  worlds with: deleted pods %d, never-started containers %d, several sandboxes per pod %d, a global cap %d",
 		cover["deleted"], cover["never-started"], cover["sandboxes"], cover["global-cap"])
 	t.Logf("  kubelet removals: %d", kubeletRemoved)
-	t.Logf("  agree: %d worlds", agree)
-	for _, m := range masks {
-		t.Logf("  differ, documented (%s): %d worlds; there gcagent removes %d the kubelet keeps", m.name, masked[m.name], extra[m.name])
-	}
-	t.Logf("  differ, undocumented: %d worlds; there gcagent removes %d the kubelet keeps", undocumented, extra["undocumented"])
-	if undocumented > 0 {
-		t.Errorf("%d of %d worlds disagree beyond the documented differences", undocumented, worlds)
-	}
-	// The documented differences only ever keep more: gcagent never
-	// removes a container (a user's last log) or sandbox the kubelet keeps.
-	for class, n := range extra {
-		if n > 0 {
-			t.Errorf("%s: gcagent removes %d containers or sandboxes the kubelet keeps", class, n)
+	for si, source := range sources {
+		tl := tallies[si]
+		t.Logf("  gcagent from %s: agree: %d worlds", source, tl.agree)
+		for _, m := range masks {
+			t.Logf("    differ, documented (%s): %d worlds; there gcagent removes %d the kubelet keeps", m.name, tl.masked[m.name], tl.extra[m.name])
+		}
+		t.Logf("    differ, undocumented: %d worlds; there gcagent removes %d the kubelet keeps", tl.undocumented, tl.extra["undocumented"])
+		if tl.undocumented > 0 {
+			t.Errorf("gcagent from %s: %d of %d worlds disagree beyond the documented differences", source, tl.undocumented, worlds)
+		}
+		// The documented differences only ever keep more: gcagent never
+		// removes a container (a user's last log) or sandbox the kubelet keeps.
+		for class, n := range tl.extra {
+			if n > 0 {
+				t.Errorf("gcagent from %s, %s: gcagent removes %d containers or sandboxes the kubelet keeps", source, class, n)
+			}
 		}
 	}
 }

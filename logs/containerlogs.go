@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/gcagent/gcagent/gc"
+	"github.com/gcagent/gcagent/schema"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,7 +19,9 @@ import (
 // by the path CRI gives for it, every file beside it whose name starts
 // with that file's (its rotated files, <attempt>.log.<timestamp> and
 // .gz: the kubelet globs "<log path>*"), and the legacy link
-// <log-dir>/<pod>_<namespace>_<container>-<id>.log. Unlike the kubelet it
+// <log-dir>/<pod>_<namespace>_<container>-<id>.log when it points at that
+// log file (the kubelet removes it by name, which, cut to 255 bytes, may
+// be another attempt's). Unlike the kubelet it
 // removes files only in the pod's own dir under PodLogDir, relative to an
 // open directory (openat, unlinkat), never following a link and never
 // crossing a mount point, and never a directory. Its methods are safe for
@@ -28,7 +32,7 @@ type ContainerLogs struct {
 
 var _ interface {
 	FindContainerLogs(gc.ContainerLogRef) (gc.ContainerLogs, error)
-	RemoveContainerLogs(gc.ContainerLogRef) (gc.ContainerLogs, error)
+	RemoveContainerLogs(gc.ContainerLogRef) (gc.ContainerLogs, []gc.LogRemoval, error)
 } = (*ContainerLogs)(nil)
 
 // NewContainerLogs returns a ContainerLogs for the directories of cfg,
@@ -42,16 +46,20 @@ func NewContainerLogs(cfg Config) (*ContainerLogs, error) {
 
 // FindContainerLogs lists what RemoveContainerLogs would remove now.
 func (l *ContainerLogs) FindContainerLogs(ref gc.ContainerLogRef) (gc.ContainerLogs, error) {
-	return l.walk(ref, false)
+	out, _, err := l.walk(ref, false)
+	return out, err
 }
 
 // RemoveContainerLogs removes the container's legacy link, then its log
-// files. It returns what it removed, and an error when something that is
-// the container's could not go (the caller keeps the container, as the
-// kubelet does, for a retry). A file already gone is no error; files it
-// must not touch (outside the pod's dir, behind a link or a mount point)
+// files. It returns what it removed, as a whole and path by path (each
+// with its kind, its configured directory, its name relative to it and
+// its bytes: what a log.removed event says of it), and an error when
+// something that is the container's could not go (the caller keeps the
+// container, as the kubelet does, for a retry): what went before that is
+// returned all the same. A file already gone is no error; files it must
+// not touch (outside the pod's dir, behind a link or a mount point)
 // stay, with the reason in Kept.
-func (l *ContainerLogs) RemoveContainerLogs(ref gc.ContainerLogRef) (gc.ContainerLogs, error) {
+func (l *ContainerLogs) RemoveContainerLogs(ref gc.ContainerLogRef) (gc.ContainerLogs, []gc.LogRemoval, error) {
 	return l.walk(ref, true)
 }
 
@@ -59,17 +67,19 @@ func (l *ContainerLogs) RemoveContainerLogs(ref gc.ContainerLogRef) (gc.Containe
 // the kubelet's order (files, then link), the link would dangle for a
 // moment, and the log cleaner, which reacts within milliseconds, would
 // remove and report it a second time.
-func (l *ContainerLogs) walk(ref gc.ContainerLogRef, remove bool) (gc.ContainerLogs, error) {
+func (l *ContainerLogs) walk(ref gc.ContainerLogRef, remove bool) (gc.ContainerLogs, []gc.LogRemoval, error) {
 	out := gc.ContainerLogs{Path: ref.LogPath}
-	if err := l.link(ref, remove, &out); err != nil {
-		return out, err
+	var paths []gc.LogRemoval
+	if err := l.link(ref, remove, &out, &paths); err != nil {
+		return out, paths, err
 	}
 	dir, base, why := l.logDir(ref)
 	if why != "" {
 		out.Kept = why
-		return out, nil
+		return out, paths, nil
 	}
-	return out, l.files(dir, base, remove, &out)
+	err := l.files(dir, base, remove, &out, &paths)
+	return out, paths, err
 }
 
 // logDir maps CRI's log path to the agent's view and checks that it lies
@@ -99,7 +109,7 @@ func (l *ContainerLogs) logDir(ref gc.ContainerLogRef) (dir []string, base, why 
 // files finds (and with remove, removes) the log files: the entries of
 // dir (under PodLogDir) named base or starting with it that are not
 // directories.
-func (l *ContainerLogs) files(dir []string, base string, remove bool, out *gc.ContainerLogs) error {
+func (l *ContainerLogs) files(dir []string, base string, remove bool, out *gc.ContainerLogs, paths *[]gc.LogRemoval) error {
 	root, err := openRoot(l.cfg.PodLogDir)
 	if err != nil || root < 0 {
 		return err // missing: nothing to remove
@@ -147,8 +157,11 @@ func (l *ContainerLogs) files(dir []string, base string, remove bool, out *gc.Co
 		} else if err != nil {
 			return err
 		}
+		bytes := int64(stx.Blocks) * 512
 		out.Files = append(out.Files, display(path, name))
-		out.Bytes += int64(stx.Blocks) * 512
+		out.Bytes += bytes
+		*paths = append(*paths, gc.LogRemoval{Kind: schema.LogKindFile, Dir: l.cfg.PodLogDir,
+			Name: strings.Join(append(slices.Clone(dir), name), "/"), Bytes: bytes, Entries: 1})
 	}
 	return nil
 }
@@ -187,8 +200,9 @@ func descend(parent int, name, path string, ref mountRef) (next int, kept string
 }
 
 // link finds (and with remove, removes) the legacy link of the container
-// in LogDir: only a symlink, unlinked as a link.
-func (l *ContainerLogs) link(ref gc.ContainerLogRef, remove bool, out *gc.ContainerLogs) error {
+// in LogDir: only a symlink that points at the container's log (CRI's
+// path for it), unlinked as a link.
+func (l *ContainerLogs) link(ref gc.ContainerLogRef, remove bool, out *gc.ContainerLogs, paths *[]gc.LogRemoval) error {
 	name, ok := legacyLinkName(ref)
 	if !ok {
 		return nil
@@ -208,12 +222,25 @@ func (l *ContainerLogs) link(ref gc.ContainerLogRef, remove bool, out *gc.Contai
 	case st.Mode&unix.S_IFMT != unix.S_IFLNK:
 		return nil // not the kubelet's link
 	}
+	// The name is cut to 255 bytes, inside the id when the pod, namespace
+	// and container names are long: then each attempt's link has the same
+	// name, and only the one that points at this attempt's log is its.
+	target, err := readlinkat(root, name)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case err != nil:
+		return fmt.Errorf("readlink %s: %w", display(l.cfg.LogDir, name), err)
+	case ref.LogPath == "" || filepath.Clean(target) != filepath.Clean(ref.LogPath):
+		return nil // another attempt's link (or nothing to tell by): it stays
+	}
 	if err := unlink(root, name, display(l.cfg.LogDir, name), remove, 0); errors.Is(err, errGone) {
 		return nil
 	} else if err != nil {
 		return err
 	}
 	out.Link = display(l.cfg.LogDir, name)
+	*paths = append(*paths, gc.LogRemoval{Kind: KindSymlink, Dir: l.cfg.LogDir, Name: name, Entries: 1})
 	return nil
 }
 

@@ -55,12 +55,29 @@ func TestContainerLogsAsTheKubelet(t *testing.T) {
 			t.Fatalf("Find removed %s", p)
 		}
 	}
-	removed, err := l.RemoveContainerLogs(ref)
+	removed, paths, err := l.RemoveContainerLogs(ref)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(sorted(removed.Files), want) || removed.Link != link || removed.Bytes != found.Bytes || removed.Path != ref.LogPath {
 		t.Errorf("removed %+v, want what Find found: %+v", removed, found)
+	}
+	// Path by path, as log.removed says them (issue 40, item 7).
+	var got []string
+	var bytes int64
+	for _, p := range paths {
+		got = append(got, string(p.Kind)+" "+filepath.Join(p.Dir, p.Name))
+		bytes += p.Bytes
+		if p.Entries != 1 || (p.Dir != cfg.PodLogDir && p.Dir != cfg.LogDir) {
+			t.Errorf("path %+v: want one entry of a configured dir", p)
+		}
+	}
+	wantPaths := []string{"symlink " + link}
+	for _, p := range want {
+		wantPaths = append(wantPaths, "file "+p)
+	}
+	if !slices.Equal(sorted(got), sorted(wantPaths)) || bytes != removed.Bytes {
+		t.Errorf("paths %q (%d bytes), want %q (%d bytes)", got, bytes, wantPaths, removed.Bytes)
 	}
 	for _, p := range append(want, link) {
 		if exists(p) {
@@ -76,8 +93,8 @@ func TestContainerLogsAsTheKubelet(t *testing.T) {
 		t.Error("another pod's log or another container's link removed")
 	}
 	// Again: nothing left, no error.
-	if again, err := l.RemoveContainerLogs(ref); err != nil || len(again.Files) != 0 || again.Link != "" {
-		t.Errorf("second removal: %+v, %v; want nothing and no error", again, err)
+	if again, paths, err := l.RemoveContainerLogs(ref); err != nil || len(again.Files) != 0 || again.Link != "" || len(paths) != 0 {
+		t.Errorf("second removal: %+v, %+v, %v; want nothing and no error", again, paths, err)
 	}
 }
 
@@ -109,7 +126,7 @@ func TestContainerLogsOnlyInThePodsDir(t *testing.T) {
 		{"the host's path mapped", "u3", "/var/log/pods/ns_db_u3/app/0.log", "", []string{filepath.Join(cfg.PodLogDir, "ns_db_u3", "app", "0.log")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := l.RemoveContainerLogs(gc.ContainerLogRef{ID: cid("e1"), LogPath: tc.path, PodUID: tc.uid, PodNamespace: "ns", PodName: "web", ContainerName: "app"})
+			got, _, err := l.RemoveContainerLogs(gc.ContainerLogRef{ID: cid("e1"), LogPath: tc.path, PodUID: tc.uid, PodNamespace: "ns", PodName: "web", ContainerName: "app"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,7 +156,7 @@ func TestContainerLogsFailureKeepsTheContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.RemoveContainerLogs(gc.ContainerLogRef{ID: cid("e1"), LogPath: filepath.Join(ctr, "0.log"), PodUID: "u1", PodNamespace: "ns", PodName: "web", ContainerName: "app"})
+	_, _, err = l.RemoveContainerLogs(gc.ContainerLogRef{ID: cid("e1"), LogPath: filepath.Join(ctr, "0.log"), PodUID: "u1", PodNamespace: "ns", PodName: "web", ContainerName: "app"})
 	if err == nil {
 		t.Error("an immutable log removed without an error")
 	}
@@ -165,4 +182,58 @@ func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// TestLegacyLinkOnlyOfTheRemovedAttempt (issue 40, item 9): with pod,
+// namespace and container names so long that the kubelet cuts the link
+// name (at 251 bytes, before ".log") inside the container id, two
+// attempts share one link name. Removing the old attempt removes its
+// files but not the link when the link points at the live attempt's log;
+// the live attempt's removal then takes it. On d7dd547 the link went
+// with the old attempt, by name. A link without a log path to compare
+// with stays too.
+func TestLegacyLinkOnlyOfTheRemovedAttempt(t *testing.T) {
+	base := t.TempDir()
+	cfg := Config{LogDir: filepath.Join(base, "containers"), PodLogDir: filepath.Join(base, "pods")}
+	mkdirAll(t, cfg.LogDir)
+	podName, ns, name := strings.Repeat("p", 120), strings.Repeat("n", 60), strings.Repeat("c", 60)
+	ctr := filepath.Join(cfg.PodLogDir, ns+"_"+podName+"_u1", name)
+	writeFile(t, filepath.Join(ctr, "0.log"), "attempt 0\n")
+	writeFile(t, filepath.Join(ctr, "1.log"), "attempt 1\n")
+	old, live := cid("abcdef0123"), cid("abcdef0124") // the same first 8 digits
+	oldRef := gc.ContainerLogRef{ID: old, LogPath: filepath.Join(ctr, "0.log"), PodUID: "u1", PodNamespace: ns, PodName: podName, ContainerName: name}
+	liveRef := oldRef
+	liveRef.ID, liveRef.LogPath = live, filepath.Join(ctr, "1.log")
+	oldName, _ := legacyLinkName(oldRef)
+	liveName, _ := legacyLinkName(liveRef)
+	if oldName != liveName {
+		t.Fatalf("the names are not cut inside the id: %s, %s", oldName, liveName)
+	}
+	link := filepath.Join(cfg.LogDir, liveName)
+	symlink(t, liveRef.LogPath, link) // the live attempt's
+	l, err := NewContainerLogs(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found, err := l.FindContainerLogs(oldRef); err != nil || found.Link != "" {
+		t.Errorf("a plan of the old attempt lists link %q (%v), want none: it points at the live attempt's log", found.Link, err)
+	}
+	removed, _, err := l.RemoveContainerLogs(oldRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed.Link != "" || !exists(link) {
+		t.Errorf("the old attempt's removal removed the live attempt's link (%+v)", removed)
+	}
+	if slices.Equal(removed.Files, []string{filepath.Join(ctr, "0.log")}) == false || exists(filepath.Join(ctr, "0.log")) {
+		t.Errorf("the old attempt's files: removed %q", removed.Files)
+	}
+	noPath := liveRef
+	noPath.LogPath = ""
+	if got, _, err := l.RemoveContainerLogs(noPath); err != nil || got.Link != "" || !exists(link) {
+		t.Errorf("without a log path: removed %+v, %v; want the link kept", got, err)
+	}
+	if got, _, err := l.RemoveContainerLogs(liveRef); err != nil || got.Link != link || exists(link) {
+		t.Errorf("the live attempt's removal: %+v, %v; want its link removed", got, err)
+	}
 }

@@ -24,12 +24,12 @@ func traceLine(r trace.Record, t0 time.Time) string {
 func storedTrace(t *testing.T, st *Store, t0 time.Time) []string {
 	t.Helper()
 	var out []string
-	err := trace.Read(st.DB(), func(r trace.Record) error {
+	skipped, err := trace.Read(st.DB(), func(r trace.Record) error {
 		out = append(out, traceLine(r, t0))
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || skipped.Any() {
+		t.Fatal(err, skipped)
 	}
 	return out
 }
@@ -139,7 +139,7 @@ func TestTraceBaseOfAFreshTrace(t *testing.T) {
 	if _, err := NewLive(LiveOptions{Store: st, Now: func() time.Time { return now }}); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := trace.Load(st.DB())
+	recs, _, err := trace.Load(st.DB())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,8 @@ func (o CommandOptions) Validate() error {
 // Command runs `gcagent replay`: it reads the trace, replays it (once,
 // or once per value of the sweep) and prints the outcome next to what
 // happened, as text or JSON. Lines of a trace file that are not records
-// are counted, said on stderr, and skipped.
+// are counted, said on stderr, and skipped; so is what a stored trace
+// held that could not be read (its header's Skipped).
 func Command(ctx context.Context, o CommandOptions, stdout, stderr io.Writer) error {
 	if err := o.Validate(); err != nil {
 		return err
@@ -66,6 +67,9 @@ func Command(ctx context.Context, o CommandOptions, stdout, stderr io.Writer) er
 	}
 	if bad > 0 {
 		fmt.Fprintf(stderr, "gcagent: %d trace lines skipped (not records)\n", bad)
+	}
+	if sk := header.Skipped; sk != nil && sk.Any() {
+		fmt.Fprintf(stderr, "gcagent: the trace from %s: %s\n", from, sk)
 	}
 	if len(recs) == 0 {
 		return fmt.Errorf("the trace from %s holds no record", from)

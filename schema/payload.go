@@ -158,8 +158,13 @@ type ContainerSkip struct {
 }
 
 // LogKind names a log entry's kind: a symlink of the kubelet's log dir, or
-// a pod log dir.
+// a pod log dir, or a file removed with a CRI container (LogKindFile).
 type LogKind string
+
+// LogKindFile is a CRI container's log file (or one of its rotated files)
+// in its pod's dir, removed with the container (log.removed only when the
+// container then stayed; else its container.removed lists it).
+const LogKindFile LogKind = "file"
 
 // LogRemoval is the data of a published log.removed (and, inside a skip, of
 // a dry run's log.skipped): one removed entry.
@@ -182,7 +187,9 @@ type LogRemoval struct {
 	// belong to: CRI's.
 	Namespace string `json:"namespace"`
 	// Partial says the removal stopped partway: Bytes and Entries are what
-	// went, Error why the rest stayed.
+	// went, Error why the rest stayed. For a file or link removed with a
+	// CRI container (Container, Reason the container's) whose removal
+	// then did not happen, Error says why the container stayed.
 	Partial bool   `json:"partial,omitempty"`
 	Error   string `json:"error,omitempty"`
 }

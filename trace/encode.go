@@ -12,12 +12,19 @@ import (
 // the agent no measurable CPU per event. Any other record, or a string
 // that would need escaping, goes through encoding/json.
 func appendRecord(b []byte, r *Record) ([]byte, error) {
+	b, _, err := appendLine(b, r)
+	return b, err
+}
+
+// appendLine is appendRecord, and says whether encoding/json wrote the
+// line.
+func appendLine(b []byte, r *Record) (_ []byte, viaJSON bool, err error) {
 	if !fast(r) {
 		line, err := json.Marshal(r)
 		if err != nil {
-			return b, err
+			return b, true, err
 		}
-		return append(append(b, line...), '\n'), nil
+		return append(append(b, line...), '\n'), true, nil
 	}
 	b = append(b, `{"t":`...)
 	b = appendTime(b, r.T)
@@ -61,7 +68,7 @@ func appendRecord(b []byte, r *Record) ([]byte, error) {
 	if r.Freed != 0 {
 		b = strconv.AppendInt(append(b, `,"freed":`...), r.Freed, 10)
 	}
-	return append(b, "}\n"...), nil
+	return append(b, "}\n"...), false, nil
 }
 
 // fast reports whether appendRecord writes r itself: a record of the

@@ -151,14 +151,15 @@ func Fold(base, recs []Record, at time.Time) []Record {
 }
 
 // Load returns the trace stored in db (Read), in time order with each
-// removal as one record (Canonical).
-func Load(db *bolt.DB) ([]Record, error) {
+// removal as one record (Canonical), and what it could not read and
+// skipped.
+func Load(db *bolt.DB) ([]Record, Skipped, error) {
 	var recs []Record
-	err := Read(db, func(r Record) error { recs = append(recs, r); return nil })
+	skipped, err := Read(db, func(r Record) error { recs = append(recs, r); return nil })
 	if err != nil {
-		return nil, err
+		return nil, skipped, err
 	}
-	return Canonical(recs), nil
+	return Canonical(recs), skipped, nil
 }
 
 // Export writes a trace as JSON lines: the header h (its kind, version and

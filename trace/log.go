@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -48,6 +49,12 @@ type Options struct {
 	// chunks are folded into the base when it is over. Default
 	// DefaultMaxBytes.
 	MaxBytes int64
+	// Metrics count the records refused and the chunks dropped (nil:
+	// not counted).
+	Metrics *Metrics
+	// Log says, once each, the first record refused and each chunk a
+	// compaction dropped (the zero Logger logs nothing).
+	Log zerolog.Logger
 }
 
 // Log is the trace in the state file (a bbolt database it shares with the
@@ -59,8 +66,9 @@ type Log struct {
 	db *bolt.DB
 	o  Options
 
-	fresh bool         // the file held no trace when the Log was opened
-	plain atomic.Int64 // plain chunks since the last merge
+	fresh   bool         // the file held no trace when the Log was opened
+	plain   atomic.Int64 // plain chunks since the last merge
+	refused atomic.Bool  // a refused record has been logged
 	// compacting serializes compactions. It is never held while waiting
 	// for what the projection holds: PutTx runs inside the journal's
 	// transaction, so nothing it takes may be held by a caller of
@@ -112,7 +120,10 @@ func (l *Log) Fresh() bool { return l.fresh }
 
 // PutTx adds recs as one chunk in tx, a writable transaction of the Log's
 // database. The projection adds the records of its events in batches
-// (a thousand, or a minute's), in the journal's transactions.
+// (a thousand, or a minute's), in the journal's transactions. A record
+// the trace's reader would refuse (no time or kind, not encodable, too
+// long) is left out, counted, and the first one logged: it never fails
+// the transaction, nor is it stored to fail every later read.
 func (l *Log) PutTx(tx *bolt.Tx, recs []Record) error {
 	if len(recs) == 0 {
 		return nil
@@ -122,8 +133,8 @@ func (l *Log) PutTx(tx *bolt.Tx, recs []Record) error {
 		return errors.New("trace: no bucket")
 	}
 	deflate := len(recs) >= deflateRecords
-	v, err := encodeChunk(recs, deflate)
-	if err != nil {
+	v, n, err := encodeChunk(recs, deflate, l.refuse)
+	if err != nil || n == 0 {
 		return err
 	}
 	seq, err := b.NextSequence()
@@ -184,54 +195,109 @@ func (l *Log) Policy(t time.Time, p Policy) error {
 	return l.Put(Record{T: t, Ev: KindPolicy, Policy: &p})
 }
 
+// refuse counts a record the writer refused, and logs the first.
+func (l *Log) refuse(r *Record, why error) {
+	l.o.Metrics.refuse()
+	if l.refused.CompareAndSwap(false, true) {
+		l.o.Log.Warn().Str("kind", string(r.Ev)).Time("t", r.T).Str("digest", r.Digest).Err(why).
+			Msg("usage trace: a record its reader would refuse is not stored (further ones are only counted: gcagent_trace_records_refused_total)")
+	}
+}
+
 // CompactDue reports whether enough chunks were added since the last
 // compaction to merge them.
 func (l *Log) CompactDue() bool { return l.plain.Load() >= mergeChunks }
 
 // Compact merges the plain chunks into one deflated chunk, then folds the
 // chunks whose records are all older than MaxAge before now into the
-// base, and the oldest ones while the trace is over MaxBytes. One
-// transaction; a failure changes nothing.
+// base, and the oldest ones while the trace is over MaxBytes. A chunk
+// (or the base) that does not decode is dropped, and a record in one
+// that the reader refuses left out: the bounds hold whatever the trace
+// holds. What it dropped is counted and logged once, when the
+// transaction is done. One transaction; a failure changes nothing.
 func (l *Log) Compact(now time.Time) error {
 	l.compacting.Lock()
 	defer l.compacting.Unlock()
 	merged := l.plain.Load()
+	var drops damage
 	err := l.db.Update(func(tx *bolt.Tx) error {
+		drops = damage{}
 		b, bb := tx.Bucket(bucketChunks), tx.Bucket(bucketBase)
 		if b == nil || bb == nil {
 			return errors.New("trace: no bucket")
 		}
-		if err := mergePlain(b); err != nil {
+		if err := mergePlain(b, &drops, l.refuse); err != nil {
 			return err
 		}
-		return prune(b, bb, now.Add(-l.o.MaxAge), l.o.MaxBytes)
+		return prune(b, bb, now.Add(-l.o.MaxAge), l.o.MaxBytes, &drops, l.refuse)
 	})
 	if err != nil {
 		return fmt.Errorf("compact trace: %w", err)
 	}
 	l.plain.Add(-merged) // chunks put meanwhile wait for the next merge
+	l.o.Metrics.drop(drops.Skipped)
+	for _, c := range drops.chunks {
+		l.o.Log.Warn().Str("chunk", c.where).Int("size_bytes", c.size).Err(c.err).Msg("usage trace: a chunk that does not decode is dropped")
+	}
+	if drops.Records > 0 {
+		l.o.Log.Warn().Int("records", drops.Records).Str("first", drops.First).Msg("usage trace: records that do not decode are dropped")
+	}
 	return nil
 }
 
-// mergePlain deflates every plain chunk into one, under the first one's key.
-func mergePlain(b *bolt.Bucket) error {
+// damage is what a compaction dropped: counted as a read's Skipped, and
+// each chunk for its log line.
+type damage struct {
+	Skipped
+	chunks []droppedChunk
+}
+
+type droppedChunk struct {
+	where string
+	size  int
+	err   error
+}
+
+// chunk drops the undecodable chunk k of b (where names it).
+func (d *damage) chunk(b *bolt.Bucket, k []byte, where string, size int, err error) error {
+	d.Skipped.chunk(where, err)
+	d.chunks = append(d.chunks, droppedChunk{where, size, err})
+	return b.Delete(k)
+}
+
+// decode decodes chunk v (where names it), leaving out the records the
+// reader refuses (noted in d); an error when the chunk does not decode.
+func (d *damage) decode(v []byte, where string) ([]Record, error) {
+	return decodeChunk(v, func(line int, err error) { d.record(where, line, err) })
+}
+
+// mergePlain deflates every plain chunk into one, under the first one's
+// key; one that does not decode is dropped (d).
+func mergePlain(b *bolt.Bucket, d *damage, refuse func(*Record, error)) error {
 	var first []byte
 	var recs []Record
-	var keys [][]byte
+	var keys, bad [][]byte
+	var errs []error
 	c := b.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if len(v) == 0 || v[0] != formatPlain {
 			continue
 		}
-		rs, err := decodeChunk(v)
+		rs, err := d.decode(v, chunkName(k))
 		if err != nil {
-			return err
+			bad, errs = append(bad, bytes.Clone(k)), append(errs, err)
+			continue
 		}
 		if first == nil {
 			first = bytes.Clone(k)
 		}
 		recs = append(recs, rs...)
 		keys = append(keys, bytes.Clone(k))
+	}
+	for i, k := range bad {
+		if err := d.chunk(b, k, chunkName(k), len(b.Get(k)), errs[i]); err != nil {
+			return err
+		}
 	}
 	if len(keys) == 0 {
 		return nil
@@ -241,8 +307,8 @@ func mergePlain(b *bolt.Bucket) error {
 			return err
 		}
 	}
-	v, err := encodeChunk(recs, true)
-	if err != nil {
+	v, n, err := encodeChunk(recs, true, refuse)
+	if err != nil || n == 0 {
 		return err
 	}
 	return b.Put(first, v)
@@ -250,8 +316,10 @@ func mergePlain(b *bolt.Bucket) error {
 
 // prune folds into the base the oldest chunks whose last record is before
 // cutoff, then the oldest while chunks and base together are over max
-// bytes (the newest chunk always stays).
-func prune(b, bb *bolt.Bucket, cutoff time.Time, maxBytes int64) error {
+// bytes (the newest chunk always stays). A chunk without a header is
+// dropped at once (d); one that does not decode when folded, and a base
+// that does not, are dropped.
+func prune(b, bb *bolt.Bucket, cutoff time.Time, maxBytes int64, d *damage, refuse func(*Record, error)) error {
 	total := int64(len(bb.Get(keyBase)))
 	type chunk struct {
 		k    []byte
@@ -259,9 +327,11 @@ func prune(b, bb *bolt.Bucket, cutoff time.Time, maxBytes int64) error {
 		last time.Time
 	}
 	var chunks []chunk
+	var short [][]byte
 	err := b.ForEach(func(k, v []byte) error {
 		if len(v) < chunkHeader {
-			return fmt.Errorf("chunk %x: %d bytes", k, len(v))
+			short = append(short, bytes.Clone(k))
+			return nil
 		}
 		chunks = append(chunks, chunk{bytes.Clone(k), int64(len(v)), lastOf(v)})
 		total += int64(len(v))
@@ -269,6 +339,12 @@ func prune(b, bb *bolt.Bucket, cutoff time.Time, maxBytes int64) error {
 	})
 	if err != nil {
 		return err
+	}
+	for _, k := range short {
+		n := len(b.Get(k))
+		if err := d.chunk(b, k, chunkName(k), n, fmt.Errorf("%d bytes: no header", n)); err != nil {
+			return err
+		}
 	}
 	var fold []chunk
 	for len(chunks) > 1 && (chunks[0].last.Before(cutoff) || total > maxBytes) {
@@ -279,58 +355,63 @@ func prune(b, bb *bolt.Bucket, cutoff time.Time, maxBytes int64) error {
 	if len(fold) == 0 {
 		return nil
 	}
-	base, err := readBase(bb)
-	if err != nil {
-		return err
+	var base []Record
+	if v := bb.Get(keyBase); v != nil {
+		if base, err = d.decode(v, "base"); err != nil {
+			if err := d.chunk(bb, keyBase, "base", len(v), err); err != nil {
+				return err
+			}
+			base = nil // the images present before the window are lost, the bounds kept
+		}
 	}
 	var recs []Record
 	for _, c := range fold {
-		rs, err := decodeChunk(b.Get(c.k))
+		rs, err := d.decode(b.Get(c.k), chunkName(c.k))
 		if err != nil {
-			return err
+			if err := d.chunk(b, c.k, chunkName(c.k), int(c.size), err); err != nil {
+				return err
+			}
+			continue
 		}
 		recs = append(recs, rs...)
 		if err := b.Delete(c.k); err != nil {
 			return err
 		}
 	}
-	v, err := encodeChunk(Fold(base, recs, time.Time{}), true)
+	v, n, err := encodeChunk(Fold(base, recs, time.Time{}), true, refuse)
 	if err != nil {
 		return err
+	}
+	if n == 0 {
+		return bb.Delete(keyBase)
 	}
 	return bb.Put(keyBase, v)
 }
 
-func readBase(bb *bolt.Bucket) ([]Record, error) {
-	v := bb.Get(keyBase)
-	if v == nil {
-		return nil, nil
+func chunkName(k []byte) string {
+	if len(k) != 8 {
+		return fmt.Sprintf("chunk %x", k)
 	}
-	return decodeChunk(v)
+	return fmt.Sprintf("chunk %d", binary.BigEndian.Uint64(k))
 }
 
-// Read calls fn with every stored record: the base, then the chunks in
-// the order they were written (not sorted by time, and with removals as
-// stored: see Canonical). It works on a read-only database too.
-func Read(db *bolt.DB, fn func(Record) error) error {
-	return db.View(func(tx *bolt.Tx) error {
+// Read calls fn with every stored record it can read: the base, then the
+// chunks in the order they were written (not sorted by time, and with
+// removals as stored: see Canonical). A chunk that does not decode, and
+// a record the reader refuses, are skipped; the Skipped it returns says
+// what. It works on a read-only database too.
+func Read(db *bolt.DB, fn func(Record) error) (Skipped, error) {
+	var skipped Skipped
+	err := db.View(func(tx *bolt.Tx) error {
 		b, bb := tx.Bucket(bucketChunks), tx.Bucket(bucketBase)
 		if b == nil || bb == nil {
 			return nil // no trace
 		}
-		base, err := readBase(bb)
-		if err != nil {
-			return fmt.Errorf("trace base: %w", err)
-		}
-		for _, r := range base {
-			if err := fn(r); err != nil {
-				return err
-			}
-		}
-		return b.ForEach(func(k, v []byte) error {
-			rs, err := decodeChunk(v)
+		each := func(v []byte, where string) error {
+			rs, err := decodeChunk(v, func(line int, err error) { skipped.record(where, line, err) })
 			if err != nil {
-				return fmt.Errorf("trace chunk %d: %w", binary.BigEndian.Uint64(k), err)
+				skipped.chunk(where, err)
+				return nil
 			}
 			for _, r := range rs {
 				if err := fn(r); err != nil {
@@ -338,8 +419,15 @@ func Read(db *bolt.DB, fn func(Record) error) error {
 				}
 			}
 			return nil
-		})
+		}
+		if v := bb.Get(keyBase); v != nil {
+			if err := each(v, "base"); err != nil {
+				return err
+			}
+		}
+		return b.ForEach(func(k, v []byte) error { return each(v, chunkName(k)) })
 	})
+	return skipped, err
 }
 
 // Size returns the bytes the stored trace takes (chunks and base, values
@@ -361,46 +449,73 @@ func Size(db *bolt.DB) (n int64, chunks int, err error) {
 	return n, chunks, err
 }
 
-func encodeChunk(recs []Record, deflate bool) ([]byte, error) {
+// encodeChunk encodes recs as a chunk, leaving out (and telling refuse
+// of) each record the reader would refuse; n is how many it holds.
+func encodeChunk(recs []Record, deflate bool, refuse func(*Record, error)) (v []byte, n int, err error) {
+	head := make([]byte, chunkHeader, 256)
+	body := head
+	if deflate {
+		body = make([]byte, 0, 256)
+	}
 	var last time.Time
-	for _, r := range recs {
+	for i := range recs {
+		r := &recs[i]
+		start := len(body)
+		var viaJSON bool
+		body, viaJSON, err = appendLine(body, r)
+		if err == nil {
+			err = readable(r, body[start:len(body)-1], viaJSON)
+		}
+		if err != nil {
+			body = body[:start]
+			if refuse != nil {
+				refuse(r, err)
+			}
+			continue
+		}
+		n++
 		if r.T.After(last) {
 			last = r.T
 		}
 	}
-	head := make([]byte, chunkHeader, 256)
+	if !deflate {
+		head = body[:chunkHeader] // body grew from head: the header is its start
+	}
 	if !last.IsZero() {
 		binary.BigEndian.PutUint64(head[1:], uint64(last.UnixNano()))
 	}
 	if !deflate {
 		head[0] = formatPlain
-		return appendJSON(head, recs)
+		return body, n, nil
 	}
 	head[0] = formatDeflated
 	buf := bytes.NewBuffer(head)
 	zw, _ := deflaters.Get().(*flate.Writer)
 	if zw == nil {
-		var err error
 		if zw, err = flate.NewWriter(buf, flate.DefaultCompression); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	} else {
 		zw.Reset(buf)
 	}
 	defer deflaters.Put(zw)
-	if err := Encode(zw, recs...); err != nil {
-		return nil, err
+	if _, err := zw.Write(body); err != nil {
+		return nil, 0, err
 	}
 	if err := zw.Close(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes(), n, nil
 }
 
 // deflaters keeps flate writers (a megabyte of tables each) for reuse.
 var deflaters sync.Pool
 
-func decodeChunk(v []byte) ([]Record, error) {
+// decodeChunk returns the records of a stored chunk. A line the reader
+// refuses is passed to bad (nil: an error); a chunk without a header, of
+// an unknown format, whose deflate stream is broken or with a line too
+// long for the reader is an error.
+func decodeChunk(v []byte, bad func(line int, err error)) ([]Record, error) {
 	if len(v) < chunkHeader {
 		return nil, fmt.Errorf("%d bytes: no header", len(v))
 	}
@@ -415,7 +530,7 @@ func decodeChunk(v []byte) ([]Record, error) {
 		return nil, fmt.Errorf("format %d", v[0])
 	}
 	var out []Record
-	err := Decode(r, func(rec Record) error { out = append(out, rec); return nil }, nil)
+	err := Decode(r, func(rec Record) error { out = append(out, rec); return nil }, bad)
 	return out, err
 }
 

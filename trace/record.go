@@ -109,12 +109,14 @@ type Record struct {
 	Disk   *Disk   `json:"disk,omitempty"`
 	Policy *Policy `json:"policy,omitempty"`
 
-	// Header fields.
+	// Header fields. Skipped says what the stored trace held that could
+	// not be read and is not in the export.
 	Version int       `json:"version,omitempty"`
 	Node    string    `json:"node,omitempty"`
 	Cluster string    `json:"cluster,omitempty"`
 	From    time.Time `json:"from,omitzero"`
 	To      time.Time `json:"to,omitzero"`
+	Skipped *Skipped  `json:"skipped,omitempty"`
 }
 
 // Disk is a measurement of the image filesystem, in bytes, as statfs gives
@@ -209,11 +211,12 @@ func appendJSON(b []byte, recs []Record) ([]byte, error) {
 
 // Decode reads JSON lines from r and calls fn with each record. A line
 // that is not a record (malformed JSON, no time or kind) is passed to bad
-// with its line number and skipped; a nil bad makes it an error. It stops
-// at fn's first error.
+// with its line number and skipped; a nil bad makes it an error. A line
+// of maxLine bytes or more, or a reader that fails, is an error. It stops
+// at fn's first error. The trace's writer stores nothing Decode refuses.
 func Decode(r io.Reader, fn func(Record) error, bad func(line int, err error)) error {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
 	for n := 1; sc.Scan(); n++ {
 		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 {
@@ -221,8 +224,8 @@ func Decode(r io.Reader, fn func(Record) error, bad func(line int, err error)) e
 		}
 		var rec Record
 		err := json.Unmarshal(line, &rec)
-		if err == nil && (rec.T.IsZero() && rec.Ev != KindHeader || rec.Ev == "") {
-			err = fmt.Errorf("no time or kind")
+		if err == nil {
+			err = refusal(&rec)
 		}
 		if err != nil {
 			if bad == nil {

@@ -45,7 +45,9 @@ func (s Source) String() string {
 }
 
 // Fetch reads the trace src names: its header (the node and cluster when
-// known) and its records, canonical (Load). from says where they came from.
+// known; Skipped, what the stored trace held that could not be read and
+// was left out) and its records, canonical (Load). from says where they
+// came from.
 func Fetch(ctx context.Context, src Source) (header Record, recs []Record, from string, err error) {
 	switch {
 	case src.File == "-":
@@ -67,8 +69,11 @@ func Fetch(ctx context.Context, src Source) (header Record, recs []Record, from 
 		}
 	}
 	path := filepath.Join(src.StateDir, "state.db")
-	recs, err = readStateFile(path)
+	recs, skipped, err := readStateFile(path)
 	header = Record{Ev: KindHeader}
+	if skipped.Any() {
+		header.Skipped = &skipped
+	}
 	for _, r := range recs {
 		if r.Ev == KindStart && r.Node != "" {
 			header.Node, header.Cluster = r.Node, r.Cluster // the agent's, as it last started
@@ -96,10 +101,11 @@ func decodeAll(r io.Reader, bad func(int, error)) (Record, []Record, error) {
 }
 
 // readStateFile reads the trace of an agent's state file, read-only: a
-// damaged file is an error, never a panic.
-func readStateFile(path string) (recs []Record, err error) {
+// damaged file is an error, never a panic; a chunk or record of the trace
+// that does not decode is skipped (Load).
+func readStateFile(path string) (recs []Record, skipped Skipped, err error) {
 	if _, err := os.Stat(path); err != nil {
-		return nil, err
+		return nil, skipped, err
 	}
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
@@ -110,9 +116,9 @@ func readStateFile(path string) (recs []Record, err error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: true})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
-			return nil, fmt.Errorf("state %s is held by a running agent that does not answer on its metrics address", path)
+			return nil, skipped, fmt.Errorf("state %s is held by a running agent that does not answer on its metrics address", path)
 		}
-		return nil, fmt.Errorf("open state %s read-only: %w", path, err)
+		return nil, skipped, fmt.Errorf("open state %s read-only: %w", path, err)
 	}
 	defer db.Close()
 	return Load(db)

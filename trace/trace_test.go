@@ -132,9 +132,12 @@ func openDB(t *testing.T) *bolt.DB {
 
 func loadAll(t *testing.T, db *bolt.DB) []Record {
 	t.Helper()
-	recs, err := Load(db)
+	recs, skipped, err := Load(db)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if skipped.Any() {
+		t.Errorf("load skipped %s", skipped)
 	}
 	return recs
 }

@@ -167,7 +167,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 		return err
 	}
 	defer lock.Release() // after every part has stopped: g.Wait below
-	tl, err := openTrace(cfg, store, clk.Now(), log)
+	tl, err := openTrace(cfg, store, clk.Now(), log, reg)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/gcagent/gcagent/internal/streak"
 	"github.com/gcagent/gcagent/projection"
 	"github.com/gcagent/gcagent/trace"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -16,11 +17,16 @@ import (
 // --trace-max-age is 0, and records the agent's start in it. Call it
 // before the projection is restored: each namespace's projection records
 // into it from its restore on.
-func openTrace(cfg Config, store *projection.Store, now time.Time, log zerolog.Logger) (*trace.Log, error) {
+func openTrace(cfg Config, store *projection.Store, now time.Time, log zerolog.Logger, reg prometheus.Registerer) (*trace.Log, error) {
 	if cfg.TraceMaxAge <= 0 {
 		return nil, nil
 	}
-	tl, err := store.OpenTrace(trace.Options{MaxAge: cfg.TraceMaxAge, MaxBytes: cfg.TraceMaxBytes})
+	m, err := trace.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	tl, err := store.OpenTrace(trace.Options{MaxAge: cfg.TraceMaxAge, MaxBytes: cfg.TraceMaxBytes, Metrics: m,
+		Log: log.With().Str("component", "trace").Logger()})
 	if err != nil {
 		return nil, err
 	}
@@ -88,11 +94,19 @@ func (a *agent) serveTrace(w http.ResponseWriter, _ *http.Request) {
 	if err := a.live.FlushTrace(); err != nil {
 		a.log.Warn().Err(err).Str("component", "trace").Msg("usage trace: pending records not written before an export")
 	}
-	recs, err := trace.Load(a.store.DB())
+	recs, skipped, err := trace.Load(a.store.DB())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	h := trace.Record{Node: a.cfg.NodeName, Cluster: a.cfg.Cluster}
+	if skipped.Any() {
+		// Left out, and said in the export's header: the next
+		// compaction drops what does not decode.
+		h.Skipped = &skipped
+		a.log.Warn().Str("component", "trace").Int("chunks", skipped.Chunks).Int("records", skipped.Records).
+			Str("first", skipped.First).Msg("usage trace export: what could not be read is skipped")
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
-	_ = trace.Export(w, trace.Record{Node: a.cfg.NodeName, Cluster: a.cfg.Cluster}, recs)
+	_ = trace.Export(w, h, recs)
 }
