@@ -16,7 +16,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gcagent/gcagent/declared"
 )
@@ -67,25 +69,27 @@ type Declares struct {
 // Of returns what obj declares, and false for an object of no Kind.
 func Of(obj any) (Declares, bool) {
 	var d Declares
-	var meta metav1.ObjectMeta
+	var om metav1.ObjectMeta
 	var specs []*corev1.PodSpec
 	switch o := obj.(type) {
+	case *Object:
+		return o.Declares, true
 	case *corev1.Pod:
-		d.Workload.Kind, meta, specs = "Pod", o.ObjectMeta, []*corev1.PodSpec{&o.Spec}
+		d.Workload.Kind, om, specs = "Pod", o.ObjectMeta, []*corev1.PodSpec{&o.Spec}
 	case *appsv1.Deployment:
-		d.Workload.Kind, meta, specs = "Deployment", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
+		d.Workload.Kind, om, specs = "Deployment", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
 	case *appsv1.ReplicaSet:
-		d.Workload.Kind, meta, specs = "ReplicaSet", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
+		d.Workload.Kind, om, specs = "ReplicaSet", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
 	case *appsv1.StatefulSet:
-		d.Workload.Kind, meta, specs = "StatefulSet", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
+		d.Workload.Kind, om, specs = "StatefulSet", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
 	case *appsv1.DaemonSet:
-		d.Workload.Kind, meta, specs = "DaemonSet", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
+		d.Workload.Kind, om, specs = "DaemonSet", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
 	case *batchv1.Job:
-		d.Workload.Kind, meta, specs = "Job", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
+		d.Workload.Kind, om, specs = "Job", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.Template.Spec}
 	case *batchv1.CronJob:
-		d.Workload.Kind, meta, specs = "CronJob", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.JobTemplate.Spec.Template.Spec}
+		d.Workload.Kind, om, specs = "CronJob", o.ObjectMeta, []*corev1.PodSpec{&o.Spec.JobTemplate.Spec.Template.Spec}
 	case *appsv1.ControllerRevision:
-		d.Workload.Kind, meta = "ControllerRevision", o.ObjectMeta
+		d.Workload.Kind, om = "ControllerRevision", o.ObjectMeta
 		if spec, err := revisionSpec(o); err == nil {
 			specs = []*corev1.PodSpec{spec}
 		} else {
@@ -94,7 +98,7 @@ func Of(obj any) (Declares, bool) {
 	default:
 		return d, false
 	}
-	d.Workload.Namespace, d.Workload.Name = meta.Namespace, meta.Name
+	d.Workload.Namespace, d.Workload.Name = om.Namespace, om.Name
 	for _, spec := range specs {
 		for _, ref := range SpecImages(spec) {
 			n, err := declared.Normalize(ref)
@@ -161,66 +165,43 @@ func revisionSpec(cr *appsv1.ControllerRevision) (*corev1.PodSpec, error) {
 	return &data.Spec.Template.Spec, nil
 }
 
-// Strip returns a copy of obj that keeps only what Of reads (its name,
-// namespace, uid, resource version and image references): what the
-// component's informers store, so that 50,000 pods cost megabytes, not
-// the gigabyte their full specs and statuses would. It is an informer
-// transform (cache.TransformFunc); an object of no Kind, or a tombstone,
-// is returned as it is.
+// Object is what an informer keeps of an object that declares images:
+// its kind, name, namespace, uid and resource version, and what it
+// declares. It is a runtime.Object, so that client-go's stores hold it.
+type Object struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Declares          Declares `json:"declares"`
+}
+
+// DeepCopyObject copies o (runtime.Object).
+func (o *Object) DeepCopyObject() runtime.Object {
+	c := *o
+	o.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.Declares.Images = slices.Clone(o.Declares.Images)
+	c.Declares.Invalid = slices.Clone(o.Declares.Invalid)
+	return &c
+}
+
+// Strip returns what an informer keeps of obj: an *Object with what Of
+// makes of it (a few hundred bytes, where a pod's spec and status take
+// kilobytes: 50,000 pods cost megabytes, not the hundreds of megabytes
+// their typed objects would). It is an informer transform
+// (cache.TransformFunc); an object of no Kind, or a tombstone, is
+// returned as it is.
 func Strip(obj any) (any, error) {
-	switch o := obj.(type) {
-	case *corev1.Pod:
-		return &corev1.Pod{ObjectMeta: stripMeta(o.ObjectMeta), Spec: stripSpec(&o.Spec)}, nil
-	case *appsv1.Deployment:
-		return &appsv1.Deployment{ObjectMeta: stripMeta(o.ObjectMeta), Spec: appsv1.DeploymentSpec{Template: stripTemplate(o.Spec.Template)}}, nil
-	case *appsv1.ReplicaSet:
-		return &appsv1.ReplicaSet{ObjectMeta: stripMeta(o.ObjectMeta), Spec: appsv1.ReplicaSetSpec{Template: stripTemplate(o.Spec.Template)}}, nil
-	case *appsv1.StatefulSet:
-		return &appsv1.StatefulSet{ObjectMeta: stripMeta(o.ObjectMeta), Spec: appsv1.StatefulSetSpec{Template: stripTemplate(o.Spec.Template)}}, nil
-	case *appsv1.DaemonSet:
-		return &appsv1.DaemonSet{ObjectMeta: stripMeta(o.ObjectMeta), Spec: appsv1.DaemonSetSpec{Template: stripTemplate(o.Spec.Template)}}, nil
-	case *batchv1.Job:
-		return &batchv1.Job{ObjectMeta: stripMeta(o.ObjectMeta), Spec: batchv1.JobSpec{Template: stripTemplate(o.Spec.Template)}}, nil
-	case *batchv1.CronJob:
-		c := &batchv1.CronJob{ObjectMeta: stripMeta(o.ObjectMeta)}
-		c.Spec.JobTemplate.Spec.Template = stripTemplate(o.Spec.JobTemplate.Spec.Template)
-		return c, nil
-	case *appsv1.ControllerRevision:
-		c := &appsv1.ControllerRevision{ObjectMeta: stripMeta(o.ObjectMeta), Revision: o.Revision}
-		if spec, err := revisionSpec(o); err == nil {
-			b, _ := json.Marshal(map[string]any{"spec": map[string]any{"template": corev1.PodTemplateSpec{Spec: stripSpec(spec)}}})
-			c.Data.Raw = b
-		} else {
-			c.Data.Raw = o.Data.Raw
-		}
-		return c, nil
+	d, ok := Of(obj)
+	if !ok {
+		return obj, nil
 	}
-	return obj, nil
-}
-
-func stripMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
-}
-
-func stripTemplate(t corev1.PodTemplateSpec) corev1.PodTemplateSpec {
-	return corev1.PodTemplateSpec{Spec: stripSpec(&t.Spec)}
-}
-
-func stripSpec(s *corev1.PodSpec) corev1.PodSpec {
-	var out corev1.PodSpec
-	for _, c := range s.InitContainers {
-		out.InitContainers = append(out.InitContainers, corev1.Container{Image: c.Image})
+	if o, ok := obj.(*Object); ok {
+		return o, nil
 	}
-	for _, c := range s.Containers {
-		out.Containers = append(out.Containers, corev1.Container{Image: c.Image})
+	m, err := apimeta.Accessor(obj)
+	if err != nil {
+		return obj, nil
 	}
-	for _, c := range s.EphemeralContainers {
-		out.EphemeralContainers = append(out.EphemeralContainers, corev1.EphemeralContainer{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Image: c.Image}})
-	}
-	for _, v := range s.Volumes {
-		if v.Image != nil {
-			out.Volumes = append(out.Volumes, corev1.Volume{Name: v.Name, VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: v.Image.Reference}}})
-		}
-	}
-	return out
+	out := &Object{TypeMeta: metav1.TypeMeta{Kind: d.Workload.Kind}, Declares: d}
+	out.Name, out.Namespace, out.UID, out.ResourceVersion = m.GetName(), m.GetNamespace(), m.GetUID(), m.GetResourceVersion()
+	return out, nil
 }

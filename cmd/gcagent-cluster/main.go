@@ -107,6 +107,7 @@ func execute(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	f.StringVar(&cfg.Identity, "identity", cfg.Identity, "this replica's name in the election (the pod's name)")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", cfg.MetricsAddress, "where /metrics, /healthz and /readyz are served")
 	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "json or console")
+	f.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "serve Go's /debug/pprof/ on --metrics-address")
 	cmd.SetArgs(args)
 	return cmd.ExecuteContext(ctx)
 }

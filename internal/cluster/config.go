@@ -75,6 +75,8 @@ type Config struct {
 	Identity string
 	// MetricsAddress serves /metrics, /healthz and /readyz. Default ":9618".
 	MetricsAddress string
+	// Profiling adds Go's /debug/pprof/ to MetricsAddress. Default false.
+	Profiling bool
 	// LogFormat is json or console. Default json.
 	LogFormat string
 }

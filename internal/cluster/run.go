@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -88,7 +89,12 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) error {
 	}
 
 	var leading atomic.Bool
-	srv := &http.Server{Handler: handler(reg, ks, nc.IsConnected, &leading), ReadHeaderTimeout: 5 * time.Second}
+	mux := handler(reg, ks, nc.IsConnected, &leading)
+	if cfg.Profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
@@ -245,7 +251,7 @@ func cacheSynced(ctx context.Context, synced func() bool) bool {
 
 // handler serves /metrics, /healthz (the process serves) and /readyz
 // (informers synced and NATS connected; one line per part either way).
-func handler(reg *prometheus.Registry, ks *keepSync, natsUp func() bool, leading *atomic.Bool) http.Handler {
+func handler(reg *prometheus.Registry, ks *keepSync, natsUp func() bool, leading *atomic.Bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
