@@ -367,13 +367,14 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 		return r, fmt.Errorf("remove %s %s: %w", kind, it.ID, err)
 	}
 	var owner OwnerCleanup
+	call := tx.Call(ctx) // checks the agent lock; ends with its hold
 	switch kind {
 	case ContainerKindNative:
-		owner, err = e.rt.DeleteNative(ctx, it.Namespace, it.ID)
+		owner, err = e.rt.DeleteNative(call, it.Namespace, it.ID)
 	case ContainerKindSandbox:
-		err = e.rt.RemoveCRISandbox(ctx, it.ID)
+		err = e.rt.RemoveCRISandbox(call, it.ID)
 	default:
-		if removal.Logs != nil {
+		if removal.Logs != nil && call.Err() == nil {
 			removed, lerr := e.logs.RemoveContainerLogs(ref)
 			removal.Logs = &removed
 			if lerr != nil {
@@ -385,7 +386,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 				return r, fmt.Errorf("remove the log of %s %s: %w", kind, it.ID, lerr)
 			}
 		}
-		err = e.rt.RemoveCRIContainer(ctx, it.ID)
+		err = e.rt.RemoveCRIContainer(call, it.ID)
 	}
 	r.At = e.now()
 	if errors.Is(err, ErrOwnerWon) {
