@@ -67,8 +67,8 @@ type HeldError struct {
 
 func (e *HeldError) Error() string {
 	if e.Again > 0 {
-		return fmt.Sprintf("another gcagent runs on this containerd: %s; it took containerd over itself %s ago, "+
-			"and --take-over is refused for %s more (two agents started with --take-over would take it from each other for ever); "+
+		return fmt.Sprintf("another gcagent runs on this containerd: %s; it took containerd over itself recently (%s before its last renewal), "+
+			"and --take-over is refused for up to %s more (two agents started with --take-over would take it from each other for ever); "+
 			"stop it, or start this one again then", e.By, e.TookOver.Round(time.Second), e.Again.Round(time.Second))
 	}
 	return "another gcagent runs on this containerd: " + e.By.String() + "; stop it, or start this one with --take-over"
@@ -394,21 +394,25 @@ func (l *AgentLock) Acquire(ctx context.Context, takeOver bool) error {
 				why = fmt.Sprintf("not renewed for %s", l.staleAfter())
 			}
 		}
-		if wait > 0 {
-			l.waitFor(wait) // armed before the create: whatever answer is lost, it holds
-		}
 		next := uint64(1)
 		if top != nil {
 			next = top.n + 1
 		}
 		if top == nil || why == "released" {
-			last, _, err := l.lastReleased(ctx)
+			r, err := l.lastReleased(ctx)
 			if err != nil {
 				return err
 			}
-			if last > 0 {
-				next = max(next, last+2) // past a renewal the last holder may have sent before it released
+			if r.last > 0 {
+				next = max(next, r.last+2) // past a renewal the last holder may have sent before it released
 			}
+			if r.tookOver { // it released within its take-over's wait: the rest is this run's
+				l.inherit(start, r.ago)
+				wait = max(wait, l.staleAfter()-r.ago)
+			}
+		}
+		if wait > 0 {
+			l.waitFor(wait) // armed before the create: whatever answer is lost, it holds
 		}
 		ok, err := l.create(ctx, next)
 		if err != nil {

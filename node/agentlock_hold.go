@@ -215,10 +215,13 @@ func (l *AgentLock) renew(ctx context.Context) error {
 }
 
 // Release deletes the lock held, so that the next agent starts at once.
-// Call it once nothing deletes any more; Held fails after it. While an
-// agent it took over may still delete, it leaves the lock (the next agent
-// takes the wait over from its labels); after a delete call was cut off
-// it waits a period first (containerd may still apply it).
+// Call it once nothing deletes any more; Held fails after it. It records
+// its generation, and a recent take-over of its own, in the namespace's
+// labels first: the next holder goes on past it, and waits what is left
+// of that take-over's wait (without a label store it leaves the lock
+// while an agent it took over may still delete: the next agent takes the
+// wait over from its lease). After a delete call was cut off it waits a
+// period first (containerd may still apply it).
 func (l *AgentLock) Release() {
 	now := l.o.Clock.Now()
 	l.mu.Lock()
@@ -228,7 +231,7 @@ func (l *AgentLock) Release() {
 	for k := range l.tries {
 		last = max(last, k)
 	}
-	waiting := l.waiting(now)
+	waiting, tookOver := l.waiting(now), l.tookOver
 	var landing <-chan time.Time
 	if l.landPend {
 		select {
@@ -242,7 +245,8 @@ func (l *AgentLock) Release() {
 	if n == 0 {
 		return
 	}
-	if waiting {
+	ls, labels := l.store.(labelStore)
+	if waiting && !labels {
 		l.o.Log.Info().Msg("containerd's agent lock left, not released: the agent it took over may still delete; the next agent waits for it")
 		return
 	}
@@ -253,13 +257,17 @@ func (l *AgentLock) Release() {
 	}
 	// The generation recorded first (a create of n+1 this run sent may
 	// still land): the next holder goes on past it, so no lock id is ever
-	// made twice.
-	ls, labels := l.store.(labelStore)
+	// made twice; and a recent take-over, whose wait it takes on.
 	var old []string
 	if labels {
-		_, old, _ = l.lastReleased(context.Background())
+		r, _ := l.lastReleased(context.Background())
+		old = r.keys
+		value := releasedPlain
+		if ago := l.o.Clock.Now().Sub(tookOver); !tookOver.IsZero() && ago < l.recentTakeOver() {
+			value = strconv.FormatFloat(max(0, ago).Seconds(), 'f', 3, 64)
+		}
 		ctx, cancel := l.ctx(context.Background())
-		err := ls.SetLabel(ctx, events.AgentNamespace, lockLabelReleased+strconv.FormatUint(last, 10), "1")
+		err := ls.SetLabel(ctx, events.AgentNamespace, lockLabelReleased+strconv.FormatUint(last, 10), value)
 		cancel()
 		if err != nil {
 			l.o.Log.Warn().Err(err).Msg("cannot release containerd's agent lock: the next agent takes it when it finds this one gone")

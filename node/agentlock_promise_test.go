@@ -108,7 +108,7 @@ func TestAgentLockSecondTakeOverRefused(t *testing.T) {
 	if !errors.As(err, &held) || held.By.Node != "a" {
 		t.Fatalf("a second --take-over a minute after the first: %v, want refused naming a", err)
 	}
-	for _, want := range []string{"node a", "took containerd over itself", "--take-over is refused for 5m0s more", "start this one again then"} {
+	for _, want := range []string{"node a", "took containerd over itself recently", "--take-over is refused for up to 5m0s more", "start this one again then"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("refusal %q does not say %q", err, want)
 		}
@@ -173,29 +173,56 @@ func TestAgentLockTakesTheWaitOfADeadTaker(t *testing.T) {
 }
 
 // TestAgentLockReleaseDuringItsWait: an agent that took over and stops
-// within its wait leaves the lock (the agent it took over may still
-// delete); the next one takes that wait over from its labels.
+// within its wait releases the lock saying so in the namespace's labels
+// (a store without them: leaves its lease, whose labels say so), and the
+// next one waits what is left of that wait (the agent it took over may
+// still delete).
 func TestAgentLockReleaseDuringItsWait(t *testing.T) {
 	store, clk := newMemLeases(), clock.NewFake(time.Unix(1000, 0))
+	labelled := &labelLeases{memLeases: newMemLeases(), labels: map[string]string{}}
+	for name, ls := range map[string]leaseStore{"without labels": store, "with labels": labelled} {
+		t.Run(name, func(t *testing.T) { releaseDuringItsWait(t, ls, clk) })
+	}
+}
+
+func releaseDuringItsWait(t *testing.T, store leaseStore, clk *clock.Fake) {
+	ids := func() []string {
+		if l, ok := store.(*labelLeases); ok {
+			return l.ids()
+		}
+		return store.(*memLeases).ids()
+	}
 	procs := processes{1: true, 3: true}
-	x := newLock(store, agent("x", "sx", "pid:[1]", 1), clk, procs)
+	lock := func(a AgentID) *AgentLock {
+		return NewAgentLock(store, a, LockOptions{Period: 10 * time.Second, Clock: clk, alive: procs.alive})
+	}
+	x := lock(agent("x", "sx", "pid:[1]", 1))
 	if err := x.Acquire(context.Background(), false); err != nil {
 		t.Fatal(err)
 	}
-	taker := newLock(store, agent("t", "st", "pid:[1]", 2), clk, procs)
+	taker := lock(agent("t", "st", "pid:[1]", 2))
 	if err := taker.Acquire(context.Background(), true); err != nil {
 		t.Fatal(err)
 	}
+	clk.Step(2 * time.Second)
 	taker.Release() // and pid 2 exits
-	if got := store.ids(); !slices.Equal(got, []string{"lock.2"}) {
-		t.Fatalf("leases after a release within the wait %v, want lock.2 left", got)
+	want := []string{"lock.2"} // left
+	if _, ok := store.(*labelLeases); ok {
+		want = nil // released
 	}
-	next := newLock(store, agent("c", "sc", "pid:[1]", 3), clk, procs)
+	if got := ids(); !slices.Equal(got, want) {
+		t.Fatalf("leases after a release within the wait %v, want %v", got, want)
+	}
+	next := lock(agent("c", "sc", "pid:[1]", 3))
 	if err := next.Acquire(context.Background(), false); err != nil {
 		t.Fatal(err)
 	}
 	if err := next.Held(); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("deletes at once after a taker released within its wait: %v", err)
+	}
+	clk.Step(27 * time.Second) // 29 s after the take-over
+	if err := next.Held(); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("deletes 29 s after the take-over it released within: %v", err)
 	}
 }
 
@@ -319,7 +346,7 @@ func TestAgentLockGenerationsGoOnAfterARelease(t *testing.T) {
 	if got := store.ids(); len(got) != 0 {
 		t.Fatalf("leases after the release: %v", got)
 	}
-	if want := map[string]string{lockLabelReleased + "3": "1"}; !maps.Equal(store.labels, want) {
+	if want := map[string]string{lockLabelReleased + "3": releasedPlain}; !maps.Equal(store.labels, want) {
 		t.Errorf("namespace labels %v, want %v", store.labels, want)
 	}
 	b := NewAgentLock(store, agent("b", "sb", "pid:[1]", 2), LockOptions{Period: 10 * time.Second, Clock: clk, alive: procs.alive})
@@ -330,7 +357,7 @@ func TestAgentLockGenerationsGoOnAfterARelease(t *testing.T) {
 		t.Errorf("leases after the next take %v, want lock.5", got)
 	}
 	b.Release()
-	if want := map[string]string{lockLabelReleased + "5": "1"}; !maps.Equal(store.labels, want) {
+	if want := map[string]string{lockLabelReleased + "5": releasedPlain}; !maps.Equal(store.labels, want) {
 		t.Errorf("namespace labels %v, want only the last release's %v", store.labels, want)
 	}
 }

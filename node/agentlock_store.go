@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -60,28 +61,47 @@ func (s LockStore) SetLabel(ctx context.Context, ns, key, value string) error {
 
 // lockLabelReleased, followed by a generation, is the label of the lock's
 // namespace a release records (one key per release: a write containerd
-// applies late cannot lower it).
+// applies late cannot lower it). Its value is what lockLabelTookOver
+// would say (seconds since the releaser took over, while recent), or
+// releasedPlain.
 const lockLabelReleased = "gcagent.io/released."
 
-// lastReleased returns the highest generation a release recorded, and
-// the keys that record it and older ones (none without a label store).
-func (l *AgentLock) lastReleased(ctx context.Context) (last uint64, keys []string, err error) {
+// releasedPlain is the value of a release by a holder that did not take
+// over recently.
+const releasedPlain = "released"
+
+// released is what the last release recorded.
+type released struct {
+	last     uint64        // its generation; 0: none recorded
+	tookOver bool          // the releaser took over ago before it released
+	ago      time.Duration // (a value that does not parse: 0, fail closed)
+	keys     []string      // the labels that record it and older ones
+}
+
+// lastReleased returns what the last release recorded (nothing without a
+// label store).
+func (l *AgentLock) lastReleased(ctx context.Context) (r released, err error) {
 	ls, ok := l.store.(labelStore)
 	if !ok {
-		return 0, nil, nil
+		return released{}, nil
 	}
 	cctx, cancel := l.ctx(ctx)
 	defer cancel()
 	labels, err := ls.Labels(cctx, events.AgentNamespace)
 	if err != nil && !errdefs.IsNotFound(err) {
-		return 0, nil, fmt.Errorf("read the agent lock's last release: %w", err)
+		return released{}, fmt.Errorf("read the agent lock's last release: %w", err)
 	}
-	for k := range labels {
+	for k, v := range labels {
 		if n, err := strconv.ParseUint(strings.TrimPrefix(k, lockLabelReleased), 10, 64); err == nil && strings.HasPrefix(k, lockLabelReleased) {
-			last = max(last, n)
-			keys = append(keys, k)
+			if n > r.last {
+				g := generation{lease: leases.Lease{Labels: map[string]string{lockLabelTookOver: v}}}
+				r.last = n
+				r.ago, r.tookOver = g.tookOverAgo()
+				r.tookOver = r.tookOver && v != releasedPlain
+			}
+			r.keys = append(r.keys, k)
 		}
 	}
-	slices.Sort(keys)
-	return last, keys, nil
+	slices.Sort(r.keys)
+	return r, nil
 }
