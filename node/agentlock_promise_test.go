@@ -205,7 +205,7 @@ func releaseDuringItsWait(t *testing.T, store leaseStore, clk *clock.Fake) {
 		t.Fatal(err)
 	}
 	clk.Step(2 * time.Second)
-	taker.Release() // and pid 2 exits
+	taker.Release()            // and pid 2 exits
 	want := []string{"lock.2"} // left
 	if _, ok := store.(*labelLeases); ok {
 		want = nil // released
