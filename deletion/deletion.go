@@ -146,14 +146,20 @@ type Deps struct {
 	Journal Journal
 	Checker Checker
 	// Lock, if set, must be held for a delete to begin (one agent per
-	// containerd): Begin fails with its error otherwise.
+	// containerd): Begin fails with its error otherwise; and again right
+	// before the delete call, whose context ends with the hold (Tx.Call).
 	Lock Lock
 }
 
-// Lock says whether this agent may delete now: nil while it holds
-// containerd's agent lock.
+// Lock says whether this agent may delete now (containerd's agent lock,
+// node.AgentLock).
 type Lock interface {
+	// Held returns nil while this agent holds the lock.
 	Held() error
+	// Hold checks it again and returns the context of one delete call,
+	// ended when the hold ends, and done, to call once the call returned;
+	// an error when it is not held now.
+	Hold(ctx context.Context) (call context.Context, done context.CancelFunc, err error)
 }
 
 // Options tune a Manager.
@@ -429,6 +435,44 @@ type Tx struct {
 	// action is set when the intent could not be recorded: the commit
 	// publishes it.
 	action *schema.Action
+	// refused is the lock's error when Call found it not held: no call
+	// left. release ends the call's context.
+	refused error
+	release context.CancelFunc
+}
+
+// Call returns the context of t's delete call (every request of it):
+// ctx, with the agent lock checked right now and ended when this agent's
+// hold ends, so that a request sent after it (a slow settle or fsync
+// before, a process frozen in between) is refused before it leaves. When
+// the lock is not held now, the context is already ended with the lock's
+// error as its cause, and Settle then reports NotHappened without asking
+// the node. A delete that is not a request (a file) checks
+// context.Cause(t.Call(ctx)) right before it. It ends with t; call it
+// once. Without Deps.Lock it is ctx.
+func (t *Tx) Call(ctx context.Context) context.Context {
+	if t.m.d.Lock == nil {
+		return ctx
+	}
+	call, done, err := t.m.d.Lock.Hold(ctx)
+	if err != nil {
+		t.refused = err
+		t.m.o.Log.Warn().Err(err).Str("namespace", t.in.Namespace).Str("kind", t.in.Kind).Str("subject", t.in.Subject).
+			Msg("delete not made: the agent lock is not held right before its call")
+		refused, cancel := context.WithCancelCause(ctx)
+		cancel(err)
+		return refused
+	}
+	t.release = done
+	return call
+}
+
+// end releases the call's context, once.
+func (t *Tx) end() {
+	if t.release != nil {
+		t.release()
+		t.release = nil
+	}
 }
 
 // Intent returns the transaction's intent.
@@ -441,6 +485,7 @@ func (t *Tx) Commit(d any) error {
 		return errors.New("deletion: transaction already ended")
 	}
 	t.done = true
+	t.end()
 	if t.m.o.AfterDelete != nil {
 		t.m.o.AfterDelete(t.in)
 	}
@@ -457,6 +502,7 @@ func (t *Tx) Commit(d any) error {
 // Abort drops the intent and ends t: the delete did not happen (the call
 // said so, or the object is still there).
 func (t *Tx) Abort() error {
+	t.end()
 	if t.done {
 		return nil
 	}
@@ -486,8 +532,13 @@ const (
 // No other delete begins while it asks. Happened: t stays open for the
 // caller to measure and Commit. NotHappened: t is aborted. Unknown: t is
 // left pending on the Manager, which settles it before any other delete;
-// the error says why it is unknown.
+// the error says why it is unknown. A call Call refused did not happen:
+// NotHappened, with the lock's error.
 func (t *Tx) Settle(ctx context.Context) (Outcome, error) {
+	t.end()
+	if t.refused != nil {
+		return NotHappened, errors.Join(t.refused, t.Abort())
+	}
 	m := t.m
 	m.mu.Lock()
 	m.inDoubt++

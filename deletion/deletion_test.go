@@ -451,6 +451,10 @@ type notHeld struct{ err error }
 
 func (l notHeld) Held() error { return l.err }
 
+func (l notHeld) Hold(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	return ctx, func() {}, l.err
+}
+
 // TestBeginNeedsTheLock: while the agent does not hold containerd's agent
 // lock, no delete begins and no intent is recorded.
 func TestBeginNeedsTheLock(t *testing.T) {

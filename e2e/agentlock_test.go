@@ -210,3 +210,51 @@ func TestOneAgentPerContainerdAcrossNamespaces(t *testing.T) {
 		waitSynced(t, inPod)
 	})
 }
+
+// TestSecondTakeOverRefused: two agents started with --take-over do not
+// take containerd from each other: the first takes it over from the
+// agent that held it, and a second one, started within 5 minutes of
+// that, exits at once with one line naming the holder, saying that it
+// took over itself and when --take-over may be tried again; the holder
+// runs on, the lock its own.
+func TestSecondTakeOverRefused(t *testing.T) {
+	t.Parallel()
+	forEachVersion(t, func(t *testing.T, v testenv.Version) {
+		c := testenv.StartContainerd(t, testenv.Options{Version: v})
+		dir := t.TempDir()
+		state := func(name string) string { return filepath.Join(dir, name) }
+		observe := []string{"--prune-containers=off", "--image-gc-high-threshold=100"}
+
+		first := testenv.StartAgent(t, c, state("first"), observe...)
+		waitHolding(t, first)
+		taker := testenv.StartAgent(t, c, state("taker"), append(observe, "--take-over")...)
+		waitHolding(t, taker)
+		if !logHas(t, taker, `"reason":"--take-over"`) {
+			t.Fatalf("the first --take-over did not take over:\n%s", taker.LogTail(10))
+		}
+		if !first.Exited(60 * time.Second) {
+			t.Fatalf("the agent taken over runs on:\n%s", first.LogTail(10))
+		}
+
+		second := testenv.StartAgent(t, c, state("second"), append(observe, "--take-over")...)
+		if !second.Exited(60 * time.Second) {
+			t.Fatalf("a second --take-over runs beside the first:\n%s", second.LogTail(10))
+		}
+		refusal := lastLine(second)
+		t.Logf("the second --take-over: %s", refusal)
+		for _, want := range []string{"another gcagent runs on this containerd", fmt.Sprintf("pid %d", taker.Pid()),
+			"state dir " + state("taker"), "took containerd over itself recently", "--take-over is refused for up to", "start this one again then"} {
+			if !strings.Contains(refusal, want) {
+				t.Errorf("the refusal %q does not say %q", refusal, want)
+			}
+		}
+		if code, _ := taker.Get("/healthz", nil); code != 200 {
+			t.Errorf("the holder does not serve after the second --take-over: %d", code)
+		}
+		for id, labels := range lockLeases(t, c) {
+			if labels["gcagent.io/state-dir"] != state("taker") {
+				t.Errorf("lease %s labels %v, want the holder's", id, labels)
+			}
+		}
+	})
+}

@@ -370,13 +370,14 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	// The log paths removed before the container: reported on their own
 	// (logsAlone) unless the container's removal reports them.
 	var alone []LogRemoval
+	call := tx.Call(ctx) // checks the agent lock; ends with its hold
 	switch kind {
 	case ContainerKindNative:
-		owner, err = e.rt.DeleteNative(ctx, it.Namespace, it.ID)
+		owner, err = e.rt.DeleteNative(call, it.Namespace, it.ID)
 	case ContainerKindSandbox:
-		err = e.rt.RemoveCRISandbox(ctx, it.ID)
+		err = e.rt.RemoveCRISandbox(call, it.ID)
 	default:
-		if removal.Logs != nil {
+		if removal.Logs != nil && call.Err() == nil {
 			removed, paths, lerr := e.logs.RemoveContainerLogs(ref)
 			removal.Logs, alone = &removed, paths
 			if lerr != nil {
@@ -389,7 +390,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 				return r, fmt.Errorf("remove the log of %s %s: %w", kind, it.ID, lerr)
 			}
 		}
-		err = e.rt.RemoveCRIContainer(ctx, it.ID)
+		err = e.rt.RemoveCRIContainer(call, it.ID)
 	}
 	r.At = e.now()
 	if errors.Is(err, ErrOwnerWon) {

@@ -254,7 +254,7 @@ func (x *imageExecutor) remove(ctx context.Context, it ImageItem, names []ImageN
 	if x.beforeDelete != nil {
 		x.beforeDelete()
 	}
-	via, err := x.rt.RemoveImage(ctx, it.Namespace, it.Digest, names)
+	via, err := x.rt.RemoveImage(tx.Call(ctx), it.Namespace, it.Digest, names) // ends with the agent lock's hold
 	if errors.Is(err, ErrOwnerWon) {
 		_ = tx.Abort()
 		return o, false, err

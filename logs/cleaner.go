@@ -432,6 +432,10 @@ func (c *Cleaner) remove(ctx context.Context, root int, dir string, e Entry, pla
 		return fmt.Errorf("remove %s: %w", path, err)
 	}
 	var removed tally
+	if err := context.Cause(tx.Call(ctx)); err != nil { // the agent lock, right before the removal
+		_ = tx.Abort()
+		return fmt.Errorf("remove %s: %w", path, err)
+	}
 	if e.Kind == KindPodDir {
 		removed, err = removePodDir(root, dir, e.Name, false, wall.Add(-c.cfg.PodLogGrace))
 	} else {

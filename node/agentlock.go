@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,21 +30,47 @@ import (
 // lease lock.<n> with the highest n is the lock, and creating lock.<n+1>
 // (containerd's Create fails if it exists: two agents cannot both make
 // it) is how the holder renews it every period and how another agent
-// takes it. A holder deletes only while its last renewal began less than
-// two periods ago; an agent takes over a holder it cannot prove dead only
-// after watching, on its own monotonic clock, three periods pass without
-// a renewal.
+// takes it.
+//
+// The promise: no two agents' delete windows overlap. A holder's hold
+// ends two periods after the earliest attempt that may have made its
+// generation began (a create whose answer was lost may have made it when
+// sent); each delete call's context ends with the hold, so gRPC refuses a
+// call sent after it. Another agent deletes only three periods after it
+// saw the holder's last generation (a watch that saw no renewal, or a
+// take-over's wait): a period of margin for a call containerd applies
+// after its deadline. A waiting agent counts on both its clock and its
+// timers (a forward step of one does not shorten the wait); a holder's
+// hold ends by whichever ends first.
 
 // lockPrefix starts the id of every generation of the lock.
 const lockPrefix = "lock."
+
+// lockLabelTookOver says, on each lease of a holder that took the lock
+// over (or took it from a dead one that had), how many seconds before
+// that lease's create began it did: another agent learns from it that the
+// one it takes from may have an agent still deleting behind it, and that
+// a --take-over now would take the lock back and forth.
+const lockLabelTookOver = "gcagent.io/took-over-s"
 
 // DefaultLockPeriod is how often the holder renews the agent lock.
 const DefaultLockPeriod = 10 * time.Second
 
 // HeldError says another agent holds the lock of this containerd.
-type HeldError struct{ By AgentID }
+type HeldError struct {
+	By AgentID
+	// TookOver, when set, is at least how long ago By took the lock over
+	// itself, and Again how long after now --take-over may take it from
+	// it: a --take-over is refused meanwhile.
+	TookOver, Again time.Duration
+}
 
 func (e *HeldError) Error() string {
+	if e.Again > 0 {
+		return fmt.Sprintf("another gcagent runs on this containerd: %s; it took containerd over itself recently (%s before its last renewal), "+
+			"and --take-over is refused for up to %s more (two agents started with --take-over would take it from each other for ever); "+
+			"stop it, or start this one again then", e.By, e.TookOver.Round(time.Second), e.Again.Round(time.Second))
+	}
 	return "another gcagent runs on this containerd: " + e.By.String() + "; stop it, or start this one with --take-over"
 }
 
@@ -57,13 +84,6 @@ func (e *LostError) Error() string {
 // ErrNotHeld says this agent may not delete now: it does not hold the
 // agent lock, or has not renewed it recently enough to be sure.
 var ErrNotHeld = errors.New("this agent does not hold containerd's agent lock now")
-
-// leaseStore is the part of containerd's leases service the lock uses.
-type leaseStore interface {
-	Create(context.Context, ...leases.Opt) (leases.Lease, error)
-	Delete(context.Context, leases.Lease, ...leases.DeleteOpt) error
-	List(context.Context, ...string) ([]leases.Lease, error)
-}
 
 // LockOptions tune an AgentLock.
 type LockOptions struct {
@@ -86,16 +106,27 @@ type AgentLock struct {
 	token string // this run's: tells its own leases from another's
 	o     LockOptions
 
-	mu        sync.Mutex
-	gen       uint64        // the generation held; 0: none
-	renewed   time.Time     // when the last successful renewal (or the take) began
-	notBefore time.Time     // a holder taken over may still delete until then
+	mu      sync.Mutex
+	gen     uint64    // the generation held; 0: none
+	renewed time.Time // when the earliest attempt that may have made gen began
+	// tries holds, for each generation this run tried to make and has not
+	// confirmed yet, when its first attempt began: any attempt whose
+	// answer was lost may have made it then.
+	tries map[uint64]time.Time
+	// notBefore and waits are the take-over waits on the clock and on the
+	// timers: a holder taken over may still delete until both are over.
+	notBefore time.Time
+	waits     []clock.Timer
+	tookOver  time.Time     // when this run (or the dead run it took from) took over; zero: never
+	landing   clock.Timer   // armed for a period after a delete call was cut off
+	landPend  bool          // landing has not fired yet
 	again     chan struct{} // closed by the next renewal after failed ones
 	lostTo    *AgentID      // the agent that took it over, once a renewal found it
 }
 
-// NewAgentLock returns the lock of the containerd store talks to
-// (client.LeasesService()) for agent me.
+// NewAgentLock returns the lock of the containerd store talks to (a
+// LockStore) for agent me. A store that keeps no namespace labels (only
+// leases: tests) counts the generations from 1 again after a release.
 func NewAgentLock(store leaseStore, me AgentID, o LockOptions) *AgentLock {
 	if o.Period <= 0 {
 		o.Period = DefaultLockPeriod
@@ -108,20 +139,28 @@ func NewAgentLock(store leaseStore, me AgentID, o LockOptions) *AgentLock {
 	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return &AgentLock{store: store, me: me, token: hex.EncodeToString(b[:]), o: o, again: make(chan struct{})}
+	return &AgentLock{store: store, me: me, token: hex.EncodeToString(b[:]), o: o, tries: map[uint64]time.Time{},
+		again: make(chan struct{})}
 }
 
 // lockCallTimeout bounds each call of the lock to containerd.
 func (l *AgentLock) lockCallTimeout() time.Duration { return l.o.Period / 2 }
 
 // staleAfter is how long an agent watches a holder it cannot prove dead
-// before it takes over: three renewals missed.
+// before it takes over, and how long a taker waits before it deletes:
+// three renewals missed.
 func (l *AgentLock) staleAfter() time.Duration { return 3 * l.o.Period }
 
 // holdFor is how long after its last renewal began the holder may still
-// delete: less than staleAfter, so that it has stopped before another
-// agent can take over.
+// delete: a period less than staleAfter, so that it has stopped, and a
+// call it sent just before has landed, before another agent deletes.
 func (l *AgentLock) holdFor() time.Duration { return 2 * l.o.Period }
+
+// recentTakeOver is how long after a holder took the lock over a
+// --take-over is refused against it: two agents both started with
+// --take-over would otherwise take it from each other for ever, and
+// neither would delete.
+func (l *AgentLock) recentTakeOver() time.Duration { return 30 * l.o.Period }
 
 // generation is one lease of the lock.
 type generation struct {
@@ -130,6 +169,21 @@ type generation struct {
 }
 
 func (g *generation) holder() AgentID { return agentOf(g.lease.Labels) }
+
+// tookOverAgo is at least how long ago g's holder took the lock over, as
+// its label says (ok false: it did not). A label that does not parse
+// counts as a take-over just now: fail closed.
+func (g *generation) tookOverAgo() (ago time.Duration, ok bool) {
+	v, ok := g.lease.Labels[lockLabelTookOver]
+	if !ok {
+		return 0, false
+	}
+	s, err := strconv.ParseFloat(v, 64)
+	if err != nil || s < 0 || s > 1e9 {
+		return 0, true
+	}
+	return time.Duration(s * float64(time.Second)), true
+}
 
 func lockID(n uint64) string { return lockPrefix + strconv.FormatUint(n, 10) }
 
@@ -163,11 +217,23 @@ func (l *AgentLock) generations(ctx context.Context) ([]generation, error) {
 
 // create makes generation n of the lock, atomically: false when another
 // agent made it first (a lease of n that is this run's own, from an
-// earlier attempt whose answer was lost, counts as made).
+// earlier attempt whose answer was lost, counts as made). Each attempt is
+// recorded before it is sent: confirm counts the hold from the first.
 func (l *AgentLock) create(ctx context.Context, n uint64) (bool, error) {
+	start := l.o.Clock.Now()
+	l.mu.Lock()
+	if first, ok := l.tries[n]; !ok || start.Before(first) {
+		l.tries[n] = start
+	}
+	labels := l.me.labels(l.token)
+	if !l.tookOver.IsZero() && start.Sub(l.tookOver) < l.recentTakeOver() {
+		labels = maps.Clone(labels)
+		labels[lockLabelTookOver] = strconv.FormatFloat(max(0, start.Sub(l.tookOver)).Seconds(), 'f', 3, 64)
+	}
+	l.mu.Unlock()
 	cctx, cancel := l.ctx(ctx)
 	defer cancel()
-	_, err := l.store.Create(cctx, leases.WithID(lockID(n)), leases.WithLabels(l.me.labels(l.token)))
+	_, err := l.store.Create(cctx, leases.WithID(lockID(n)), leases.WithLabels(labels))
 	if err == nil {
 		return true, nil
 	}
@@ -186,6 +252,19 @@ func (l *AgentLock) create(ctx context.Context, n uint64) (bool, error) {
 	return false, nil // made and already deleted: not ours either
 }
 
+// confirm makes n, made by this run, the generation held: its hold counts
+// from the first attempt that may have made it.
+func (l *AgentLock) confirm(n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.gen, l.renewed = n, l.tries[n]
+	for k := range l.tries {
+		if k <= n {
+			delete(l.tries, k)
+		}
+	}
+}
+
 // drop deletes the lock's generations below n, best effort.
 func (l *AgentLock) drop(ctx context.Context, gens []generation, n uint64) {
 	for _, g := range gens {
@@ -199,6 +278,17 @@ func (l *AgentLock) drop(ctx context.Context, gens []generation, n uint64) {
 	}
 }
 
+// The reasons Acquire takes the lock for. After deadStateDir and
+// deadProcess another agent may still delete: the dead holder may have
+// taken the lock over from it.
+const (
+	deadOwn        = "this run's own"
+	deadStateDir   = "the last run of this state dir"
+	deadProcess    = "its process is gone"
+	deadPrevBoot   = "a previous boot"
+	reasonTakeOver = "--take-over"
+)
+
 // dead says why the holder of g has certainly stopped, or "" when it may
 // run: the last run of this very state dir (its lock is held now), a
 // previous boot, a process that is gone in this boot and pid namespace.
@@ -206,14 +296,14 @@ func (l *AgentLock) dead(g generation) string {
 	h := g.holder()
 	switch {
 	case g.lease.Labels[lockLabelToken] == l.token:
-		return "this run's own"
+		return deadOwn
 	case h.StateID != "" && h.StateID == l.me.StateID:
-		return "the last run of this state dir"
+		return deadStateDir
 	case h.BootID != "" && l.me.BootID != "" && h.BootID != l.me.BootID:
-		return "a previous boot"
+		return deadPrevBoot
 	}
 	if alive, known := l.process(h); known && !alive {
-		return "its process is gone"
+		return deadProcess
 	}
 	return ""
 }
@@ -233,8 +323,13 @@ func (l *AgentLock) process(h AgentID) (alive, known bool) {
 // with a *HeldError; any other is watched for staleAfter and taken over
 // if it renewed nothing meanwhile, else refused. takeOver takes it over
 // whatever its holder, deliberately: that holder stops at its next
-// renewal, and this agent deletes nothing until two periods have passed.
-// Any other error is containerd's: try again later.
+// renewal, and this agent deletes nothing until staleAfter has passed;
+// but not from a holder that took it over itself within recentTakeOver
+// (the refusal says when it may be tried again): the lock is then taken
+// as without takeOver. A dead holder that had taken over leaves its wait
+// to the agent that takes from it. Any other error is containerd's: try
+// again later (the waits of this run's attempts hold, whichever of them
+// made the lease).
 func (l *AgentLock) Acquire(ctx context.Context, takeOver bool) error {
 	for {
 		gens, err := l.generations(ctx)
@@ -247,21 +342,52 @@ func (l *AgentLock) Acquire(ctx context.Context, takeOver bool) error {
 			top = &gens[0]
 			why = l.dead(*top)
 		}
-		wait := false // until a taken-over holder has stopped deleting
+		start := l.o.Clock.Now()
+		var wait time.Duration // until an agent taken over has stopped deleting
+		var below *generation  // a lower generation whose holder may still delete
 		switch {
+		case top == nil:
 		case why != "":
-		case takeOver:
-			why, wait = "--take-over", true
+			// An earlier attempt of this run (its answer lost) armed its
+			// wait already. A dead holder that took over leaves its wait.
+			if ago, ok := top.tookOverAgo(); ok && (why == deadStateDir || why == deadProcess) {
+				l.inherit(start, ago)
+				wait = max(0, l.staleAfter()-ago)
+			}
+			// A lease below the top whose holder may run: the top is a
+			// create containerd applied late (above a lock whose leases
+			// were deleted by hand, or counted again from 1 by a store
+			// without labels), or its holder took over from that one
+			// lately. That holder may delete until it renews and finds
+			// the top: this is a take-over.
+			if below = l.liveBelow(gens[1:]); below != nil {
+				wait = l.staleAfter()
+				l.inherit(start, 0)
+			}
+		case takeOver && l.recentlyTookOver(top) == 0:
+			why, wait = reasonTakeOver, l.staleAfter()
+			l.inherit(start, 0)
 		default:
+			again := time.Duration(0)
+			if takeOver {
+				again = l.recentlyTookOver(top)
+			}
+			ago, _ := top.tookOverAgo()
+			refuse := func(by AgentID) error {
+				if again > 0 {
+					return &HeldError{By: by, TookOver: ago, Again: again}
+				}
+				return &HeldError{By: by}
+			}
 			if alive, known := l.process(top.holder()); known && alive {
-				return &HeldError{By: top.holder()}
+				return refuse(top.holder())
 			}
 			renewed, released, err := l.watch(ctx, top.n)
 			switch {
 			case err != nil:
 				return err
 			case renewed != nil:
-				return &HeldError{By: renewed.holder()}
+				return refuse(renewed.holder())
 			case released:
 				why = "released"
 			default:
@@ -272,7 +398,22 @@ func (l *AgentLock) Acquire(ctx context.Context, takeOver bool) error {
 		if top != nil {
 			next = top.n + 1
 		}
-		start := l.o.Clock.Now()
+		if top == nil || why == "released" {
+			r, err := l.lastReleased(ctx)
+			if err != nil {
+				return err
+			}
+			if r.last > 0 {
+				next = max(next, r.last+2) // past a renewal the last holder may have sent before it released
+			}
+			if r.tookOver { // it released within its take-over's wait: the rest is this run's
+				l.inherit(start, r.ago)
+				wait = max(wait, l.staleAfter()-r.ago)
+			}
+		}
+		if wait > 0 {
+			l.waitFor(wait) // armed before the create: whatever answer is lost, it holds
+		}
 		ok, err := l.create(ctx, next)
 		if err != nil {
 			return err
@@ -280,40 +421,83 @@ func (l *AgentLock) Acquire(ctx context.Context, takeOver bool) error {
 		if !ok {
 			continue // another agent moved first: look again
 		}
-		l.mu.Lock()
-		l.gen, l.renewed = next, start
-		if wait {
-			l.notBefore = start.Add(l.holdFor())
+		// A create containerd applied late may have made an id again
+		// below the top (it was dropped since): held only when no higher
+		// generation exists.
+		if gens, err = l.generations(ctx); err != nil {
+			return err // not confirmed: the next attempt finds it its own and looks again
 		}
-		l.mu.Unlock()
+		if len(gens) == 0 || gens[0].n > next {
+			continue
+		}
+		l.confirm(next)
 		l.drop(ctx, gens, next)
 		ev := l.o.Log.Info().Str("lease", events.AgentNamespace+"/"+lockID(next))
-		if top != nil && why != "this run's own" {
+		if top != nil && why != deadOwn {
 			ev = ev.Str("previous", top.holder().String()).Str("reason", why)
-			if wait {
-				ev = ev.Float64("deletes_wait_s", l.holdFor().Seconds())
-			}
+		}
+		if below != nil {
+			ev = ev.Str("below", below.holder().String())
+		}
+		if left := l.waitLeft(); left > 0 {
+			ev = ev.Float64("deletes_wait_s", left.Seconds())
 		}
 		ev.Msg("holding containerd's agent lock")
 		return nil
 	}
 }
 
-// watch polls the lock for staleAfter on the agent's clock and returns
-// the generation that replaced n, or nil when none did (released: none is
-// left at all). A poll that fails ends it with the error: time containerd
-// did not answer is not time the holder failed to renew.
+// recentlyTookOver returns how long from now a --take-over may take the
+// lock from top's holder: zero unless it took over within recentTakeOver.
+func (l *AgentLock) recentlyTookOver(top *generation) time.Duration {
+	ago, ok := top.tookOverAgo()
+	if !ok || ago >= l.recentTakeOver() {
+		return 0
+	}
+	return l.recentTakeOver() - ago
+}
+
+// liveBelow returns the first of gens whose holder may run (not this
+// run, not proven dead), or nil.
+func (l *AgentLock) liveBelow(gens []generation) *generation {
+	for i := range gens {
+		if l.dead(gens[i]) == "" {
+			return &gens[i]
+		}
+	}
+	return nil
+}
+
+// inherit records a take-over ago before start (this run's, ago 0, or
+// that of a dead holder that took over ago before its last lease): the
+// leases this run makes say so.
+func (l *AgentLock) inherit(start time.Time, ago time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if at := start.Add(-ago); at.After(l.tookOver) {
+		l.tookOver = at
+	}
+}
+
+// watch polls the lock for staleAfter, on the agent's clock and on its
+// timers both, and returns the generation that replaced n, or nil when
+// none did (released: none is left at all). A poll that fails ends it
+// with the error: time containerd did not answer is not time the holder
+// failed to renew.
 func (l *AgentLock) watch(ctx context.Context, n uint64) (renewed *generation, released bool, err error) {
 	l.o.Log.Info().Str("lease", events.AgentNamespace+"/"+lockID(n)).Float64("within_s", l.staleAfter().Seconds()).
 		Msg("another agent's lock on containerd: watching whether it renews it")
-	t := l.o.Clock.NewTimer(l.o.Period / 5)
+	poll := l.o.Period / 5
+	t := l.o.Clock.NewTimer(poll)
 	defer t.Stop()
 	end := l.o.Clock.Now().Add(l.staleAfter())
+	waited := time.Duration(0) // on the timers: a step of the clock does not shorten it
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, false, ctx.Err()
 		case <-t.C():
+			waited += poll
 		}
 		gens, err := l.generations(ctx)
 		switch {
@@ -323,150 +507,9 @@ func (l *AgentLock) watch(ctx context.Context, n uint64) (renewed *generation, r
 			return nil, true, nil
 		case gens[0].n != n:
 			return &gens[0], false, nil
-		case !l.o.Clock.Now().Before(end):
+		case !l.o.Clock.Now().Before(end) && waited >= l.staleAfter():
 			return nil, false, nil
 		}
-		t.Reset(l.o.Period / 5)
+		t.Reset(poll)
 	}
-}
-
-// Held returns nil while this agent may delete: it holds the lock, a
-// holder it took over has stopped, and its last renewal began less than
-// two periods ago. Else an error wrapping ErrNotHeld that says why.
-func (l *AgentLock) Held() error {
-	now := l.o.Clock.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch {
-	case l.gen == 0 && l.lostTo != nil:
-		return fmt.Errorf("%w: taken over by %s", ErrNotHeld, l.lostTo)
-	case l.gen == 0:
-		return fmt.Errorf("%w: not taken yet", ErrNotHeld)
-	case now.Before(l.notBefore):
-		return fmt.Errorf("%w: the agent it took over may delete for %s more", ErrNotHeld, l.notBefore.Sub(now).Round(time.Second))
-	case now.Sub(l.renewed) >= l.holdFor():
-		return fmt.Errorf("%w: not renewed for %s (containerd does not answer)", ErrNotHeld, now.Sub(l.renewed).Round(time.Second))
-	}
-	return nil
-}
-
-// WaitHeld returns nil once Held does, or ctx's error when it ends first.
-func (l *AgentLock) WaitHeld(ctx context.Context) error {
-	t := l.o.Clock.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C():
-		}
-		if l.Held() == nil {
-			return nil
-		}
-		t.Reset(l.o.Period / 5)
-	}
-}
-
-// HeldAgain returns a channel closed by the next renewal that follows
-// failed ones (containerd did not answer): deletes refused meanwhile may
-// be tried again. Each call after it closed returns a new one.
-func (l *AgentLock) HeldAgain() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.again
-}
-
-// Run renews the lock every period until ctx ends (Release gives it up).
-// It returns a *LostError as soon as another agent took it over (this
-// agent must stop); a renewal containerd does not answer is tried again,
-// and Held fails meanwhile once two periods have passed.
-func (l *AgentLock) Run(ctx context.Context) error {
-	t := l.o.Clock.NewTimer(l.o.Period)
-	defer t.Stop()
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-		}
-		err := l.renew(ctx)
-		var lost *LostError
-		if errors.As(err, &lost) {
-			return err
-		}
-		if err != nil && !failing && ctx.Err() == nil {
-			l.o.Log.Warn().Err(err).Msg("cannot renew containerd's agent lock; deletes stop if it goes on")
-		}
-		if err == nil && failing {
-			l.o.Log.Info().Msg("containerd's agent lock renewed again")
-			l.mu.Lock()
-			close(l.again)
-			l.again = make(chan struct{})
-			l.mu.Unlock()
-		}
-		failing = err != nil
-		next := l.o.Period
-		if failing {
-			next = l.o.Period / 5
-		}
-		t.Reset(next)
-	}
-}
-
-// renew makes the next generation, checks that no higher one exists (a
-// lock whose leases were deleted by hand, taken meanwhile by another
-// agent that then renewed past it) and drops the ones below.
-func (l *AgentLock) renew(ctx context.Context) error {
-	l.mu.Lock()
-	n := l.gen
-	l.mu.Unlock()
-	start := l.o.Clock.Now()
-	ok, err := l.create(ctx, n+1)
-	if err != nil {
-		return err
-	}
-	var gens []generation
-	if ok {
-		if gens, err = l.generations(ctx); err != nil {
-			return err // not confirmed: the next renewal finds n+1 its own and looks again
-		}
-	}
-	if !ok || len(gens) > 0 && gens[0].n > n+1 {
-		by := AgentID{Node: "unknown"}
-		if gens == nil {
-			gens, _ = l.generations(ctx)
-		}
-		if len(gens) > 0 {
-			by = gens[0].holder()
-		}
-		l.mu.Lock()
-		l.gen, l.lostTo = 0, &by
-		l.mu.Unlock()
-		return &LostError{By: by}
-	}
-	l.mu.Lock()
-	l.gen, l.renewed = n+1, start
-	l.mu.Unlock()
-	l.drop(ctx, gens, n+1)
-	return nil
-}
-
-// Release deletes the lock held, so that the next agent starts at once.
-// Call it once nothing deletes any more; Held fails after it.
-func (l *AgentLock) Release() {
-	l.mu.Lock()
-	n := l.gen
-	l.gen = 0
-	l.mu.Unlock()
-	if n == 0 {
-		return
-	}
-	ctx, cancel := l.ctx(context.Background())
-	defer cancel()
-	if err := l.store.Delete(ctx, leases.Lease{ID: lockID(n)}); err != nil && !errdefs.IsNotFound(err) {
-		l.o.Log.Warn().Err(err).Msg("cannot release containerd's agent lock: the next agent takes it when it finds this one gone")
-		return
-	}
-	l.o.Log.Info().Msg("containerd's agent lock released")
 }

@@ -26,6 +26,12 @@ type memLeases struct {
 	leases map[string]leases.Lease
 	ns     []string // the namespace of every call
 	fail   error
+	// loseCreates is how many next creates lose their answer: applied,
+	// and the caller gets a timeout.
+	loseCreates int
+	// staleList, when set, is what the next List answers (a view
+	// containerd took before the last changes).
+	staleList []leases.Lease
 }
 
 var _ leaseStore = (*memLeases)(nil)
@@ -54,6 +60,10 @@ func (m *memLeases) Create(ctx context.Context, opts ...leases.Opt) (leases.Leas
 		return leases.Lease{}, fmt.Errorf("lease %q: %w", l.ID, errdefs.ErrAlreadyExists)
 	}
 	m.leases[l.ID] = l
+	if m.loseCreates > 0 {
+		m.loseCreates--
+		return leases.Lease{}, fmt.Errorf("rpc error: code = DeadlineExceeded desc = %w", context.DeadlineExceeded)
+	}
 	return l, nil
 }
 
@@ -75,6 +85,11 @@ func (m *memLeases) List(ctx context.Context, _ ...string) ([]leases.Lease, erro
 	defer m.mu.Unlock()
 	if err := m.call(ctx); err != nil {
 		return nil, err
+	}
+	if m.staleList != nil {
+		out := m.staleList
+		m.staleList = nil
+		return out[:len(out):len(out)], nil
 	}
 	var out []leases.Lease
 	for _, l := range m.leases {

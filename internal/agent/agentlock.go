@@ -78,7 +78,7 @@ func holdContainerd(ctx context.Context, g *errgroup.Group, cfg Config, cl *clie
 		return nil, nil, err
 	}
 	log = log.With().Str("component", "agentlock").Logger()
-	lock = node.NewAgentLock(cl.LeasesService(), node.ThisAgent(cfg.NodeName, cfg.StateDir, id, version.Version),
+	lock = node.NewAgentLock(node.LockStore{Leases: cl.LeasesService(), Namespaces: cl.NamespaceService()}, node.ThisAgent(cfg.NodeName, cfg.StateDir, id, version.Version),
 		node.LockOptions{Clock: clock.System(clk.Now), Log: log})
 	held := make(chan struct{})
 	refused := func(err error) error {
