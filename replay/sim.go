@@ -54,6 +54,10 @@ type sim struct {
 	from, to time.Time
 	n        int
 	rec, rep side
+	// dryRun is how long the recorded policy was a dry run (the agent
+	// deleted nothing), dryFrom when the current one began (zero: none).
+	dryRun  time.Duration
+	dryFrom time.Time
 }
 
 func newSim(recs []trace.Record, o Options) *sim {
@@ -124,6 +128,18 @@ func (s *sim) setPolicy(p *trace.Policy) {
 	s.rep.high = s.policy.HighThresholdPercent
 }
 
+// dryRunUntil counts the time up to t a dry run recorded; on says whether
+// the policy from t on is one.
+func (s *sim) dryRunUntil(t time.Time, on bool) {
+	if !s.dryFrom.IsZero() {
+		s.dryRun += t.Sub(s.dryFrom)
+		s.dryFrom = time.Time{}
+	}
+	if on {
+		s.dryFrom = t
+	}
+}
+
 // state returns namespace ns's simulated projection.
 func (s *sim) state(ns string) *projection.State {
 	st := s.states[ns]
@@ -163,6 +179,7 @@ func (s *sim) record(r trace.Record) {
 	case trace.KindPolicy:
 		if r.Policy != nil {
 			p := *r.Policy
+			s.dryRunUntil(r.T, p.DryRun)
 			s.setPolicy(&p)
 			s.dirty = true
 		}
