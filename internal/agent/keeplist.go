@@ -384,9 +384,9 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 		k.log.Warn().Err(err).Str("file", k.file).Msg("fleet keep list not saved: a restart without NATS would not keep it")
 	}
 	if firstRead {
-		e := k.log.Info().Strs("patterns", after).Int64("waited_ms", now.Sub(k.started).Milliseconds())
+		e := k.log.Info().Strs("patterns", after).Float64("waited_s", now.Sub(k.started).Seconds())
 		if until := k.waitUntil(); !until.IsZero() && !now.Before(until) {
-			e = k.log.Warn().Strs("patterns", after).Int64("waited_ms", now.Sub(k.started).Milliseconds())
+			e = k.log.Warn().Strs("patterns", after).Float64("waited_s", now.Sub(k.started).Seconds())
 		}
 		e.Msg("fleet keep list read from NATS for the first time: image GC keeps by it")
 	}
