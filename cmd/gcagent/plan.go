@@ -251,6 +251,9 @@ func printPlan(w io.Writer, doc agent.Plan) {
 	if len(doc.WhatIf) > 0 {
 		fmt.Fprintf(w, "WHAT IF: planned with %s as given here; the agent runs on with its own (POLICY says which)\n", strings.Join(doc.WhatIf, ", "))
 	}
+	if slices.ContainsFunc(doc.Policy, func(s agent.Setting) bool { return s.Name == "dry-run" && s.Value == "true" }) {
+		fmt.Fprintln(w, "DRY RUN: the agent deletes nothing (--dry-run); below is what a run would delete")
+	}
 	for _, n := range doc.KubeletNotes {
 		fmt.Fprintf(w, "kubelet: %s\n", n)
 	}

@@ -174,7 +174,14 @@ func tailDetail(l fleet.TailLine) string {
 	if l.Error != "" {
 		detail += " error=" + l.Error
 	}
-	return strings.TrimSpace(detail)
+	detail = strings.TrimSpace(detail)
+	switch {
+	case l.DryRun && strings.HasSuffix(l.Type, ".skipped"):
+		detail = "dry run: would remove (" + detail + ")"
+	case l.DryRun:
+		detail = strings.TrimSpace("dry run " + detail)
+	}
+	return detail
 }
 
 // forTerminal returns a string an event carries as it may reach an

@@ -485,6 +485,11 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 			// containerd's agent lock again (or first).
 			defer fmt.Fprintln(w, "agent lock: "+err.Error())
 		}
+		if a.cfg.DryRun {
+			// Not a readiness failure: the agent decides, logs and
+			// publishes, and deletes nothing.
+			defer fmt.Fprintln(w, "dry run: nothing is deleted (--dry-run); each removal is logged as would remove")
+		}
 		if n := a.deletes.Unsettled(); n > 0 {
 			// Not a readiness failure: the delete is settled as soon as
 			// containerd answers; nothing else is deleted meanwhile.
