@@ -8,6 +8,7 @@ import (
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 )
 
@@ -50,6 +51,12 @@ func (t natsTarget) hint() string {
 		return fmt.Sprintf(": is the agent running with --state-dir %s?", t.stateDir)
 	}
 	return ""
+}
+
+// starting says err means the local agent has not made its streams yet:
+// it makes them at start (unless --nats-no-create-stream).
+func (t natsTarget) starting(err error) bool {
+	return t.local && !t.noURL && errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // noAgent is the error of a tool that reached no agent on t.
