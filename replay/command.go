@@ -128,7 +128,7 @@ func dryRunNote(d time.Duration) string {
 	if d <= 0 {
 		return ""
 	}
-	return fmt.Sprintf("note: the agent ran as a dry run for %s of this trace and deleted nothing then; the replay deletes there as its policy says, so recorded and replayed differ there even with the recorded policy\n", roundDur(d))
+	return fmt.Sprintf("note: the agent ran as a dry run over %s of this trace (its first record to its last) and deleted nothing then; the replay deletes there as its policy says, so recorded and replayed differ there even with the recorded policy\n", roundDur(d))
 }
 
 func printResult(w io.Writer, header trace.Record, res Result, lowGiven bool, took time.Duration) {

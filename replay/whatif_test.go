@@ -59,13 +59,23 @@ func TestReplaySaysTheDryRun(t *testing.T) {
 	if res.DryRun != time.Hour || res.Recorded.Deletions != 0 || res.Replayed.Deletions == 0 {
 		t.Errorf("dry run %s, recorded %d, replayed %d deletions; want 1h, none, some", res.DryRun, res.Recorded.Deletions, res.Replayed.Deletions)
 	}
+	// An agent that stopped and started again as a run: the dry run ended
+	// with its last record, not at the next start.
+	b2 := &tb{}
+	b2.add(trace.Record{T: at(0), Ev: trace.KindPolicy, Policy: &trace.Policy{High: 85, Low: 80, DryRun: true}})
+	b2.disk(10*time.Minute, 1000, 50, "")
+	b2.add(trace.Record{T: at(time.Hour), Ev: trace.KindStart})
+	b2.add(trace.Record{T: at(time.Hour), Ev: trace.KindPolicy, Policy: &trace.Policy{High: 85, Low: 80}})
+	if res := b2.run(Options{}); res.DryRun != 10*time.Minute {
+		t.Errorf("dry run then a start: %s, want 10m (to its last record)", res.DryRun)
+	}
 	path := writeTrace(t, b.recs, "")
 	for _, sweep := range []string{"", FlagHigh + "=80..90:10"} {
 		var out, errOut bytes.Buffer
 		if err := Command(context.Background(), CommandOptions{Source: trace.Source{File: path}, Sweep: sweep}, &out, &errOut); err != nil {
 			t.Fatal(err)
 		}
-		if want := "the agent ran as a dry run for 1h0m0s of this trace and deleted nothing then"; !strings.Contains(out.String(), want) {
+		if want := "the agent ran as a dry run over 1h0m0s of this trace (its first record to its last) and deleted nothing then"; !strings.Contains(out.String(), want) {
 			t.Errorf("sweep %q: output lacks %q:\n%s", sweep, want, out.String())
 		}
 	}

@@ -195,3 +195,23 @@ func TestReplayHighThresholdAlone(t *testing.T) {
 		t.Errorf("replay: %v\n%s", err, out)
 	}
 }
+
+// TestToolsReadRunsConfigFile: status and watch read the settings of
+// their areas from run's config file (GCAGENT_CONFIG, as set for the
+// agent), as they read GCAGENT_<FLAG>: on d7dd547 status asked the default
+// address while the file gave the agent another, and watch ignored the
+// file's state dir.
+func TestToolsReadRunsConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	// Run's file as a node has it: a repeatable key twice is fine for a
+	// tool that does not take it too.
+	file := confFile(t, "metrics-address = 127.0.0.1:1\nstate-dir = "+dir+"\nimage-gc-high-threshold = 90\nkeep-image = a/*\nkeep-image = b/*\n")
+	_, _, err := runCLI(context.Background(), map[string]string{"GCAGENT_CONFIG": file}, "status")
+	if err == nil || !strings.Contains(err.Error(), "no agent at 127.0.0.1:1") {
+		t.Errorf("status: %v, want it to ask the file's 127.0.0.1:1", err)
+	}
+	_, _, err = runCLI(context.Background(), nil, "watch", "--config", file, "--once")
+	if err == nil || !strings.Contains(err.Error(), "--state-dir "+dir) {
+		t.Errorf("watch: %v, want it to look in the file's state dir %s", err, dir)
+	}
+}

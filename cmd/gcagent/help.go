@@ -39,7 +39,7 @@ func sharedEnv(blocks []flagBlock) string {
 	var areas []string
 	example := ""
 	for _, b := range blocks {
-		if b.title == "Flags" {
+		if b.title == "Flags" || b.title == agent.GeneralFlags.Title+" flags" {
 			continue
 		}
 		areas = append(areas, strings.TrimSuffix(b.title, " flags"))
@@ -58,8 +58,9 @@ func sharedEnv(blocks []flagBlock) string {
 	if len(areas) > 1 {
 		where = "an area (" + strings.Join(areas, ", ") + ")"
 	}
-	return wrap("Environment: each flag listed under "+where+" is also read from GCAGENT_<FLAG> (upper case, - as _: "+
-		example+"), as the agent reads it; a flag wins. An unknown GCAGENT_ variable is an error.", 80)
+	return wrap("Environment and config file: each flag listed under "+where+" is also read from GCAGENT_<FLAG> (upper case, - as _: "+
+		example+") and from the --config file (run's), as the agent reads them; a flag wins over the environment, the environment over "+
+		"the file. An unknown GCAGENT_ variable or file key is an error.", 80)
 }
 
 // wrap breaks s into lines of at most width bytes, between words.

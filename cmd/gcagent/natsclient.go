@@ -24,11 +24,20 @@ var clusterUsage = map[string]string{
 // GCAGENT_<FLAG>.
 func addNATSClientFlags(cmd *cobra.Command, cfg *agent.Config) {
 	fs := cmd.Flags()
+	addConfigFlag(cmd, cfg)
 	agent.NATSClientFlags.AddTo(fs, cfg)
 	agent.StateFlags.AddTo(fs, cfg, "state-dir")
 	fs.Lookup("cluster").Usage = clusterUsage[cmd.Name()]
 	fs.Lookup("nats-url").Usage = "NATS server URLs, comma separated (empty: the local agent's embedded server)"
 	fs.Lookup("state-dir").Usage = "the local agent's state dir: without --nats-url, the embedded NATS server's URL and credentials are read from it"
+}
+
+// addConfigFlag adds run's --config to a tool that takes some of run's
+// flags: the settings the agent runs with, written once in its file, reach
+// the tool too (status's --metrics-address, watch's --state-dir).
+func addConfigFlag(cmd *cobra.Command, cfg *agent.Config) {
+	agent.GeneralFlags.AddTo(cmd.Flags(), cfg, "config")
+	cmd.Flags().Lookup("config").Usage = "run's settings `file`: the settings of the areas below are read from it too (flags and environment win)"
 }
 
 // natsTarget is the server a NATS client tool talks to, to say so when

@@ -92,10 +92,7 @@ func (c *cli) settle(fs *pflag.FlagSet) (map[string]string, error) {
 	for _, e := range kv {
 		from := fmt.Sprintf("%s:%d", file, e.line)
 		f := fs.Lookup(e.name)
-		repeatable := false
-		if f != nil {
-			_, repeatable = f.Value.(pflag.SliceValue)
-		}
+		repeatable := slices.Contains(repeatableSettings(), e.name) // as run takes it, whether this command does or not
 		switch {
 		case e.name == "config":
 			return nil, usagef("%s: a config file cannot name another (config)", from)
@@ -133,6 +130,23 @@ func (c *cli) settle(fs *pflag.FlagSet) (map[string]string, error) {
 		}
 	}
 	return sources, nil
+}
+
+// repeatableSettings are the names of run's repeatable flags
+// (keep-image): a config file gives one line per value.
+func repeatableSettings() []string {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	var cfg agent.Config
+	for _, g := range agent.RunFlags {
+		g.AddTo(fs, &cfg)
+	}
+	var out []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if _, ok := f.Value.(pflag.SliceValue); ok {
+			out = append(out, f.Name)
+		}
+	})
+	return out
 }
 
 // readsSettings says whether f is one of run's settings, which also come

@@ -45,6 +45,7 @@ func (c *cli) statusCmd() *cobra.Command {
 		},
 	}
 	flagvalue.Add(cmd.Flags(), flagvalue.Bool{P: &asJSON}, "json", "print the raw /status document")
+	addConfigFlag(cmd, &cfg)
 	agent.EndpointFlags.AddTo(cmd.Flags(), &cfg, "metrics-address")
 	cmd.Flags().StringVar(&address, "address", "", "the agent's --metrics-address")
 	cmd.Flags().Lookup("address").Hidden = true // deprecated: said when used
