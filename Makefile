@@ -50,7 +50,7 @@ export GCAGENT_TEST_ETCD_DIR := $(ETCD_DIR)
 # bbolt, prometheus/client_golang and others up in the agent's go.mod.
 HELM_MODULE := deploy/helm
 
-.PHONY: help deps deps-apt build image test unit e2e bench demo soak lint tidy-check fuzz chart manifest
+.PHONY: help deps deps-apt build static image test unit e2e bench demo soak lint tidy-check fuzz chart manifest
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -98,11 +98,13 @@ deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its
 		mv $(ETCD_DIR)/etcd.tmp $(ETCD_DIR)/etcd; \
 	fi
 
-build: ## build bin/gcagent (version and commit stamped; TAGS=noembeddednats: without the embedded NATS server)
+build: ## build bin/gcagent for development (dynamic, with symbols; version and commit stamped; TAGS=noembeddednats: without the embedded NATS server); a node takes `make static`
 	$(GO) build -tags "$(BUILD_TAGS)" -ldflags "$(LDFLAGS)" -o bin/gcagent ./cmd/gcagent
 
-image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION), static binary at /gcagent, TAGS as for build), no registry needed
+static: ## build bin/gcagent-static: the static, stripped binary the image ships and every figure is measured on; the one to install on a node (TAGS as for build)
 	CGO_ENABLED=0 $(GO) build -tags "$(BUILD_TAGS)" -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-static ./cmd/gcagent
+
+image: static ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION), static binary at /gcagent, TAGS as for build), no registry needed
 	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -o bin/gcagent-image.tar
 
 # TEST_PARALLEL is how many tests of one package run at once (go test

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,21 +58,6 @@ func TestDemo(t *testing.T) {
 		}
 		return ""
 	})
-	watchOut := filepath.Join(t.TempDir(), "watch.out")
-	wf, err := os.Create(watchOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// No NATS flags: watch finds the agent's embedded server through its
-	// state dir, as `gcagent watch` does on a node.
-	watch := localTool(t, state, "watch", "--refresh", "300ms", "--tail", "12")
-	watch.Stdout, watch.Stderr = wf, wf
-	watch.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := watch.Start(); err != nil {
-		t.Fatal(err)
-	}
-	wf.Close()
-	t.Cleanup(func() { _ = watch.Process.Kill(); _ = watch.Wait() })
 
 	printed := 0
 	logLines := func() {
@@ -91,39 +75,45 @@ func TestDemo(t *testing.T) {
 		}
 		printed = len(lines)
 	}
-	lastFrame := func() string {
-		b, _ := os.ReadFile(watchOut)
-		s := string(b)
-		i := strings.LastIndex(s, "gcagent fleet")
-		if i < 0 {
-			return ""
-		}
-		// The frame being written may be cut: take the last complete one.
-		if j := strings.LastIndex(s[:i], "gcagent fleet"); j >= 0 && !strings.HasSuffix(s, "\n") {
-			return s[j:i]
-		}
-		return s[i:]
-	}
-	step := func(title string, watchShows ...string) {
+	// The view is `gcagent watch --once` as the operator runs it on the
+	// node (no NATS flags: watch finds the agent's embedded server through
+	// its state dir), taken once it shows the step's outcome, so that it is
+	// never an older frame.
+	view := func(shows func(frame string) string) string {
+		var frame string
 		testenv.Eventually(t, 30*time.Second, func() string {
-			f := lastFrame()
-			for _, w := range watchShows {
-				if !strings.Contains(f, w) {
-					b, _ := os.ReadFile(watchOut)
-					return "gcagent watch does not show " + w + " yet; it printed:\n" + string(b[max(0, len(b)-2000):])
-				}
+			out, err := localTool(t, state, "watch", "--once", "--since", "1h", "--tail", "12").Output()
+			if frame = string(out); err != nil {
+				return fmt.Sprintf("gcagent watch --once: %v\n%s", err, frame)
+			}
+			if why := shows(frame); why != "" {
+				return "gcagent watch does not show " + why + " yet; it printed:\n" + frame
 			}
 			return ""
 		})
+		return frame
+	}
+	contains := func(want ...string) func(string) string {
+		return func(frame string) string {
+			for _, w := range want {
+				if !strings.Contains(frame, w) {
+					return w
+				}
+			}
+			return ""
+		}
+	}
+	step := func(title string, shows func(string) string) {
+		frame := view(shows)
 		fmt.Printf("\n\033[1m=== %s\033[0m  (+%s)\n", title, time.Since(begin).Round(100*time.Millisecond))
 		logLines()
-		sc := bufio.NewScanner(strings.NewReader(lastFrame()))
+		sc := bufio.NewScanner(strings.NewReader(frame))
 		for sc.Scan() {
 			fmt.Println("  │ " + sc.Text())
 		}
 	}
 
-	step(fmt.Sprintf("agent ready on containerd %s: root on a 320 MiB tmpfs at %d%%, image GC at %d%% down to %d%%", v, base, high, low), "agent.started")
+	step(fmt.Sprintf("agent ready on containerd %s: root on a 320 MiB tmpfs at %d%%, image GC at %d%% down to %d%%", v, base, high, low), contains("agent.started"))
 
 	pod := c.RunPod(t, rt, "web", "default", "6b1f0f0e-demo-web")
 	c.RunPodContainer(t, rt, pod, "web", "example.test/web:1", "sleep", "600")
@@ -135,7 +125,7 @@ func TestDemo(t *testing.T) {
 		}
 		return ""
 	})
-	step("a CRI pod runs web; a plain containerd job exited; nobody collected it for 2s (--uncollected-exit-grace), then its 2s TTL passed: pruned", "container.removed", "nightly-job")
+	step("a CRI pod runs web; a plain containerd job exited; nobody collected it for 2s (--uncollected-exit-grace), then its 2s TTL passed: pruned", contains("container.removed", "nightly-job"))
 
 	link := danglingLog(t, c, "batch", "5e1f0a9b7c3d2e10")
 	testenv.Eventually(t, 30*time.Second, func() string {
@@ -144,22 +134,64 @@ func TestDemo(t *testing.T) {
 		}
 		return ""
 	})
-	step("a kubelet log link whose log and container are gone was removed", "log.removed")
+	step("a kubelet log link whose log and container are gone was removed", contains("log.removed"))
 
+	before, err := metricsText(a)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range 5 {
 		c.Import(t, testenv.Image{Name: fmt.Sprintf("example.test/old-%d:1", i), Layers: []testenv.Layer{{Seed: fmt.Sprintf("old-%d", i), Size: 20 << 20}}})
 	}
 	// GC frees down to the low threshold with what it may delete; an image
-	// younger than the minimum age waits, and below the high threshold no
-	// new pass starts (the kubelet's rule).
+	// younger than the minimum age waits, within the episode, and below the
+	// high threshold no new pass starts (the kubelet's rule). The step
+	// waits for the episode to end, then says where it stopped and why.
+	var st struct {
+		ImageGC *struct {
+			Episode  time.Time `json:"episode"`
+			LastPass *struct {
+				LowReached bool   `json:"lowReached"`
+				UsageAfter int    `json:"usageAfter"` // measured after its last delete
+				Shortfall  string `json:"shortfall"`
+			} `json:"lastPass"`
+		} `json:"imageGC"`
+	}
 	testenv.Eventually(t, 60*time.Second, func() string {
 		if u := usagePercent(t, c.Root); u >= high {
 			return fmt.Sprintf("usage %d%% still at or above the high threshold", u)
 		}
+		st.ImageGC = nil // a field /status omits must not keep the last value
+		if code, err := a.Get("/status", &st); code != 200 || err != nil || st.ImageGC == nil || st.ImageGC.LastPass == nil {
+			return fmt.Sprintf("no image GC pass in /status (%d, %v)", code, err)
+		}
+		if !st.ImageGC.Episode.IsZero() {
+			return "the GC episode goes on (an image waits for its minimum age)"
+		}
 		return ""
 	})
-	step(fmt.Sprintf("5 unused 20 MiB images pushed the disk over %d%%: image GC removed the least recently used (now %d%%)", high, usagePercent(t, c.Root)),
-		"image.removed", "gc.completed")
+	why := fmt.Sprintf("down to the low threshold %d%%", low)
+	if lp := st.ImageGC.LastPass; !lp.LowReached {
+		why = fmt.Sprintf("and stopped above the low threshold %d%%: %s; below the high threshold no new pass starts (the kubelet's rule)",
+			low, cmpOr(lp.Shortfall, "nothing more it may delete"))
+	}
+	text, err := metricsText(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := int(metricSum(text, "gcagent_image_gc_images_removed_total")) // every image removal, for watch's count
+	now := removed - int(metricSum(before, "gcagent_image_gc_images_removed_total"))
+	step(fmt.Sprintf("5 unused 20 MiB images pushed the disk over %d%%: image GC removed %d, the least recently used, %s (now %d%%)",
+		high, now, why, st.ImageGC.LastPass.UsageAfter),
+		func(frame string) string {
+			// The node's row as it is now: its usage and every removal.
+			for _, w := range []string{"image.removed", "gc.completed", fmt.Sprintf(" %d%% ", usagePercent(t, c.Root)), fmt.Sprintf(" %d/", removed)} {
+				if !strings.Contains(frame, w) {
+					return strings.TrimSpace(w)
+				}
+			}
+			return ""
+		})
 
 	// Summary, from the events stream and the metrics.
 	url, seed, err := natsbus.LocalClient(state)
@@ -176,8 +208,7 @@ func TestDemo(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	evs := readStream(t, nc)
-	text, err := metricsText(a)
-	if err != nil {
+	if text, err = metricsText(a); err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("\n\033[1m=== summary\033[0m  (demo took %s)\n", time.Since(begin).Round(100*time.Millisecond))

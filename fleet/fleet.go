@@ -80,6 +80,9 @@ type TailLine struct {
 	// Measured says Bytes is what statfs saw freed, not the estimate.
 	Measured bool
 	Error    string
+	// DryRun marks the action of a dry run: a *.skipped is what it would
+	// have removed (Reason the removal's), a gc.* a pass that deleted nothing.
+	DryRun bool
 }
 
 // Row is one node of the fleet table as of a given time.
@@ -139,7 +142,7 @@ func (f *Fleet) Apply(ev natsbus.CloudEvent) {
 			n.pass(ev.Time, action, d.FreedBytes)
 		}
 		line.Trigger, line.Bytes, line.Error = d.Trigger, cmp.Or(d.FreedBytes, d.EstimatedBytes), d.Error
-		line.Measured = d.FreedBytes != 0
+		line.Measured, line.DryRun = d.FreedBytes != 0, d.DryRun
 	case *RegretEvent:
 		line.Subject = inNamespace(d.Namespace, imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject)))
 		line.Reason, line.Trigger, line.Bytes = "back after "+(time.Duration(d.ReturnAfterSeconds)*time.Second).String(), d.Trigger, d.Bytes
@@ -147,11 +150,15 @@ func (f *Fleet) Apply(ev natsbus.CloudEvent) {
 	case *ImageEvent:
 		line.Subject = inNamespace(d.Namespace, imageLabel(d.Names, cmp.Or(d.Digest, ev.Subject)))
 		line.Reason, line.Bytes, line.Measured = string(d.Reason), cmp.Or(d.Freed, d.Size), d.Freed != 0
+		if d.DryRun && d.Reason == schema.ReasonDryRun {
+			line.Reason, line.DryRun = string(d.Rule), true // what the removal's reason would be
+		}
 	case *ContainerEvent:
 		line.Subject = inNamespace(d.Namespace, containerLabel(ev.Subject, d.PodNamespace, d.PodName, d.ContainerName))
-		line.Reason = string(d.Reason)
+		line.Reason, line.DryRun = string(d.Reason), d.DryRun
 	case *LogEvent:
 		line.Reason, line.Bytes, line.Error, line.Measured = string(d.Reason), d.Bytes, d.Error, d.Bytes != 0
+		line.DryRun = d.DryRun
 	case *StateReset:
 		line.Error = d.Error
 	}

@@ -267,3 +267,30 @@ func TestRegrets(t *testing.T) {
 		t.Fatalf("tail %+v", tail[len(tail)-1])
 	}
 }
+
+// TestTailMarksDryRun: a dry run's actions say they are one: its
+// would-removes (image.skipped with reason dry-run, whose reason shown is
+// the rule the removal would have; container.skipped with the removal's)
+// and its passes. On d7dd547 they looked like a run's skips.
+func TestTailMarksDryRun(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := New(10)
+	for _, ev := range []natsbus.CloudEvent{
+		ce(t, "n1", "image", "skipped", "sha256:aa", t0, map[string]any{"bytes": 5, "reason": "dry-run", "rule": "space", "dryRun": true}),
+		ce(t, "n1", "image", "skipped", "sha256:bb", t0.Add(time.Second), map[string]any{"bytes": 5, "reason": "too-young", "rule": "space", "dryRun": true}),
+		ce(t, "n1", "container", "skipped", "c1", t0.Add(2*time.Second), map[string]any{"reason": "ttl-expired", "dryRun": true, "skipReason": "dry-run"}),
+		ce(t, "n1", "gc", "completed", "image", t0.Add(3*time.Second), map[string]any{"bytes": 5, "trigger": "disk", "dryRun": true}),
+	} {
+		f.Apply(ev)
+	}
+	want := []struct {
+		reason string
+		dry    bool
+	}{{"space", true}, {"too-young", false}, {"ttl-expired", true}, {"", true}}
+	tail := f.Tail()
+	for i, w := range want {
+		if i >= len(tail) || tail[i].Reason != w.reason || tail[i].DryRun != w.dry {
+			t.Errorf("tail[%d] = %+v, want reason %q dry run %v", i, tail, w.reason, w.dry)
+		}
+	}
+}

@@ -439,17 +439,18 @@ func (g *ImageGC) handle(ctx context.Context, o ImageOutcome, pass *ImagePass, r
 	}
 	rep.add(func(quiet bool) {
 		ev := log.WithLevel(level(lvl, quiet))
-		msg := "image " + o.Action
+		msg, reason, detail := "image "+o.Action, o.Reason, o.Detail
 		switch {
 		case o.Action == ActionRemoved:
 			ev = ev.Str("via", o.Via).Bool("beyond_estimate", o.Beyond)
 		case o.Reason == ReasonDryRun:
-			// The fields of the removal it stands for: grep "remov" finds it.
-			msg = "would remove"
+			// The fields of the removal it stands for, its reason too: grep
+			// "remov" finds it. What a dry run cannot know, it says.
+			msg, reason, detail = "would remove", o.Rule, dryRunEstimate
 			ev = ev.Str("kind", "image").Bool("dry_run", true)
 		}
 		ev.Str("namespace", o.Namespace).Str("image", firstName(o.Names)).Str("digest", o.Digest).Strs("names", o.Names).Int64("size_bytes", o.Size).
-			Int64("freed_bytes", o.Freed).Str("reason", string(o.Reason)).Str("rule", string(o.Rule)).Str("detail", o.Detail).
+			Int64("freed_bytes", o.Freed).Str("reason", string(reason)).Str("rule", string(o.Rule)).Str("detail", detail).
 			Msg(msg)
 		// A removal's event was stored by its delete transaction.
 		if !quiet && o.Action != ActionRemoved {
@@ -457,6 +458,12 @@ func (g *ImageGC) handle(ctx context.Context, o ImageOutcome, pass *ImagePass, r
 		}
 	})
 }
+
+// dryRunEstimate is the detail of a dry run's would-remove line: a delete
+// not made frees nothing to measure, so the dry run stops by the images'
+// sizes where a run stops by the disk.
+const dryRunEstimate = "estimated by the image's size: a run measures the disk after each delete and stops at the low threshold, " +
+	"so it may remove fewer (a delete also frees the unpacked snapshot) or more (shared layers)"
 
 // recordRemoval journals the removal in the projection, for regrets.
 func (g *ImageGC) recordRemoval(ctx context.Context, o ImageOutcome, trigger string, log zerolog.Logger) {

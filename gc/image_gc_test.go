@@ -1,8 +1,11 @@
 package gc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -228,6 +231,34 @@ func TestImageGCDryRunDeletesNothing(t *testing.T) {
 	}
 	if got := len(pub.keys("image", ActionSkipped)); got != 3 {
 		t.Errorf("published %d skips, want one per planned image (3)", got)
+	}
+}
+
+// TestImageGCDryRunLineIsTheRemovals: a dry run's would-remove line has
+// the real removal's reason (space, not dry-run as on d7dd547) and says
+// that its bytes are estimated: here the run removes 2 images, each
+// freeing twice its size, where the dry run, which cannot measure, names 3.
+func TestImageGCDryRunLineIsTheRemovals(t *testing.T) {
+	var buf bytes.Buffer
+	g, _, _, _ := newImageGC(t, newNode(), policy8070, func(o *imageGCConfig) { o.DryRun, o.Log = true, zerolog.New(&buf) })
+	g.Pass(context.Background(), "disk")
+	lines := 0
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) != nil || m["message"] != "would remove" {
+			continue
+		}
+		lines++
+		if m["reason"] != "space" || m["rule"] != "space" || !strings.Contains(fmt.Sprint(m["detail"]), "estimated by the image's size: a run measures the disk") {
+			t.Errorf("would-remove line %v, want reason space and the estimate said", m)
+		}
+	}
+	if lines != 3 {
+		t.Errorf("%d would-remove lines, want 3:\n%s", lines, buf.String())
+	}
+	run, _, _, _ := newImageGC(t, newNode(), policy8070, nil)
+	if p := run.Pass(context.Background(), "disk"); len(p.Removed) != 2 {
+		t.Errorf("the run removed %d, want 2 (the disk measured after each)", len(p.Removed))
 	}
 }
 

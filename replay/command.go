@@ -82,14 +82,14 @@ func Command(ctx context.Context, o CommandOptions, stdout, stderr io.Writer) er
 		if o.JSON {
 			return writeJSON(stdout, res)
 		}
-		printSweep(stdout, header, res, time.Since(start))
+		printSweep(stdout, header, res, o.LowGiven, time.Since(start))
 		return nil
 	}
 	res := Simulate(recs, opts)
 	if o.JSON {
 		return writeJSON(stdout, res)
 	}
-	printResult(stdout, header, res, time.Since(start))
+	printResult(stdout, header, res, o.LowGiven, time.Since(start))
 	return nil
 }
 
@@ -126,9 +126,24 @@ func describe(p trace.Policy) string {
 	return s
 }
 
-func printResult(w io.Writer, header trace.Record, res Result, took time.Duration) {
+// dryRunNote says that the agent ran as a dry run for d of the trace; ""
+// for none.
+func dryRunNote(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("note: the agent ran as a dry run over %s of this trace (its first record to its last) and deleted nothing then; the replay deletes there as its policy says, so recorded and replayed differ there even with the recorded policy\n", roundDur(d))
+}
+
+func printResult(w io.Writer, header trace.Record, res Result, lowGiven bool, took time.Duration) {
 	fmt.Fprintf(w, "trace: %s, disk %s\n", window(header, res.From, res.To, res.Records, res.Images), gc.HumanBytes(int64(res.Capacity)))
-	fmt.Fprintf(w, "replayed: %s\n\n", describe(res.Policy))
+	fmt.Fprintf(w, "replayed: %s\n", describe(res.Policy))
+	if rec := res.RecordedPolicy; rec != nil && !lowGiven && res.Policy.Low != rec.Low {
+		fmt.Fprintf(w, "note: the recorded low threshold %d%% exceeds the high threshold %d%%: replayed with %d%%, the same distance below (--image-gc-low-threshold sets it)\n",
+			rec.Low, res.Policy.High, res.Policy.Low)
+	}
+	fmt.Fprint(w, dryRunNote(res.DryRun))
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	rec, rep := res.Recorded, res.Replayed
 	row := func(name, a, b string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", name, a, b) }
@@ -147,15 +162,28 @@ func printResult(w io.Writer, header trace.Record, res Result, took time.Duratio
 	fmt.Fprintf(w, "replayed in %s\n", took.Round(time.Millisecond))
 }
 
-func printSweep(w io.Writer, header trace.Record, res SweepResult, took time.Duration) {
+func printSweep(w io.Writer, header trace.Record, res SweepResult, lowGiven bool, took time.Duration) {
 	fmt.Fprintf(w, "trace: %s\n", window(header, res.From, res.To, res.Records, res.Images))
-	fmt.Fprintf(w, "sweep: %s, order %s; recorded: %d re-pulls, %s, %.1f%% free on average\n\n", res.Flag, res.Order,
+	fmt.Fprintf(w, "sweep: %s, order %s; recorded: %d re-pulls, %s, %.1f%% free on average\n", res.Flag, res.Order,
 		res.Recorded.Repulls, gc.HumanBytes(res.Recorded.RepulledBytes), res.Recorded.MeanFree)
+	if res.Flag == FlagHigh && !lowGiven {
+		fmt.Fprintln(w, "the low threshold stays as recorded, or, where it would exceed the high one, follows it down at the same distance (--image-gc-low-threshold sets it)")
+	}
+	fmt.Fprint(w, dryRunNote(res.DryRun))
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "high\tlow\tmin age\tmax age\tmean free\tpeak\tre-pulls\tre-pulled\tdeletions\tabove high\tfrontier\t")
+	var invalid []string
 	for _, p := range res.Points {
 		if p.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\t\t\t\t\t\n", p.Value, "invalid: "+p.Error)
+			// The value in its own column, the reason after the table.
+			cols := []string{"-", "-", "-", "-"}
+			cols[sweptColumn(res.Flag)] = p.Value
+			if res.Flag == FlagHigh || res.Flag == FlagLow {
+				cols[sweptColumn(res.Flag)] += "%"
+			}
+			fmt.Fprintf(tw, "%s\tinvalid\t\t\t\t\t\t\n", strings.Join(cols, "\t"))
+			invalid = append(invalid, fmt.Sprintf("  %s=%s: %s\n", res.Flag, p.Value, p.Error))
 			continue
 		}
 		o, maxAge := p.Replayed, "off"
@@ -171,8 +199,16 @@ func printSweep(w io.Writer, header trace.Record, res SweepResult, took time.Dur
 			o.Deletions, roundDur(o.AboveHigh), front)
 	}
 	tw.Flush()
+	if len(invalid) > 0 {
+		fmt.Fprintf(w, "\ninvalid, not replayed:\n%s", strings.Join(invalid, ""))
+	}
 	fmt.Fprintf(w, "\n* on the frontier: no other point keeps more free and re-pulls fewer bytes\n")
 	fmt.Fprintf(w, "%d replays in %s\n", len(res.Points), took.Round(time.Millisecond))
+}
+
+// sweptColumn is the column of the sweep table the swept flag is in.
+func sweptColumn(flag string) int {
+	return map[string]int{FlagHigh: 0, FlagLow: 1, FlagMinAge: 2, FlagMaxAge: 3}[flag]
 }
 
 // roundDur writes d to a precision a person reads: 7h31m, 2m5s, 350ms.

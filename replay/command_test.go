@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,9 +71,20 @@ func TestCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("\n%s", out.String())
-	for _, want := range []string{"75%", "85%", "95%", "70%", "80%", "90%", "*"} {
+	for _, want := range []string{"75%", "85%", "95%", "70%", "80%", "*"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("sweep output lacks %q", want)
+		}
+	}
+	// The low threshold follows the high one down where it would exceed it
+	// (75%: 70%), and stays where it fits (95%: 80%), as
+	// `replay --image-gc-high-threshold=V` replays each.
+	for _, row := range [][]string{{"75%", "70%"}, {"95%", "80%"}} {
+		if !slices.ContainsFunc(strings.Split(out.String(), "\n"), func(l string) bool {
+			f := strings.Fields(l)
+			return len(f) > 2 && f[0] == row[0] && f[1] == row[1]
+		}) {
+			t.Errorf("sweep has no row high %s low %s", row[0], row[1])
 		}
 	}
 }

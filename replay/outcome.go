@@ -93,8 +93,9 @@ func (sd *side) returned(k key, t time.Time) {
 func (s *sim) finish() Result {
 	s.advance(s.to)
 	s.account(s.to)
+	s.dryRunUntil(s.to, false)
 	res := Result{From: s.from, To: s.to, Records: s.n, Images: len(s.size), Capacity: s.obs.Capacity,
-		FootprintRatio: s.ratio, Policy: TraceOf(s.policy, s.o.Order)}
+		FootprintRatio: s.ratio, Policy: TraceOf(s.policy, s.o.Order), RecordedPolicy: s.recorded, DryRun: s.dryRun}
 	for _, x := range []struct {
 		sd  *side
 		out *Outcome

@@ -47,8 +47,14 @@ type Result struct {
 	Records  int       `json:"records"`
 	Images   int       `json:"images"` // distinct images (namespace and digest) the trace holds
 	Capacity uint64    `json:"capacityBytes"`
-	// Policy is the policy replayed, as it was in force at the end.
-	Policy trace.Policy `json:"policy"`
+	// Policy is the policy replayed, as it was in force at the end;
+	// RecordedPolicy the one the trace recorded last (nil: none).
+	Policy         trace.Policy  `json:"policy"`
+	RecordedPolicy *trace.Policy `json:"recordedPolicy,omitempty"`
+	// DryRun is how long of the trace the agent ran as a dry run,
+	// deleting nothing: the replay deletes there as its policy says, so
+	// the sides differ even with the recorded policy.
+	DryRun time.Duration `json:"dryRunNs,omitempty"`
 	// Recorded is what happened, Replayed what the policy would have done.
 	Recorded Outcome `json:"recorded"`
 	Replayed Outcome `json:"replayed"`

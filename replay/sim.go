@@ -54,6 +54,12 @@ type sim struct {
 	from, to time.Time
 	n        int
 	rec, rep side
+	// dryRun is how long the recorded policy was a dry run (the agent
+	// deleted nothing), dryFrom when the current one began (zero: none);
+	// last is the time of the record before the one replayed now.
+	dryRun     time.Duration
+	dryFrom    time.Time
+	last, this time.Time
 }
 
 func newSim(recs []trace.Record, o Options) *sim {
@@ -124,6 +130,18 @@ func (s *sim) setPolicy(p *trace.Policy) {
 	s.rep.high = s.policy.HighThresholdPercent
 }
 
+// dryRunUntil counts the time up to t a dry run recorded; on says whether
+// the policy from t on is one.
+func (s *sim) dryRunUntil(t time.Time, on bool) {
+	if !s.dryFrom.IsZero() {
+		s.dryRun += max(t.Sub(s.dryFrom), 0)
+		s.dryFrom = time.Time{}
+	}
+	if on {
+		s.dryFrom = t
+	}
+}
+
 // state returns namespace ns's simulated projection.
 func (s *sim) state(ns string) *projection.State {
 	st := s.states[ns]
@@ -139,6 +157,7 @@ func (s *sim) state(ns string) *projection.State {
 // record replays one record: first the deadlines before it, then what it
 // says, then the triggers it may fire.
 func (s *sim) record(r trace.Record) {
+	s.last, s.this = s.this, r.T
 	s.advance(r.T)
 	k := key{r.NS, r.Digest}
 	switch r.Ev {
@@ -160,9 +179,14 @@ func (s *sim) record(r trace.Record) {
 			s.rec.passSeen = false
 		}
 		s.sample(r.T)
+	case trace.KindStart:
+		// An agent starts: the last one's dry run, if any, ended by its
+		// last record (the time between is no agent's).
+		s.dryRunUntil(s.last, false)
 	case trace.KindPolicy:
 		if r.Policy != nil {
 			p := *r.Policy
+			s.dryRunUntil(r.T, p.DryRun)
 			s.setPolicy(&p)
 			s.dirty = true
 		}

@@ -37,6 +37,10 @@ func Given(p gc.ImagePolicy, given func(flag string) bool) func(*trace.Policy) g
 		}
 		if given(FlagLow) {
 			out.LowThresholdPercent = p.LowThresholdPercent
+		} else {
+			// The high threshold alone: the recorded low one follows it
+			// down where it would exceed it, as in plan.
+			out.LowThresholdPercent = gc.LowFollowing(rec.High, rec.Low, out.HighThresholdPercent)
 		}
 		if given(FlagMinAge) {
 			out.MinAge = p.MinAge
@@ -122,14 +126,16 @@ func cmpErr(errs ...error) error {
 }
 
 // set returns policy with the swept flag at value v. Sweeping the high
-// threshold moves the low one with it (same gap) unless lowGiven; a
-// sweep that makes the policy invalid says so.
+// threshold takes the low one down with it where it would exceed it
+// (gc.LowFollowing: the same gap), unless lowGiven: each row is what
+// `replay --image-gc-high-threshold=V` replays. A sweep that makes the
+// policy invalid says so.
 func (sw Sweep) set(p gc.ImagePolicy, v string, lowGiven bool) (gc.ImagePolicy, error) {
 	switch sw.Flag {
 	case FlagHigh:
 		n, _ := strconv.Atoi(v)
 		if !lowGiven {
-			p.LowThresholdPercent = max(n-(p.HighThresholdPercent-p.LowThresholdPercent), 0)
+			p.LowThresholdPercent = gc.LowFollowing(p.HighThresholdPercent, p.LowThresholdPercent, n)
 		}
 		p.HighThresholdPercent = n
 	case FlagLow:
@@ -162,7 +168,9 @@ type SweepResult struct {
 	Records  int       `json:"records"`
 	Images   int       `json:"images"`
 	Recorded Outcome   `json:"recorded"`
-	Points   []Point   `json:"points"`
+	// DryRun is Result.DryRun: how long the agent ran as a dry run.
+	DryRun time.Duration `json:"dryRunNs,omitempty"`
+	Points []Point       `json:"points"`
 }
 
 // RunSweep replays recs once per value of sw, in parallel, each with
@@ -213,7 +221,7 @@ func RunSweep(recs []trace.Record, o Options, sw Sweep, lowGiven bool) SweepResu
 	}
 	markFrontier(pts)
 	return SweepResult{Flag: sw.Flag, Order: cmpOrder(o.Order), From: recorded.From, To: recorded.To, Records: recorded.Records,
-		Images: recorded.Images, Recorded: recorded.Recorded, Points: pts}
+		Images: recorded.Images, Recorded: recorded.Recorded, DryRun: recorded.DryRun, Points: pts}
 }
 
 // markFrontier marks the points no other beats on both free space and

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,6 +71,9 @@ func Fetch(ctx context.Context, src Source) (header Record, recs []Record, from 
 	}
 	path := filepath.Join(src.StateDir, "state.db")
 	recs, skipped, err := readStateFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("no state file %s (no agent ran with --state-dir %s)%s", path, src.StateDir, noAgentAt(src.Agent))
+	}
 	header = Record{Ev: KindHeader}
 	if skipped.Any() {
 		header.Skipped = &skipped
@@ -100,17 +104,43 @@ func decodeAll(r io.Reader, bad func(int, error)) (Record, []Record, error) {
 	return header, Canonical(recs), err
 }
 
+// DamagedError is a state file whose trace could be read only in part:
+// Read records came before the damage (Err); the rest may be missing.
+type DamagedError struct {
+	Path string
+	Read int
+	Err  error
+}
+
+func (e *DamagedError) Error() string {
+	return fmt.Sprintf("state %s is damaged (%v): %d records read, the rest may be missing", e.Path, e.Err, e.Read)
+}
+
+func (e *DamagedError) Unwrap() error { return e.Err }
+
 // readStateFile reads the trace of an agent's state file, read-only: a
-// damaged file is an error, never a panic; a chunk or record of the trace
-// that does not decode is skipped (Load).
+// damaged file is an error, never a panic. The file is checked as plan
+// checks it (truncated, pages not reachable); what could be read of a
+// damaged one comes with a *DamagedError. A chunk or record of the trace
+// that does not decode is skipped and said in skipped (Read).
 func readStateFile(path string) (recs []Record, skipped Skipped, err error) {
-	if _, err := os.Stat(path); err != nil {
+	fi, err := os.Stat(path)
+	if err != nil {
 		return nil, skipped, err
+	}
+	if fi.Size() == 0 {
+		return nil, skipped, fmt.Errorf("state %s is empty (0 bytes): not a state file", path)
+	}
+	damaged := func(cause error) ([]Record, Skipped, error) {
+		if len(recs) == 0 {
+			return nil, skipped, fmt.Errorf("state %s unreadable: %w", path, cause)
+		}
+		return Canonical(recs), skipped, &DamagedError{Path: path, Read: len(recs), Err: cause}
 	}
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
-			recs, err = nil, fmt.Errorf("state %s unreadable: %v", path, r)
+			recs, skipped, err = damaged(fmt.Errorf("%v", r))
 		}
 	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: true})
@@ -121,10 +151,43 @@ func readStateFile(path string) (recs []Record, skipped Skipped, err error) {
 		return nil, skipped, fmt.Errorf("open state %s read-only: %w", path, err)
 	}
 	defer db.Close()
-	return Load(db)
+	var check error
+	_ = db.View(func(tx *bolt.Tx) error {
+		if fi.Size() < tx.Size() {
+			check = fmt.Errorf("state file is %d bytes, its meta page says %d: truncated", fi.Size(), tx.Size())
+			return nil
+		}
+		for e := range tx.Check() {
+			check = cmp.Or(check, e)
+		}
+		if (tx.Bucket(bucketChunks) == nil) != (tx.Bucket(bucketBase) == nil) {
+			// Open makes both: one alone is a trace that lost the other.
+			check = cmp.Or(check, errors.New("the trace's chunks or its base is missing"))
+		}
+		return nil
+	})
+	if check != nil && strings.HasSuffix(check.Error(), "truncated") {
+		return damaged(check) // reading would fault past the end
+	}
+	skipped, err = Read(db, func(r Record) error { recs = append(recs, r); return nil })
+	if err != nil {
+		return damaged(err)
+	}
+	if check != nil {
+		return damaged(check)
+	}
+	return Canonical(recs), skipped, nil
 }
 
 var errNoAgent = errors.New("no agent answers")
+
+// noAgentAt says that no agent answered at addr, when one was asked.
+func noAgentAt(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	return ", and no agent answers at " + addr + " (--metrics-address)"
+}
 
 // fetchAgent reads the trace of the agent at addr (GET /trace);
 // errNoAgent when nothing listens there.
@@ -172,12 +235,20 @@ type ExportOptions struct {
 // header first (`gcagent trace export`).
 func ExportCommand(ctx context.Context, o ExportOptions, w io.Writer) error {
 	header, recs, _, err := Fetch(ctx, o.Source)
-	if err != nil {
+	var damaged *DamagedError
+	if err != nil && !errors.As(err, &damaged) {
 		return err
 	}
 	if header.Node == "" {
 		header.Node, header.Cluster = o.Node, o.Cluster
 	}
 	header.T = time.Time{}
-	return Export(w, header, recs)
+	if err := Export(w, header, recs); err != nil {
+		return err
+	}
+	if damaged != nil {
+		// What could be read is written; the export is not whole.
+		return fmt.Errorf("partial export: %w", damaged)
+	}
+	return nil
 }

@@ -167,7 +167,13 @@ func flagError(cmd *cobra.Command, err error) error {
 	name, ok := strings.CutPrefix(msg, "unknown flag: --")
 	if !ok {
 		if rest, ok := strings.CutPrefix(msg, "unknown shorthand flag: "); ok {
-			msg = "unknown flag " + rest[strings.LastIndex(rest, " ")+1:]
+			typed := rest[strings.LastIndex(rest, " ")+1:]
+			msg = "unknown flag " + typed
+			// Go's flag package takes one dash: -image-gc-high-threshold.
+			long, _, _ := strings.Cut(strings.TrimPrefix(typed, "-"), "=")
+			if f := cmd.Flags().Lookup(long); f != nil && len(long) > 1 {
+				msg += " (flags take two dashes: --" + long + ")"
+			}
 		}
 		return usagef("%s%s", where(cmd), msg)
 	}

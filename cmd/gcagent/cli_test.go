@@ -164,6 +164,7 @@ func TestUsageErrorsSuggest(t *testing.T) {
 		{[]string{"ctl", "--state-dir", dir}, nil, "ctl: want a verb (status, plan, explain, gc) or keep"},
 		{[]string{"ctl", "keep", "lst", "--state-dir", dir}, nil, `ctl keep: unknown verb "lst" (did you mean ls?)`},
 		{[]string{"run", "--image-gc-hight-threshold=90"}, nil, "run: unknown flag --image-gc-hight-threshold (did you mean --image-gc-high-threshold?)"},
+		{[]string{"run", "-image-gc-high-threshold=90"}, nil, "run: unknown flag -image-gc-high-threshold=90 (flags take two dashes: --image-gc-high-threshold)"},
 		{[]string{"plan", "--jsn"}, nil, "plan: unknown flag --jsn (did you mean --json?)"},
 		{[]string{"ctl", "--all-clusters", "keep", "add", "x"}, nil, "ctl: unknown flag --all-clusters (a flag of ctl keep)"},
 		{[]string{"status", "--nats-url=x"}, nil, "status: unknown flag --nats-url (a flag of check, ctl, ctl keep, run, watch)"},

@@ -78,6 +78,9 @@ func printPlanReply(w io.Writer, node string, data json.RawMessage) error {
 	fmt.Fprintf(w, "%s\tsynced %v; disk %d%% used, threshold GC %s; images: %d to delete (%s estimated), %d kept; containers: %d to remove, %d kept\n",
 		node, p.Synced, img.Usage, trigger, len(img.Delete), humanBytes(img.EstimatedBytes), len(img.Keep),
 		len(p.Containers.Remove), len(p.Containers.Keep))
+	if p.DryRun {
+		fmt.Fprintf(w, "\tdry run (--dry-run): the agent deletes none of them, it logs each as would remove\n")
+	}
 	for _, it := range img.Delete {
 		fmt.Fprintf(w, "\tdelete image %s (%s, %s, last used %s)\n", forTerminal(imageName(it)), it.Reason, humanBytes(it.Size), lastUsedShown(it))
 	}

@@ -29,9 +29,59 @@ environment over the file, the file over the kubelet's config
 Percents may end in %; sizes take B, KiB, MiB, GiB (or KB, MB, GB); durations
 need a unit (90s, 5m, 2h).`
 
-const envShared = `Environment: each flag listed under an area (NATS, State, Endpoint) is also
-read from GCAGENT_<FLAG> (upper case, - as _: GCAGENT_NATS_URL), as the agent
-reads it; a flag wins. An unknown GCAGENT_ variable is an error.`
+// envShared is the environment paragraph of the tools that take some of
+// run's areas: printHelp names those the command lists (sharedEnv).
+const envShared = "gcagent.env.shared"
+
+// sharedEnv is envShared's paragraph for a command whose flags of run's
+// areas are in blocks: it names those areas and one of their variables.
+func sharedEnv(blocks []flagBlock) string {
+	var areas []string
+	example := ""
+	for _, b := range blocks {
+		if b.title == "Flags" || b.title == agent.GeneralFlags.Title+" flags" {
+			continue
+		}
+		areas = append(areas, strings.TrimSuffix(b.title, " flags"))
+		if example == "" {
+			b.flags.VisitAll(func(f *pflag.Flag) {
+				if example == "" && !f.Hidden {
+					example = envName(f.Name)
+				}
+			})
+		}
+	}
+	if len(areas) == 0 {
+		return ""
+	}
+	where := "the area " + areas[0]
+	if len(areas) > 1 {
+		where = "an area (" + strings.Join(areas, ", ") + ")"
+	}
+	return wrap("Environment and config file: each flag listed under "+where+" is also read from GCAGENT_<FLAG> (upper case, - as _: "+
+		example+") and from the --config file (run's), as the agent reads them; a flag wins over the environment, the environment over "+
+		"the file. An unknown GCAGENT_ variable or file key is an error.", 80)
+}
+
+// wrap breaks s into lines of at most width bytes, between words.
+func wrap(s string, width int) string {
+	var b strings.Builder
+	n := 0
+	for _, w := range strings.Fields(s) {
+		switch {
+		case n == 0:
+		case n+1+len(w) > width:
+			b.WriteByte('\n')
+			n = 0
+		default:
+			b.WriteByte(' ')
+			n++
+		}
+		b.WriteString(w)
+		n += len(w)
+	}
+	return b.String()
+}
 
 // envAnnotation holds the environment paragraph of a command's help.
 const envAnnotation = "gcagent.env"
@@ -73,12 +123,17 @@ func printHelp(w io.Writer, cmd *cobra.Command) {
 			fmt.Fprintf(w, "  %-*s  %s\n", width, s.Name(), s.Short)
 		}
 	}
-	for _, g := range flagBlocks(cmd) {
+	blocks := flagBlocks(cmd)
+	for _, g := range blocks {
 		if usage := g.flags.FlagUsagesWrapped(helpWidth); usage != "" {
 			fmt.Fprintf(w, "\n%s:\n%s", g.title, usage)
 		}
 	}
-	if env := cmd.Annotations[envAnnotation]; env != "" {
+	env := cmd.Annotations[envAnnotation]
+	if env == envShared {
+		env = sharedEnv(blocks)
+	}
+	if env != "" {
 		fmt.Fprintf(w, "\n%s\n", env)
 	}
 	if len(subs) > 0 {

@@ -8,6 +8,7 @@ import (
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 )
 
@@ -23,11 +24,20 @@ var clusterUsage = map[string]string{
 // GCAGENT_<FLAG>.
 func addNATSClientFlags(cmd *cobra.Command, cfg *agent.Config) {
 	fs := cmd.Flags()
+	addConfigFlag(cmd, cfg)
 	agent.NATSClientFlags.AddTo(fs, cfg)
 	agent.StateFlags.AddTo(fs, cfg, "state-dir")
 	fs.Lookup("cluster").Usage = clusterUsage[cmd.Name()]
 	fs.Lookup("nats-url").Usage = "NATS server URLs, comma separated (empty: the local agent's embedded server)"
 	fs.Lookup("state-dir").Usage = "the local agent's state dir: without --nats-url, the embedded NATS server's URL and credentials are read from it"
+}
+
+// addConfigFlag adds run's --config to a tool that takes some of run's
+// flags: the settings the agent runs with, written once in its file, reach
+// the tool too (status's --metrics-address, watch's --state-dir).
+func addConfigFlag(cmd *cobra.Command, cfg *agent.Config) {
+	agent.GeneralFlags.AddTo(cmd.Flags(), cfg, "config")
+	cmd.Flags().Lookup("config").Usage = "run's settings `file`: the settings of the areas below are read from it too (flags and environment win)"
 }
 
 // natsTarget is the server a NATS client tool talks to, to say so when
@@ -50,6 +60,12 @@ func (t natsTarget) hint() string {
 		return fmt.Sprintf(": is the agent running with --state-dir %s?", t.stateDir)
 	}
 	return ""
+}
+
+// starting says err means the local agent has not made its streams yet:
+// it makes them at start (unless --nats-no-create-stream).
+func (t natsTarget) starting(err error) bool {
+	return t.local && !t.noURL && errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // noAgent is the error of a tool that reached no agent on t.

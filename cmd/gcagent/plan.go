@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,10 +58,11 @@ func (c *cli) planCmd() *cobra.Command {
 			"be given as is.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := c.settleRun(cmd, &cfg); err != nil {
+			moved, err := c.settleWhatIf(cmd, &cfg)
+			if err != nil {
 				return err
 			}
-			return plan(cmd.Context(), cfg, asJSON, c.stdout)
+			return plan(cmd.Context(), cfg, moved, asJSON, c.stdout)
 		},
 	}
 	flagvalue.Add(cmd.Flags(), flagvalue.Bool{P: &asJSON}, "json", "print the plan as JSON (each delete list in the order of deletion)")
@@ -87,17 +89,29 @@ func addRunFlags(cmd *cobra.Command, cfg *agent.Config, shows []string) {
 
 // plan prints the plan of the agent at cfg.MetricsAddress, by cfg's policy
 // where it was given, or without one the plan from the node and the state
-// dir.
-func plan(ctx context.Context, cfg agent.Config, asJSON bool, stdout io.Writer) error {
+// dir. An agent there that watches another containerd or state dir than
+// the ones given is not asked: the plan is made here, from those given.
+// moved says what a high threshold given alone moved (settleWhatIf).
+func plan(ctx context.Context, cfg agent.Config, moved string, asJSON bool, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	doc, err := askAgentPlan(ctx, cfg.MetricsAddress, cfg.SettingValues(givenPolicy(cfg)))
+	local := ""
 	switch {
 	case errors.Is(err, errNoAgent):
-		doc, err = agent.BuildPlan(ctx, cfg)
+		local = moved
 	case err == nil:
-		if d := policyDiff(cfg, doc.Policy); d != "" {
+		if other := elsewhere(cfg, doc); other != "" {
+			local = fmt.Sprintf("not the plan of the agent at %s, which watches %s: planned here from those given", cfg.MetricsAddress, other)
+			local = strings.TrimSuffix(local+"; "+moved, "; ")
+		} else if d := policyDiff(cfg, doc.Policy); d != "" {
 			doc.HistoryNote += "; the agent's policy, not this command's: " + d
+		}
+	}
+	if errors.Is(err, errNoAgent) || local != "" {
+		doc, err = agent.BuildPlan(ctx, cfg)
+		if local != "" {
+			doc.HistoryNote = strings.TrimPrefix(doc.HistoryNote+"; "+local, "; ")
 		}
 	}
 	if err != nil {
@@ -110,6 +124,29 @@ func plan(ctx context.Context, cfg agent.Config, asJSON bool, stdout io.Writer) 
 	}
 	printPlan(stdout, doc)
 	return nil
+}
+
+// elsewhere names where the agent that answered looks, when it is not the
+// containerd (--containerd-address) or the state dir (--state-dir) given
+// to this command: its plan would be another node's. "" when it is.
+func elsewhere(cfg agent.Config, doc agent.Plan) string {
+	var out []string
+	differs := func(name, mine, theirs string) bool {
+		return cfg.Sources[name] != "" && theirs != "" && cleanPath(mine) != cleanPath(theirs)
+	}
+	if differs("containerd-address", cfg.ContainerdAddress, doc.Containerd) {
+		out = append(out, fmt.Sprintf("containerd %s, not %s", doc.Containerd, cfg.ContainerdAddress))
+	}
+	if differs("state-dir", cfg.StateDir, doc.StateDir) {
+		out = append(out, fmt.Sprintf("state dir %s, not %s", doc.StateDir, cfg.StateDir))
+	}
+	return strings.Join(out, ", and ")
+}
+
+// cleanPath is a socket or dir path as compared: without unix:// and
+// trailing slashes.
+func cleanPath(p string) string {
+	return filepath.Clean(strings.TrimPrefix(p, "unix://"))
 }
 
 // givenPolicy names the policy settings of cfg that were given (not
@@ -131,7 +168,7 @@ func givenPolicy(cfg agent.Config) []string {
 // config: in the agent's pod `plan` reads the same file, which may have
 // changed since the agent's start (the agent takes it again at its next).
 func given(s agent.Setting) bool {
-	return s.Source != "default" && !strings.HasPrefix(s.Source, "kubelet-config ")
+	return s.Source != "default" && !strings.HasPrefix(s.Source, "kubelet-config ") && !strings.HasPrefix(s.Source, agent.MovedSource)
 }
 
 // errNoAgent: nothing listens on the agent's metrics address.
@@ -213,6 +250,9 @@ func printPlan(w io.Writer, doc agent.Plan) {
 	fmt.Fprintln(w)
 	if len(doc.WhatIf) > 0 {
 		fmt.Fprintf(w, "WHAT IF: planned with %s as given here; the agent runs on with its own (POLICY says which)\n", strings.Join(doc.WhatIf, ", "))
+	}
+	if slices.ContainsFunc(doc.Policy, func(s agent.Setting) bool { return s.Name == "dry-run" && s.Value == "true" }) {
+		fmt.Fprintln(w, "DRY RUN: the agent deletes nothing (--dry-run); below is what a run would delete")
 	}
 	for _, n := range doc.KubeletNotes {
 		fmt.Fprintf(w, "kubelet: %s\n", n)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
@@ -39,5 +40,26 @@ func TestPrintPlanOrder(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(text) {
 			t.Errorf("plan lacks %s:\n%s", re, text)
 		}
+	}
+}
+
+// TestPlansSayDryRun: the plan of an agent that runs with --dry-run, and
+// ctl plan's reply from one, say that it deletes none of it (d7dd547
+// printed "2 to remove" as for a run).
+func TestPlansSayDryRun(t *testing.T) {
+	doc := agent.Plan{History: "agent", Policy: []agent.Setting{{Name: "dry-run", Value: "true", Source: "flag"}}}
+	var out strings.Builder
+	printPlan(&out, doc)
+	if !strings.Contains(out.String(), "DRY RUN: the agent deletes nothing (--dry-run)") {
+		t.Errorf("plan of a dry-run agent:\n%s", out.String())
+	}
+	out.Reset()
+	data, _ := json.Marshal(agent.ControlPlan{Synced: true, DryRun: true,
+		Containers: gc.ContainerPlan{Remove: []gc.ContainerItem{{Namespace: "k8s.io", ID: "c1"}, {Namespace: "k8s.io", ID: "c2"}}}})
+	if err := printPlanReply(&out, "n1", data); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "2 to remove") || !strings.Contains(out.String(), "dry run (--dry-run): the agent deletes none of them") {
+		t.Errorf("ctl plan of a dry-run agent:\n%s", out.String())
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"strings"
 
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/internal/flagvalue"
@@ -48,10 +49,14 @@ func (c *cli) replayCmd() *cobra.Command {
 			"  gcagent replay --sweep image-gc-high-threshold=70..95:5",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := c.settleRun(cmd, &cfg); err != nil {
+			// A high threshold given alone: the recorded low one follows it
+			// (replay.Given), not the default that settling moved.
+			if _, err := c.settleWhatIf(cmd, &cfg); err != nil {
 				return err
 			}
-			given := func(flag string) bool { return cfg.Sources[flag] != "" }
+			given := func(flag string) bool {
+				return cfg.Sources[flag] != "" && !strings.HasPrefix(cfg.Sources[flag], agent.MovedSource)
+			}
 			o := replay.CommandOptions{
 				Source:   traceSource(file, cfg, c.stdin),
 				Policy:   replay.Given(cfg.ImagePolicy(), given),
@@ -67,7 +72,7 @@ func (c *cli) replayCmd() *cobra.Command {
 	fs := cmd.Flags()
 	fs.StringVar(&file, "trace", "", "the trace `file` to replay (JSON lines, as trace export writes; - for standard input)")
 	fs.StringVar(&sweep, "sweep", "", "replay once per value of one flag, `FLAG=A..B[:STEP]` (image-gc-high-threshold, image-gc-low-threshold: percents, step 1; minimum-image-ttl-duration, image-maximum-gc-age: durations, step needed), and print the frontier of re-pulls against free space")
-	fs.StringVar(&order, "order", "lru", "deletion order of threshold GC: lru (the kubelet's and the agent's) or gdsf (cost-aware; refuted, see docs/figures.md)")
+	fs.StringVar(&order, "order", "lru", "deletion order of threshold GC: lru (the kubelet's and the agent's) or gdsf (cost-aware Greedy-Dual-Size-Frequency, for comparison: the agent deletes by lru)")
 	flagvalue.Add(fs, flagvalue.Bool{P: &asJSON}, "json", "print the result as JSON")
 	flagvalue.Add(fs, flagvalue.Bool{P: &detail}, "detail", "with --json, list each deletion")
 	addRunFlags(cmd, &cfg, replayShows)

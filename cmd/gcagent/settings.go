@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -19,21 +20,37 @@ import (
 // command's own flags (--json, --since, ...) never do.
 
 // settleRun settles cmd's flags into cfg, adopts the kubelet's values and
-// validates: what run, plan and check do before anything else.
+// validates: what run and check do before anything else.
 func (c *cli) settleRun(cmd *cobra.Command, cfg *agent.Config) error {
+	_, err := c.settleConfig(cmd, cfg, false)
+	return err
+}
+
+// settleWhatIf is settleRun for the commands that ask what a policy would
+// do (plan, replay): a high threshold given alone takes down with it a low
+// one not given that would exceed it (agent.Config.FollowHigh), where run
+// refuses the pair; moved says what moved ("" when nothing did).
+func (c *cli) settleWhatIf(cmd *cobra.Command, cfg *agent.Config) (moved string, err error) {
+	return c.settleConfig(cmd, cfg, true)
+}
+
+func (c *cli) settleConfig(cmd *cobra.Command, cfg *agent.Config, whatIf bool) (moved string, err error) {
 	sources, err := c.settle(cmd.Flags())
 	if err != nil {
-		return err
+		return "", err
 	}
 	cfg.Sources = sources
 	// The kubelet's values fill what no flag, variable or file line set.
 	if err := cfg.AdoptKubelet(); err != nil {
-		return usageError{err}
+		return "", usageError{err}
+	}
+	if whatIf {
+		moved = cfg.FollowHigh()
 	}
 	if err := cfg.Validate(); err != nil {
-		return usageError{err}
+		return "", usageError{err}
 	}
-	return nil
+	return moved, nil
 }
 
 // settle fills the flags of fs that were not given from the environment
@@ -71,9 +88,12 @@ func (c *cli) settle(fs *pflag.FlagSet) (map[string]string, error) {
 		return nil, usageError{err}
 	}
 	known := runSettings()
+	firstLine := map[string]int{} // the file's line that set each key first
 	for _, e := range kv {
 		from := fmt.Sprintf("%s:%d", file, e.line)
-		switch f := fs.Lookup(e.name); {
+		f := fs.Lookup(e.name)
+		repeatable := slices.Contains(repeatableSettings(), e.name) // as run takes it, whether this command does or not
+		switch {
 		case e.name == "config":
 			return nil, usagef("%s: a config file cannot name another (config)", from)
 		case !slices.Contains(known, e.name):
@@ -82,18 +102,51 @@ func (c *cli) settle(fs *pflag.FlagSet) (map[string]string, error) {
 				hint = " (the keys are the flags of gcagent run, without --)"
 			}
 			return nil, usagef("%s: unknown setting %q%s", from, e.name, hint)
+		case firstLine[e.name] > 0 && !repeatable:
+			// First-wins or last-wins would each quietly drop a line.
+			return nil, usagef("%s: %s is set again (first on line %d): a setting takes one line, a repeatable one (keep-image) one line per value",
+				from, e.name, firstLine[e.name])
+		}
+		first := firstLine[e.name]
+		if first == 0 {
+			firstLine[e.name] = e.line
+		}
+		switch {
 		case f == nil || !readsSettings(f):
 			// A setting of run this command does not take.
-		case sources[e.name] != "":
-			// A flag or variable wins.
+		case sources[e.name] != "" && first == 0:
+			// A flag or variable wins (a repeatable one: all its lines).
+		case first > 0 && !strings.HasPrefix(sources[e.name], "file "):
+			// A later line of a repeatable setting a flag or variable gave.
 		default:
 			if err := setFlag(fs, e.name, e.value, from); err != nil {
 				return nil, usageError{err}
 			}
-			sources[e.name] = "file " + from
+			if first == 0 {
+				sources[e.name] = "file " + from
+			} else {
+				sources[e.name] += fmt.Sprintf(",%d", e.line) // file PATH:2,5: every line of a repeatable setting
+			}
 		}
 	}
 	return sources, nil
+}
+
+// repeatableSettings are the names of run's repeatable flags
+// (keep-image): a config file gives one line per value.
+func repeatableSettings() []string {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	var cfg agent.Config
+	for _, g := range agent.RunFlags {
+		g.AddTo(fs, &cfg)
+	}
+	var out []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if _, ok := f.Value.(pflag.SliceValue); ok {
+			out = append(out, f.Name)
+		}
+	})
+	return out
 }
 
 // readsSettings says whether f is one of run's settings, which also come
@@ -170,11 +223,15 @@ type setting struct {
 	line        int
 }
 
-// readConfigFile reads `name = value` lines; # starts a comment.
+// readConfigFile reads `name = value` lines; a line that starts with #
+// is a comment. A value wholly in one pair of double or single quotes is
+// taken without them (`keep-image = "registry.test/*"`, as systemd's
+// EnvironmentFile and YAML read it); a quote at one end only is an error.
+// Errors start with PATH: or PATH:LINE:, as every error about the file.
 func readConfigFile(file string) ([]setting, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("%s: cannot read the config file (--config): %w", file, unwrapPath(err))
 	}
 	defer f.Close()
 	var out []setting
@@ -186,9 +243,41 @@ func readConfigFile(file string) ([]setting, error) {
 		}
 		k, v, ok := strings.Cut(line, "=")
 		if !ok {
-			return nil, fmt.Errorf("config %s:%d: want name = value", file, n)
+			return nil, fmt.Errorf("%s:%d: want name = value", file, n)
 		}
-		out = append(out, setting{strings.TrimSpace(k), strings.Trim(strings.TrimSpace(v), `"`), n})
+		v, err := unquote(strings.TrimSpace(v))
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %s: %v", file, n, strings.TrimSpace(k), err)
+		}
+		out = append(out, setting{strings.TrimSpace(k), v, n})
 	}
-	return out, sc.Err()
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: cannot read the config file (--config): %w", file, unwrapPath(err))
+	}
+	return out, nil
+}
+
+// unquote takes v out of one pair of matching quotes; a quote at one end
+// only is an error.
+func unquote(v string) (string, error) {
+	for _, q := range []string{`"`, `'`} {
+		starts, ends := strings.HasPrefix(v, q), strings.HasSuffix(v, q) && len(v) > 1
+		switch {
+		case starts && ends:
+			return v[1 : len(v)-1], nil
+		case starts || ends:
+			return "", fmt.Errorf("value %s has an unmatched quote", v)
+		}
+	}
+	return v, nil
+}
+
+// unwrapPath drops an *os.PathError's op and path, which the message
+// already names.
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }

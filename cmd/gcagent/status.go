@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -43,6 +45,7 @@ func (c *cli) statusCmd() *cobra.Command {
 		},
 	}
 	flagvalue.Add(cmd.Flags(), flagvalue.Bool{P: &asJSON}, "json", "print the raw /status document")
+	addConfigFlag(cmd, &cfg)
 	agent.EndpointFlags.AddTo(cmd.Flags(), &cfg, "metrics-address")
 	cmd.Flags().StringVar(&address, "address", "", "the agent's --metrics-address")
 	cmd.Flags().Lookup("address").Hidden = true // deprecated: said when used
@@ -59,6 +62,9 @@ func status(ctx context.Context, addr string, asJSON bool, stdout io.Writer) err
 		return usagef("invalid --metrics-address %q: %v", addr, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("status: no agent at %s (nothing listens there): is gcagent run running, and is this its --metrics-address?", addr)
+	}
 	if err != nil {
 		return fmt.Errorf("agent at %s: %w", addr, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gcagent/gcagent/fleet"
@@ -30,6 +31,9 @@ type watchOptions struct {
 	node         string // glob on node names
 	statusStream string
 	view         view
+	// once prints the fleet once (every node's last value, and the actions
+	// of --since up to now) and exits, as kubectl get without --watch.
+	once bool
 }
 
 // watchMsg is one message for the main loop: a node's last value or an event.
@@ -37,6 +41,8 @@ type watchMsg struct {
 	status bool
 	data   []byte
 	loaded bool // the fleet's last values are all in (data is nil)
+	// caughtUp: the actions of --since up to now are all in (data is nil).
+	caughtUp bool
 }
 
 // watchCmd is `gcagent watch`: the fleet live from NATS.
@@ -52,7 +58,10 @@ func (c *cli) watchCmd() *cobra.Command {
 			"FAILURES 1H, REMOVED) count the actions seen: from --since before watch started.\n" +
 			"A node heard from but not yet by a heartbeat since it started is \"starting\".\n" +
 			"Without --nats-url it reads the local agent's embedded server (credentials from\n" +
-			"--state-dir).",
+			"--state-dir).\n\n" +
+			"On a terminal the table is redrawn every --refresh; into a pipe or a file it is\n" +
+			"printed once, then only what changes: each new action and each node whose\n" +
+			"figures changed, one line each. --once prints the table once and exits.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.watch(cmd, &o)
@@ -61,7 +70,8 @@ func (c *cli) watchCmd() *cobra.Command {
 	fs := cmd.Flags()
 	flagvalue.Add(fs, flagvalue.Duration{P: &o.since}, "since", "also show the actions of this long ago (0: only new ones); node status comes from the last values, not from history")
 	flagvalue.Add(fs, flagvalue.Bool{P: &o.json}, "json", "print JSON lines instead of the table: {\"status\":...} per node value, {\"loaded\":...} once all are in, then the CloudEvents")
-	flagvalue.Add(fs, flagvalue.Duration{P: &o.refresh}, "refresh", "how often the table is redrawn")
+	flagvalue.Add(fs, flagvalue.Duration{P: &o.refresh}, "refresh", "how often the table is redrawn (on a terminal) or the changes are printed (else)")
+	flagvalue.Add(fs, flagvalue.Bool{P: &o.once}, "once", "print the fleet once, with the actions of --since, and exit")
 	flagvalue.Add(fs, flagvalue.Int{P: &o.tail}, "tail", "how many recent actions the table shows")
 	fs.StringVar(&o.node, "node", "", "show only nodes whose name matches this `glob` (path.Match: node-1*, *-gpu-?)")
 	flagvalue.Add(fs, flagvalue.Int{P: &o.view.top}, "top", "how many of the nodes that need a look are listed")
@@ -103,7 +113,7 @@ func (c *cli) watch(cmd *cobra.Command, op *watchOptions) error {
 		return err
 	}
 	msgs := make(chan watchMsg, 4096)
-	stopStatus := followStatus(ctx, js, o, msgs, stderr)
+	stopStatus := followStatus(ctx, js, o, target, msgs, stderr)
 	defer stopStatus()
 	// The actions are tailed once every node's last value is in: the
 	// fleet shows first, then what happens (from --since ago, so nothing
@@ -121,36 +131,52 @@ func (c *cli) watch(cmd *cobra.Command, op *watchOptions) error {
 		return watchJSON(ctx, msgs, o, start, stdout, tail)
 	}
 	f := fleet.New(o.tail)
-	clear := agent.IsTerminal(stdout)
+	terminal := agent.IsTerminal(stdout)
 	tick := time.NewTicker(o.refresh)
 	defer tick.Stop()
 	bad, loaded := 0, false
+	var seen *changes // not a terminal: what was printed, so that only changes follow
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case m := <-msgs:
-			if m.loaded {
+			switch {
+			case m.loaded:
 				loaded = true
 				o.view.from, o.view.since = time.Now().Add(-o.since), o.since // what tail replays from
-				renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view) // at once: the whole fleet is in
+				if terminal && !o.once {
+					renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view) // at once: the whole fleet is in
+				}
 				if err := tail(); err != nil {
 					return err
 				}
-				continue
-			}
-			if !applyMsg(f, m, o) {
+			case m.caughtUp:
+				// The actions of --since are in too: the table once, then
+				// (not on a terminal) only what changes.
+				if !terminal || o.once {
+					renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view)
+					seen = newChanges(f, time.Now(), terminal)
+				}
+				if o.once {
+					return nil
+				}
+			case !applyMsg(f, m, o):
 				bad++
 			}
 			continue
 		case <-tick.C:
 		}
-		if clear {
+		switch {
+		case o.once:
+		case terminal:
 			fmt.Fprint(stdout, "\x1b[H\x1b[2J")
-		}
-		renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view)
-		if !loaded {
-			fmt.Fprintln(stdout, "(still loading the nodes' last values)")
+			renderView(stdout, f, time.Now(), o.cfg.NATSURL, bad, o.view)
+			if !loaded {
+				fmt.Fprintln(stdout, "(still loading the nodes' last values)")
+			}
+		case seen != nil:
+			seen.print(stdout, f, time.Now())
 		}
 	}
 }
@@ -197,6 +223,11 @@ func watchJSON(ctx context.Context, msgs <-chan watchMsg, o watchOptions, start 
 			return nil
 		case m := <-msgs:
 			switch {
+			case m.caughtUp:
+				if o.once {
+					return nil
+				}
+				continue
 			case m.loaded:
 				line = fmt.Appendf(nil, `{"loaded":{"nodes":%d,"seconds":%.3f}}`, nodes, time.Since(start).Seconds())
 				if err := tail(); err != nil {
@@ -243,7 +274,7 @@ func clusterFilter(prefix string, o watchOptions) string {
 // it is put. The ordered consumer is recreated by nats.go after
 // reconnects. Without a status stream it says so once, sends the loaded
 // mark (the nodes then come from their heartbeats) and retries every 30 s.
-func followStatus(ctx context.Context, js jetstream.JetStream, o watchOptions, msgs chan<- watchMsg, stderr io.Writer) func() {
+func followStatus(ctx context.Context, js jetstream.JetStream, o watchOptions, target natsTarget, msgs chan<- watchMsg, stderr io.Writer) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	filter := clusterFilter(natsbus.StatusPrefix, o)
 	send := func(m watchMsg) {
@@ -265,13 +296,21 @@ func followStatus(ctx context.Context, js jetstream.JetStream, o watchOptions, m
 				loadedSent = true
 				send(watchMsg{loaded: true})
 			}
+			retry := 30 * time.Second
+			if target.starting(err) {
+				retry = 2 * time.Second // the agent makes it in a moment
+			}
 			if err.Error() != warned {
 				warned = err.Error()
-				fmt.Fprintf(stderr, "gcagent watch: no node status from stream %s (%v); nodes show up with their heartbeats; retrying\n", o.statusStream, err)
+				if target.starting(err) {
+					fmt.Fprintf(stderr, "gcagent watch: the local agent is starting: its status stream %s is not made yet%s; waiting for it\n", o.statusStream, target.hint())
+				} else {
+					fmt.Fprintf(stderr, "gcagent watch: no node status from stream %s (%v); nodes show up with their heartbeats; retrying\n", o.statusStream, err)
+				}
 			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(30 * time.Second):
+			case <-time.After(retry):
 			}
 		}
 	}()
@@ -340,6 +379,15 @@ func followEvents(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o 
 		case <-ctx.Done():
 		}
 	}
+	var once sync.Once
+	caughtUp := func() {
+		once.Do(func() {
+			select {
+			case msgs <- watchMsg{caughtUp: true}:
+			case <-ctx.Done():
+			}
+		})
+	}
 	warned := ""
 	retry := 2 * time.Second
 	for {
@@ -352,13 +400,31 @@ func followEvents(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o 
 		cons, err := js.OrderedConsumer(cctx, o.cfg.NATSStream, cfg)
 		cancel()
 		if err == nil {
-			cc, cerr := cons.Consume(func(m jetstream.Msg) { deliver(m.Data()) })
+			cc, cerr := cons.Consume(func(m jetstream.Msg) {
+				deliver(m.Data())
+				if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+					caughtUp() // the last of what was stored when watch asked
+				}
+			})
 			if cerr == nil {
+				ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				if info, err := cons.Info(ictx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream == 0 {
+					caughtUp() // nothing stored to replay
+				}
+				cancel()
 				return cc.Stop, nil
 			}
 			err = cerr
 		}
-		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		if target.starting(err) {
+			// The local agent makes its stream in a moment: wait for it
+			// rather than follow live events only.
+			if warned != "starting" {
+				warned = "starting"
+				fmt.Fprintf(stderr, "gcagent watch: the local agent is starting: its event stream %s is not made yet%s; waiting for it\n",
+					o.cfg.NATSStream, target.hint())
+			}
+		} else if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 			errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
 			fmt.Fprintf(stderr, "gcagent watch: no stream %s on %s (%v)%s; showing live events only, no history\n",
 				o.cfg.NATSStream, target.url, err, target.hint())
@@ -366,9 +432,9 @@ func followEvents(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, o 
 			if err != nil {
 				return nil, err
 			}
+			go caughtUp() // no history to replay
 			return func() { _ = sub.Unsubscribe() }, nil
-		}
-		if err.Error() != warned {
+		} else if err.Error() != warned {
 			warned = err.Error()
 			fmt.Fprintf(stderr, "gcagent watch: no stream %s answers on %s (%v)%s; retrying\n",
 				o.cfg.NATSStream, target.url, err, target.hint())

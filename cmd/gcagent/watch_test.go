@@ -76,6 +76,10 @@ func TestTailDetail(t *testing.T) {
 		{"bytes alone", fleet.TailLine{Bytes: 1 << 20}, "est. 1.0MiB"},
 		{"all", fleet.TailLine{Trigger: "disk", Bytes: 1 << 20, Error: "boom"}, "trigger=disk est. 1.0MiB error=boom"},
 		{"error alone", fleet.TailLine{Error: "boom"}, "error=boom"},
+		// A dry run says so: d7dd547 showed a would-remove as a plain skip.
+		{"dry run's would-remove", fleet.TailLine{Type: "container.skipped", Reason: "ttl-expired", DryRun: true}, "dry run: would remove (ttl-expired)"},
+		{"dry run image", fleet.TailLine{Type: "image.skipped", Reason: "space", Bytes: 1 << 20, DryRun: true}, "dry run: would remove (space) est. 1.0MiB"},
+		{"dry run's pass", fleet.TailLine{Type: "gc.completed", Trigger: "disk", Bytes: 1 << 20, DryRun: true}, "dry run trigger=disk est. 1.0MiB"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := tailDetail(tc.l); got != tc.want {

@@ -166,6 +166,13 @@ func tailDetail(l fleet.TailLine) string {
 		detail = "trigger=" + l.Trigger
 	}
 	switch {
+	case l.DryRun && strings.HasSuffix(l.Type, ".skipped"):
+		// What a dry run would have removed, and why.
+		detail = "dry run: would remove (" + detail + ")"
+	case l.DryRun:
+		detail = strings.TrimSpace("dry run " + detail)
+	}
+	switch {
 	case l.Bytes > 0 && l.Measured:
 		detail += " freed " + humanBytes(l.Bytes)
 	case l.Bytes > 0:
@@ -188,6 +195,96 @@ func forTerminal(s string) string {
 		if r == utf8.RuneError || r == '"' || r == '\\' || !strconv.IsPrint(r) {
 			return strconv.Quote(s)
 		}
+	}
+	return s
+}
+
+// changes is what watch printed last when its output is not a terminal
+// (a pipe, a file, a log): after the whole table once, each tick prints
+// only what changed, one line each, as kubectl get --watch does: the
+// actions new in the tail, and the nodes whose figures changed (their
+// ages do not count, or every node would change every tick).
+type changes struct {
+	tail map[fleet.TailLine]bool
+	rows map[string]string // cluster/node: its figures as last printed
+}
+
+// newChanges starts from what the table just printed of f (nil on a
+// terminal, which redraws the table instead).
+func newChanges(f *fleet.Fleet, now time.Time, terminal bool) *changes {
+	if terminal {
+		return nil
+	}
+	c := &changes{}
+	c.update(f, now)
+	return c
+}
+
+// update records f as printed and returns the tail lines and node rows
+// that changed since the last update, in order.
+func (c *changes) update(f *fleet.Fleet, now time.Time) (lines []fleet.TailLine, rows []string) {
+	tail := make(map[fleet.TailLine]bool)
+	for _, l := range f.Tail() {
+		tail[l] = true
+		if c.tail != nil && !c.tail[l] {
+			lines = append(lines, l)
+		}
+	}
+	fresh := c.rows == nil
+	c.tail = tail
+	if fresh {
+		c.rows = map[string]string{}
+	}
+	all := f.Rows(now)
+	reasons := map[string][]string{}
+	for _, l := range fleet.Looks(all) {
+		reasons[l.Cluster+"/"+l.Node] = l.Reasons
+	}
+	for _, r := range all {
+		key := r.Cluster + "/" + r.Node
+		figures := rowFigures(r, reasons[key])
+		if !fresh && c.rows[key] != figures {
+			rows = append(rows, forTerminal(key)+"\t"+figures)
+		}
+		c.rows[key] = figures
+	}
+	return lines, rows
+}
+
+// print writes what changed in f since the last print.
+func (c *changes) print(w io.Writer, f *fleet.Fleet, now time.Time) {
+	lines, rows := c.update(f, now)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, l := range lines {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.At.Local().Format(time.TimeOnly),
+			forTerminal(l.Node), forTerminal(l.Type), forTerminal(l.Subject), forTerminal(tailDetail(l)))
+	}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\tnode\t%s\n", now.Local().Format(time.TimeOnly), r)
+	}
+	tw.Flush()
+}
+
+// rowFigures are a node row's figures that change with what happens on
+// the node, not with time alone.
+func rowFigures(r fleet.Row, looks []string) string {
+	disk, images := "?", "?"
+	if r.DiskUsagePercent >= 0 {
+		disk = fmt.Sprintf("%d%%", r.DiskUsagePercent)
+	}
+	if r.Images >= 0 {
+		images = fmt.Sprint(r.Images)
+	}
+	s := fmt.Sprintf("disk %s, images %s, removed img/ctr/log %d/%d/%d, outbox %d", disk, images,
+		r.Removed["image"], r.Removed["container"], r.Removed["log"], r.Outbox)
+	if !r.LastGC.IsZero() {
+		s += ", last gc " + r.LastGC.Local().Format(time.TimeOnly) + " " + r.LastGCResult
+	}
+	if r.Starting {
+		s += ", starting"
+	}
+	if len(looks) > 0 {
+		s += ", needs a look: " + strings.Join(looks, ",")
 	}
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -249,7 +250,14 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.ImageGCLowThreshold > c.ImageGCHighThreshold {
-		checks = append(checks, fmt.Errorf("invalid --image-gc-low-threshold %d: must not exceed --image-gc-high-threshold %d", c.ImageGCLowThreshold, c.ImageGCHighThreshold))
+		if src, given := c.lowGiven(); !given {
+			// The user gave the high threshold alone: name the low one's
+			// origin and the fix, not a value they never typed.
+			checks = append(checks, fmt.Errorf("invalid --image-gc-high-threshold %d: below --image-gc-low-threshold %d (%s); give --image-gc-low-threshold too, e.g. %d",
+				c.ImageGCHighThreshold, c.ImageGCLowThreshold, src, c.lowFollowing()))
+		} else {
+			checks = append(checks, fmt.Errorf("invalid --image-gc-low-threshold %d: must not exceed --image-gc-high-threshold %d", c.ImageGCLowThreshold, c.ImageGCHighThreshold))
+		}
 	}
 	if c.ImageMaximumGCAge > 0 && c.ImageMaximumGCAge <= c.MinimumImageTTL {
 		checks = append(checks, fmt.Errorf("invalid --image-maximum-gc-age %s: must be greater than --minimum-image-ttl-duration %s", c.ImageMaximumGCAge, c.MinimumImageTTL))
@@ -357,10 +365,81 @@ func (c Config) Validate() error {
 	}
 	for _, err := range checks {
 		if err != nil {
-			return err
+			return c.locate(err)
 		}
 	}
 	return nil
+}
+
+// locate prefixes err with where the first setting it names came from,
+// when that is a line of the config file or a variable ("PATH:LINE: invalid
+// --image-gc-high-threshold 150: ..."), as every error about a file line
+// or a variable starts.
+func (c Config) locate(err error) error {
+	m := flagNamed.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	switch src := c.Sources[m[1]]; {
+	case strings.HasPrefix(src, "file "):
+		return fmt.Errorf("%s: %w", strings.TrimPrefix(src, "file "), err)
+	case strings.HasPrefix(src, "env "):
+		return fmt.Errorf("%s: %w", strings.TrimPrefix(src, "env "), err)
+	}
+	return err
+}
+
+// flagNamed finds the first flag an error names.
+var flagNamed = regexp.MustCompile(`--([a-z0-9]+(?:-[a-z0-9]+)*)`)
+
+// MovedSource starts the source of a low threshold FollowHigh moved: it
+// was not given, so a what-if does not send it.
+const MovedSource = "moved with --image-gc-high-threshold"
+
+// lowGiven reports whether the low threshold was given (flag, variable or
+// file line), and where it came from otherwise ("default", or the kubelet's
+// config).
+func (c Config) lowGiven() (string, bool) {
+	src := c.Sources["image-gc-low-threshold"]
+	switch {
+	case src == "":
+		return "default", false
+	case strings.HasPrefix(src, "kubelet-config "), strings.HasPrefix(src, MovedSource):
+		return src, false
+	}
+	return src, true
+}
+
+// lowFollowing is the low threshold that follows the high one
+// (gc.LowFollowing), keeping the gap of the pair the low one came with: the
+// kubelet's config, else the defaults.
+func (c Config) lowFollowing() int {
+	wasHigh := DefaultConfig().ImageGCHighThreshold
+	if src, _ := c.lowGiven(); strings.HasPrefix(src, "kubelet-config ") && c.Kubelet != nil {
+		wasHigh = c.Kubelet.HighThreshold
+	}
+	return gc.LowFollowing(wasHigh, c.ImageGCLowThreshold, c.ImageGCHighThreshold)
+}
+
+// FollowHigh reads a high threshold given alone as a what-if does (plan,
+// replay): a low threshold not given that would exceed it moves down with
+// it, keeping the gap of its pair (the default 80 with 70: 65), and its
+// source says so (MovedSource). It returns what moved, for the output, or
+// "". run and check do not call it: Validate refuses the pair there,
+// naming where the low threshold came from.
+func (c *Config) FollowHigh() string {
+	src, given := c.lowGiven()
+	if given || c.ImageGCLowThreshold <= c.ImageGCHighThreshold {
+		return ""
+	}
+	was := c.ImageGCLowThreshold
+	c.ImageGCLowThreshold = c.lowFollowing()
+	if c.Sources == nil {
+		c.Sources = map[string]string{}
+	}
+	c.Sources["image-gc-low-threshold"] = fmt.Sprintf("%s: %d%% (%s) would exceed it", MovedSource, was, src)
+	return fmt.Sprintf("--image-gc-low-threshold %d%% (%s) exceeds --image-gc-high-threshold %d%%: planned with %d%%, the same distance below (run refuses the pair: give both)",
+		was, src, c.ImageGCHighThreshold, c.ImageGCLowThreshold)
 }
 
 // minTraceMaxBytes is the least --trace-max-bytes: the base alone (the

@@ -72,7 +72,9 @@ func (h controlHandler) Status(context.Context) (any, error) {
 
 // ControlPlan is the data of a plan reply: what a GC pass would do now.
 type ControlPlan struct {
-	Synced     bool             `json:"synced"`
+	Synced bool `json:"synced"`
+	// DryRun says the agent runs with --dry-run: it deletes none of these.
+	DryRun     bool             `json:"dryRun,omitempty"`
 	Images     gc.ImagePlan     `json:"images"`
 	Containers gc.ContainerPlan `json:"containers"`
 }
@@ -86,7 +88,7 @@ func (h controlHandler) plan() (ControlPlan, error) {
 	}
 	now := a.clock.Now()
 	var p ControlPlan
-	p.Synced = a.live.Synced()
+	p.Synced, p.DryRun = a.live.Synced(), a.cfg.DryRun
 	a.live.ViewAll(func(states []*projection.State) {
 		p.Images = gc.PlanImages(states, disk, a.imagePolicy(), now)
 		p.Containers = gc.PlanContainersAcross(states, a.cfg.ContainerPolicy(), now, podLogDir(a.podDirs, a.cfg, now))

@@ -72,7 +72,7 @@ var (
 		fs.StringVar(&c.ImageFS, "image-fs", c.ImageFS, "`dir` whose filesystem is measured for image GC (default: CRI's image filesystem, as the kubelet measures, else /var/lib/containerd)")
 		fs.StringVar(&c.KubeletConfig, "kubelet-config", c.KubeletConfig, "the node's KubeletConfiguration `file` (e.g. /var/lib/kubelet/config.yaml): its image GC thresholds and ages are the defaults here; its own image GC and eviction thresholds are checked")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.DiskInterval}, "disk-interval", "how often the image filesystem is sampled")
-		flagvalue.Add(fs, flagvalue.Duration{P: &c.RegretWindow}, "regret-window", "an image image GC deleted that comes back within this is reported as image.regretted")
+		flagvalue.Add(fs, flagvalue.Duration{P: &c.RegretWindow}, "regret-window", "an image that image GC deleted and that comes back within this is reported as image.regretted")
 		flagvalue.Add(fs, flagvalue.Duration{P: &c.TraceMaxAge}, "trace-max-age", "how long the usage trace (what gcagent replay reads) keeps records; 0 turns it off")
 		flagvalue.Add(fs, flagvalue.Bytes{P: &c.TraceMaxBytes}, "trace-max-bytes", "bound of the usage trace in the state file (bytes, or 16MiB)")
 	}}
@@ -147,7 +147,7 @@ var (
 
 	// EndpointFlags: the agent's HTTP endpoints.
 	EndpointFlags = FlagGroup{"Endpoint", func(fs *pflag.FlagSet, c *Config) {
-		fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "`host:port` of the agent's /metrics, /healthz, /readyz, /status and /plan")
+		fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "`host:port` of the agent's /metrics, /healthz, /readyz, /status, /plan and /trace")
 		flagvalue.Add(fs, flagvalue.Bool{P: &c.Profiling}, "profiling", "serve Go's profiles (heap, CPU) under /debug/pprof/ on the metrics address; without it allocations are not sampled")
 	}}
 )

@@ -467,9 +467,9 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 			Msg("fleet keep list pattern invalid: it keeps every image whose name starts with its literal text before the first glob character")
 	}
 	if firstRead {
-		e := k.log.Info().Strs("patterns", after).Int64("waited_ms", now.Sub(k.started).Milliseconds())
+		e := k.log.Info().Strs("patterns", after).Float64("waited_s", now.Sub(k.started).Seconds())
 		if until := k.waitUntil(); !until.IsZero() && !now.Before(until) {
-			e = k.log.Warn().Strs("patterns", after).Int64("waited_ms", now.Sub(k.started).Milliseconds())
+			e = k.log.Warn().Strs("patterns", after).Float64("waited_s", now.Sub(k.started).Seconds())
 		}
 		e.Msg("fleet keep list read from NATS for the first time: image GC keeps by it")
 	}

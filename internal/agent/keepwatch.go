@@ -153,7 +153,7 @@ func (k *fleetKeep) recovered() {
 	clear(k.logged)
 	k.mu.Unlock()
 	if cause != "" {
-		k.log.Info().Str("cause", cause).Int64("failing_ms", k.now().Sub(since).Milliseconds()).Msg("fleet keep list watched again")
+		k.log.Info().Str("cause", cause).Float64("failing_s", k.now().Sub(since).Seconds()).Msg("fleet keep list watched again")
 	}
 }
 

@@ -30,6 +30,8 @@ import (
 type Plan struct {
 	At         time.Time `json:"at"`
 	Containerd string    `json:"containerd"`
+	// StateDir is the state dir of the agent (or plan) that planned.
+	StateDir string `json:"stateDir,omitempty"`
 	// Namespace is --namespace as given; Namespaces the ones planned.
 	Namespace  string   `json:"namespace"`
 	Namespaces []string `json:"namespaces"`
@@ -72,7 +74,7 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	// The running agent's time (a wall-clock step since it started does
 	// not move it), so that this plan's ages are the agent's.
 	clk, _ := clock.Continue(nil, filepath.Join(cfg.StateDir, clock.File))
-	doc := Plan{At: clk.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS, Policy: cfg.Policy()}
+	doc := Plan{At: clk.Now(), Containerd: cfg.ContainerdAddress, StateDir: cfg.StateDir, Namespace: cfg.Namespace, ImageFS: cfg.ImageFS, Policy: cfg.Policy()}
 	nss, err := cfg.Namespaces()
 	if err != nil {
 		return doc, err
@@ -196,7 +198,7 @@ func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "what-if: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	doc := Plan{At: a.clock.Now(), Containerd: cfg.ContainerdAddress, Namespace: cfg.Namespace,
+	doc := Plan{At: a.clock.Now(), Containerd: cfg.ContainerdAddress, StateDir: cfg.StateDir, Namespace: cfg.Namespace,
 		ImageFS: a.imageFS.Chosen(), History: "agent", Policy: a.policyOf(cfg), KubeletNotes: a.kubeletNotes(),
 		HistoryNote: fmt.Sprintf("the running agent's own projection (pid %d)", os.Getpid())}
 	if !a.live.Synced() {

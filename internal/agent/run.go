@@ -110,6 +110,14 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	// again: its pages go back before the first listing, the agent's
 	// peak, touches what it needs.
 	returnBinaryPages(log.With().Str("component", "memory").Logger(), "starting: the binary's pages the process's init used returned to the kernel")
+	// An agent refused (another holds containerd) leaves nothing of this
+	// start behind: a new state dir would say an agent ran there.
+	made, refused := newInStateDir(cfg.StateDir), false
+	defer func() {
+		if refused {
+			made.remove()
+		}
+	}()
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -164,6 +172,8 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	// The state dir is locked: now containerd, whatever the state dir.
 	lock, lockTaken, err := holdContainerd(gctx, g, cfg, cl, clk, log)
 	if err != nil {
+		var held *node.HeldError
+		refused = errors.As(err, &held)
 		return err
 	}
 	defer lock.Release() // after every part has stopped: g.Wait below
@@ -221,6 +231,36 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	err = g.Wait()
 	log.Info().Msg("gcagent stopped")
 	return err
+}
+
+// inStateDir is what of a state dir existed before this start: the dir,
+// and the files an agent writes before it knows containerd is its own.
+type inStateDir struct {
+	dir     string
+	existed map[string]bool // by path; the dir too
+}
+
+func newInStateDir(dir string) inStateDir {
+	m := inStateDir{dir: dir, existed: map[string]bool{}}
+	for _, p := range []string{dir, filepath.Join(dir, "state.db"), filepath.Join(dir, stateIDFile)} {
+		_, err := os.Lstat(p)
+		m.existed[p] = err == nil
+	}
+	return m
+}
+
+// remove deletes what this start made of m (call it after the store is
+// closed): the files it wrote, and the dir if it made it and nothing else
+// is in it.
+func (m inStateDir) remove() {
+	for p, existed := range m.existed {
+		if !existed && p != m.dir {
+			_ = os.Remove(p)
+		}
+	}
+	if !m.existed[m.dir] {
+		_ = os.Remove(m.dir) // fails when not empty: then it stays
+	}
 }
 
 // continueClock is the agent's clock, going on from the time it saved in
@@ -444,6 +484,11 @@ func (a *agent) routes(reg *prometheus.Registry) http.Handler {
 			// Not a readiness failure: nothing is deleted until it holds
 			// containerd's agent lock again (or first).
 			defer fmt.Fprintln(w, "agent lock: "+err.Error())
+		}
+		if a.cfg.DryRun {
+			// Not a readiness failure: the agent decides, logs and
+			// publishes, and deletes nothing.
+			defer fmt.Fprintln(w, "dry run: nothing is deleted (--dry-run); each removal is logged as would remove")
 		}
 		if n := a.deletes.Unsettled(); n > 0 {
 			// Not a readiness failure: the delete is settled as soon as

@@ -13,7 +13,7 @@ import (
 
 // stateResetLost says what a reset of the state file loses, in the log line
 // and the event: everything containerd does not keep itself.
-const stateResetLost = "LRU history: first seen and last used times of images, exit times of containers whose tasks are gone"
+const stateResetLost = "LRU history: first seen and last used times of images, exit times of containers whose tasks are gone; the usage trace gcagent replay reads"
 
 // reportStateReset registers gcagent_state_resets_total and, when the state
 // file was unreadable and moved aside at start (r not nil), says so once on

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 
+	"github.com/gcagent/gcagent/gc"
 	"github.com/spf13/pflag"
 )
 
@@ -66,7 +67,20 @@ func (c Config) WithSettings(set url.Values) (Config, []string, error) {
 		}
 		changed = append(changed, name)
 	}
-	if err := out.Validate(); err != nil {
+	high, low := "image-gc-high-threshold", "image-gc-low-threshold"
+	if slices.Contains(changed, high) && len(set[low]) == 0 && out.ImageGCLowThreshold > out.ImageGCHighThreshold {
+		// The high threshold alone: the agent's low one follows it down,
+		// as in replay (gc.LowFollowing), instead of a refused pair.
+		out.ImageGCLowThreshold = gc.LowFollowing(c.ImageGCHighThreshold, c.ImageGCLowThreshold, out.ImageGCHighThreshold)
+		changed = append(changed, low)
+	}
+	// An error names the what-if, not where the agent's own value came from.
+	check := out
+	check.Sources = maps.Clone(out.Sources)
+	for name := range set {
+		check.Sources[name] = "what-if"
+	}
+	if err := check.Validate(); err != nil {
 		return c, nil, err
 	}
 	was := map[string]Setting{}
@@ -81,6 +95,9 @@ func (c Config) WithSettings(set url.Values) (Config, []string, error) {
 				v = "-"
 			}
 			src = fmt.Sprintf("what-if; the agent's: %s (%s)", v, s.Source)
+			if name == low && len(set[low]) == 0 {
+				src = fmt.Sprintf("what-if, %s: the agent's %s (%s) would exceed it", MovedSource, v, s.Source)
+			}
 		}
 		out.Sources[name] = src
 	}

@@ -28,6 +28,15 @@ func TestWithSettings(t *testing.T) {
 				return c.ImageGCHighThreshold == 70 && c.ImageGCLowThreshold == 60 &&
 					c.Sources["image-gc-high-threshold"] == "what-if; the agent's: 85% (default)"
 			}},
+		{name: "high alone: the low follows it down", set: url.Values{"image-gc-high-threshold": {"70"}},
+			changed: []string{"image-gc-high-threshold", "image-gc-low-threshold"},
+			check: func(c Config) bool {
+				return c.ImageGCHighThreshold == 70 && c.ImageGCLowThreshold == 65 &&
+					c.Sources["image-gc-low-threshold"] == "what-if, moved with --image-gc-high-threshold: the agent's 80% (default) would exceed it"
+			}},
+		{name: "high alone above the low: the low stays", set: url.Values{"image-gc-high-threshold": {"90"}},
+			changed: []string{"image-gc-high-threshold"},
+			check:   func(c Config) bool { return c.ImageGCHighThreshold == 90 && c.ImageGCLowThreshold == 80 }},
 		{name: "same values change nothing", set: url.Values{"image-gc-high-threshold": {"85"}, "namespace": {"k8s.io"}},
 			check: func(c Config) bool { return c.Sources["image-gc-high-threshold"] == "" }},
 		{name: "keep list replaced", set: url.Values{"keep-image": {"a/*", "b/*"}}, changed: []string{"keep-image"},
