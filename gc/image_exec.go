@@ -352,11 +352,17 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName,
 		return nil, ReasonChanged, namesDiff(it.Names, now), nil
 	}
 	if x.fleetKeep != nil {
-		for _, pattern := range x.fleetKeep().Patterns {
+		kl := x.fleetKeep()
+		for _, pattern := range kl.Patterns {
 			for _, n := range now {
 				if ValidKeepPattern(pattern) == nil && keepMatch(pattern, n) {
 					return nil, ReasonKeepPattern, "fleet keep list since the plan: " + pattern, nil
 				}
+			}
+		}
+		for _, n := range now {
+			if ref, by, ok := DeclaredMatch(kl.Declared, n); ok {
+				return nil, ReasonKeepPattern, DeclaredRule(ref, by) + " since the plan", nil
 			}
 		}
 	}

@@ -73,6 +73,12 @@ type ImageOrder interface {
 type KeepList struct {
 	Input
 	Patterns []string `json:"patterns"`
+	// Declared is the cluster keep list (gcagent-cluster's): exact image
+	// references (declared.Normalize's), each with the workloads that
+	// declare it, matched by name (DeclaredMatch), never as globs: a
+	// cluster's 20,000 references cost a lookup per name, not a match
+	// each.
+	Declared map[string]string `json:"-"`
 }
 
 // FleetRule is the rule of an image the fleet keep list keeps: the
@@ -419,6 +425,13 @@ func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name,
 		for _, n := range img.Names {
 			if keepMatch(pattern, n.Name) {
 				return ReasonKeepPattern, n.Name, FleetRule(pattern), time.Time{}
+			}
+		}
+	}
+	if len(p.FleetKeep.Declared) > 0 {
+		for _, n := range img.Names {
+			if ref, by, ok := DeclaredMatch(p.FleetKeep.Declared, n.Name); ok {
+				return ReasonKeepPattern, n.Name, DeclaredRule(ref, by), time.Time{}
 			}
 		}
 	}

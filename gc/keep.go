@@ -138,3 +138,43 @@ func FamiliarName(name string) string {
 	}
 	return name
 }
+
+// DeclaredRule is the rule of an image the cluster keep list keeps: the
+// reference and the workloads that declare it.
+func DeclaredRule(ref, by string) string {
+	if by == "" {
+		return "cluster keep list: " + ref
+	}
+	return "cluster keep list: " + ref + ", declared by " + by
+}
+
+// DeclaredMatch reports whether the cluster keep list (exact normalized
+// references, KeepList.Declared) holds an image with this name: as stored,
+// normalized (nginx:1.25 is docker.io/library/nginx:1.25), and for a name
+// with both a tag and a digest, as either; it returns the reference and
+// who declares it. CRI's image id (sha256:...) is no reference.
+func DeclaredMatch(declared map[string]string, name string) (ref, by string, ok bool) {
+	if by, ok := declared[name]; ok {
+		return name, by, true
+	}
+	if strings.HasPrefix(name, "sha256:") {
+		return "", "", false
+	}
+	n, err := reference.ParseNormalizedNamed(name)
+	if err != nil {
+		return "", "", false
+	}
+	forms := []reference.Named{n}
+	if _, tagged := n.(reference.Tagged); !tagged {
+		if _, digested := n.(reference.Digested); !digested {
+			forms = append(forms, reference.TagNameOnly(n))
+		}
+	}
+	forms = append(forms, tagAndDigest(n)...)
+	for _, f := range forms {
+		if by, ok := declared[f.String()]; ok {
+			return f.String(), by, true
+		}
+	}
+	return "", "", false
+}

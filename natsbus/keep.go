@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gcagent/gcagent/declared"
 )
 
 // The fleet keep list lives in one JetStream key-value bucket: one key per
@@ -191,6 +193,9 @@ func ReadKeep(ctx context.Context, kv jetstream.KeyValue) (map[string]KeepList, 
 	}
 	out := map[string]KeepList{}
 	for _, k := range keys {
+		if strings.HasPrefix(k, declared.KeyPrefix) {
+			continue // a cluster component's list: ReadCluster
+		}
 		e, err := kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			continue
@@ -206,6 +211,42 @@ func ReadKeep(ctx context.Context, kv jetstream.KeyValue) (map[string]KeepList, 
 		out[k] = l
 	}
 	return out, nil
+}
+
+// ReadCluster reads the cluster keep list gcagent-cluster writes for
+// cluster (its head and the shards of the head's layout): nil when there
+// is no head. A value that does not decode is an error.
+func ReadCluster(ctx context.Context, kv jetstream.KeyValue, cluster string) (*declared.List, error) {
+	cluster = SafeToken(cluster)
+	e, err := kv.Get(ctx, declared.HeadKey(cluster))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	h, err := declared.DecodeHead(e.Value())
+	if err != nil {
+		return nil, err
+	}
+	shards := map[string]declared.Shard{}
+	for i := range h.Shards {
+		key := declared.ShardKey(cluster, h.Shards, i)
+		se, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		s, err := declared.DecodeShard(se.Value())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+		shards[key] = s
+	}
+	l := declared.Assemble(cluster, &h, shards)
+	return &l, nil
 }
 
 // ErrFilterIgnored says the server delivered a key a keep list watcher

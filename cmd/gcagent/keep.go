@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gcagent/gcagent/declared"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/internal/flagvalue"
@@ -130,7 +131,11 @@ func (c *cli) keep(cmd *cobra.Command, cfg *agent.Config, o keepOptions, args []
 		if err != nil {
 			return err
 		}
-		return printKeep(stdout, lists, o.json)
+		cl, err := natsbus.ReadCluster(ctx, kv, cfg.Cluster)
+		if err != nil {
+			return fmt.Errorf("the cluster keep list of %s: %w", cfg.Cluster, err)
+		}
+		return printKeep(stdout, lists, cl, o.json)
 	case "add":
 		l, err := natsbus.EditKeep(ctx, kv, key, cfg.NodeName, time.Now, func(p []string) ([]string, error) {
 			if !slices.Contains(p, pattern) {
@@ -160,15 +165,47 @@ func (c *cli) keep(cmd *cobra.Command, cfg *agent.Config, o keepOptions, args []
 	return nil
 }
 
-// printKeep prints every list: one line per pattern with its scope.
-func printKeep(w io.Writer, lists map[string]natsbus.KeepList, asJSON bool) error {
+// printKeep prints every list: one line per pattern with its scope, then
+// the cluster keep list (gcagent-cluster's, nil: none), one line per
+// image with the workloads that declare it.
+func printKeep(w io.Writer, lists map[string]natsbus.KeepList, cl *declared.List, asJSON bool) error {
 	if asJSON {
-		byScope := map[string]natsbus.KeepList{}
+		byScope := map[string]any{}
 		for k, l := range lists {
 			byScope[natsbus.KeepKeyCluster(k)] = l
 		}
+		if cl != nil {
+			byScope["declared"] = map[string]any{"head": cl.Head, "missingShards": cl.Missing, "images": cl.Images}
+		}
 		return json.NewEncoder(w).Encode(byScope)
 	}
+	if err := printPatterns(w, lists); err != nil {
+		return err
+	}
+	if cl == nil {
+		return nil
+	}
+	h := cl.Head
+	fmt.Fprintf(w, "\ncluster keep list (gcagent-cluster %s): %s, %d images from %d workloads, heartbeat %s",
+		h.By, h.State, len(cl.Images), h.Workloads, h.Heartbeat.Format(time.RFC3339))
+	if h.Reason != "" {
+		fmt.Fprintf(w, " (%s)", h.Reason)
+	}
+	if cl.Missing > 0 {
+		fmt.Fprintf(w, "; %d shards missing", cl.Missing)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE\tDECLARED BY")
+	for _, im := range cl.Images {
+		fmt.Fprintf(tw, "%s\t%s\n", im.Ref, cl.Sources(im.Ref))
+	}
+	return tw.Flush()
+}
+
+// printPatterns prints the operator's lists: one line per pattern with
+// its scope.
+func printPatterns(w io.Writer, lists map[string]natsbus.KeepList) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CLUSTER\tPATTERN\tUPDATED\tBY")
 	n := 0

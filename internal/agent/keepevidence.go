@@ -30,6 +30,8 @@ func (k *fleetKeep) loadOwn(stateDir string) {
 				Msg("the embedded server's store holds no fleet keep list: the list saved before no longer applies")
 		}
 		k.doc = keepDoc{Lists: map[string]natsbus.KeepList{}, ConfirmedAt: k.started, Source: k.source}
+		k.cl = newClusterKeep(k.cl.cluster)
+		k.cl.read = true // the store holds no list: nor the cluster's
 		k.ownNone = true
 		k.log.Info().Msg("fleet keep list known empty: the embedded server's store holds none")
 	}
@@ -164,6 +166,8 @@ var (
 	descKeepState    = prometheus.NewDesc("gcagent_keep_list_state", "State of the fleet keep list: 1 for the state it is in (known, unknown: never read, stale: not confirmed by NATS for a minute).", []string{"state"}, nil)
 	descKeepWaiting  = prometheus.NewDesc("gcagent_keep_list_waiting", "1 while image deletes by threshold or maximum age wait for a fleet keep list never read (--keep-list-wait), else 0.", nil, nil)
 	descKeepInvalid  = prometheus.NewDesc("gcagent_keep_list_invalid_patterns", "Invalid patterns in the fleet keep list: each keeps every image whose name starts with its literal text before the first glob character.", nil, nil)
+	descClusterKeep  = prometheus.NewDesc("gcagent_keep_list_cluster_images", "Images the cluster keep list (gcagent-cluster's) keeps now.", nil, nil)
+	descClusterState = prometheus.NewDesc("gcagent_keep_list_cluster_state", "State of the cluster keep list: 1 for the state it is in (not-read, saved, absent, syncing, incomplete, stale, complete).", []string{"state"}, nil)
 )
 
 func (m keepMetrics) Describe(ch chan<- *prometheus.Desc) {
@@ -172,6 +176,8 @@ func (m keepMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descKeepState
 	ch <- descKeepWaiting
 	ch <- descKeepInvalid
+	ch <- descClusterKeep
+	ch <- descClusterState
 }
 
 func (m keepMetrics) Collect(ch chan<- prometheus.Metric) {
@@ -193,4 +199,15 @@ func (m keepMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descKeepWaiting, prometheus.GaugeValue, waiting)
 	ch <- prometheus.MustNewConstMetric(descKeepInvalid, prometheus.GaugeValue, float64(len(m.k.Invalid())))
+	m.k.mu.Lock()
+	images, state := len(m.k.cl.refs), m.k.cl.state(now)
+	m.k.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descClusterKeep, prometheus.GaugeValue, float64(images))
+	for _, s := range clusterStates {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descClusterState, prometheus.GaugeValue, v, s)
+	}
 }

@@ -48,6 +48,8 @@ type keepDoc struct {
 	// (keepSource): a list read from another one (the embedded server
 	// before a move to the fleet's, another cluster) is not this one's.
 	Source string `json:"source,omitempty"`
+	// Cluster is the last complete cluster keep list (keepcluster.go).
+	Cluster *clusterSaved `json:"cluster,omitempty"`
 }
 
 // keepSourceEmbedded starts the keepSource of an agent on its embedded
@@ -118,6 +120,8 @@ type fleetKeep struct {
 	failures *prometheus.CounterVec
 	// heartbeat is the watch's (natsbus.KeepWatchOptions); zero: the default.
 	heartbeat time.Duration
+	// cl is the cluster keep list (gcagent-cluster's key); mu guards it.
+	cl *clusterKeep
 
 	mu       sync.Mutex
 	doc      keepDoc
@@ -155,7 +159,8 @@ type fleetKeep struct {
 // which) still keeps by its patterns, but was never read from this one:
 // the list is unknown until this source gives it.
 func loadFleetKeep(stateDir, cluster, source string, wait time.Duration, now func() time.Time, log zerolog.Logger) *fleetKeep {
-	k := &fleetKeep{file: filepath.Join(stateDir, KeepListFile), keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cluster)},
+	cl := newClusterKeep(cluster)
+	k := &fleetKeep{file: filepath.Join(stateDir, KeepListFile), keys: []string{natsbus.KeepAllKey, natsbus.KeepClusterKey(cluster), cl.key()}, cl: cl,
 		source: source, own: ownSource(source), started: now(), wait: wait, now: now, log: log, doc: keepDoc{Lists: map[string]natsbus.KeepList{}},
 		logged: map[string]bool{}, bad: map[string]error{}, warned: map[string]bool{}, read: make(chan struct{}), tried: make(chan struct{}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -181,6 +186,10 @@ func loadFleetKeep(stateDir, cluster, source string, wait time.Duration, now fun
 		} else if len(k.patterns()) > 0 {
 			log.Info().Strs("patterns", k.patterns()).Time("confirmed_at", doc.ConfirmedAt).Msg("fleet keep list restored from the state dir")
 		}
+	}
+	if k.doc.Cluster != nil {
+		k.cl.last = k.doc.Cluster
+		k.cl.rebuild(now())
 	}
 	if k.own {
 		k.loadOwn(stateDir)
@@ -296,6 +305,24 @@ func (k *fleetKeep) Input(now time.Time) gc.Input {
 }
 
 func (k *fleetKeep) input(now time.Time) gc.Input {
+	in := k.operatorInput(now)
+	if in.State == gc.InputUnknown {
+		return in
+	}
+	switch state, why := k.cl.input(now); {
+	case state == gc.InputUnknown:
+		return gc.Input{State: gc.InputUnknown, Since: k.started, Cause: why}
+	case state == gc.InputStale && in.State == gc.InputStale:
+		in.Cause += "; " + why
+	case state == gc.InputStale:
+		in = gc.Input{State: gc.InputStale, Since: in.Since, Cause: why}
+	}
+	return in
+}
+
+// operatorInput is input for the operator's keys alone. The caller holds
+// mu.
+func (k *fleetKeep) operatorInput(now time.Time) gc.Input {
 	cause := "not read from NATS yet"
 	if k.cause != "" {
 		cause = k.cause + ": " + k.failErr
@@ -327,7 +354,7 @@ func (k *fleetKeep) KeepList() gc.KeepList {
 	now := k.now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return gc.KeepList{Input: k.input(now), Patterns: k.patterns()}
+	return gc.KeepList{Input: k.input(now), Patterns: k.patterns(), Declared: k.cl.refs}
 }
 
 // waitUntil is when image deletes stop waiting for a list never read
@@ -364,6 +391,11 @@ func (k *fleetKeep) Setting(now time.Time) Setting {
 // never a readiness failure, since GC keeps what the list could protect.
 func (k *fleetKeep) detail(now time.Time) string {
 	var lines []string
+	k.mu.Lock()
+	if d := k.cl.detail(now); d != "" {
+		lines = append(lines, d)
+	}
+	k.mu.Unlock()
 	for _, bad := range k.Invalid() {
 		lines = append(lines, "fleet keep list: "+bad)
 	}
@@ -409,9 +441,16 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 	k.mu.Lock()
 	before := k.patterns()
 	now := k.now()
-	firstRead, badNew := false, false
+	firstRead, badNew, clusterChanged := false, false, false
 	switch {
+	case !u.Synced && k.cl.owns(u.Key):
+		k.seen[u.Key] = true
+		clusterChanged = k.cl.apply(u, k.watching, now)
+		if k.watching {
+			firstRead = k.readNow(now)
+		}
 	case u.Synced:
+		clusterChanged = k.cl.synced(k.seen, now)
 		k.ownNone = false
 		// Keys the watch did not deliver do not exist (any more).
 		for key := range maps.Clone(k.doc.Lists) {
@@ -448,9 +487,10 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 	invalid := k.newInvalid()
 	read := k.everRead()
 	var err error
-	if !slices.Equal(before, after) || u.Synced {
+	if !slices.Equal(before, after) || u.Synced || clusterChanged {
 		err = k.save(now)
 	}
+	nrefs := len(k.cl.refs)
 	k.mu.Unlock()
 	if err != nil {
 		k.log.Warn().Err(err).Str("file", k.file).Msg("fleet keep list not saved: a restart without NATS would not keep it")
@@ -476,8 +516,11 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 	if !slices.Equal(before, after) {
 		k.log.Info().Strs("patterns", after).Strs("was", before).Msg("fleet keep list changed")
 	}
+	if clusterChanged {
+		k.log.Debug().Int("images", nrefs).Str("key", u.Key).Msg("cluster keep list changed")
+	}
 	switch {
-	case !slices.Equal(before, after) && k.changed != nil:
+	case (!slices.Equal(before, after) || clusterChanged) && k.changed != nil:
 		k.changed()
 	case firstRead && k.settled != nil:
 		k.settled()
@@ -516,6 +559,7 @@ func (k *fleetKeep) confirm() {
 // save writes the file; the caller holds mu.
 func (k *fleetKeep) save(now time.Time) error {
 	k.doc.Source = k.source
+	k.doc.Cluster = k.cl.last
 	b, err := json.MarshalIndent(k.doc, "", "  ")
 	if err != nil {
 		return err

@@ -59,7 +59,7 @@ func (a *agent) policySettings() []Setting { return a.policyOf(a.cfg) }
 func (a *agent) policyOf(cfg Config) []Setting {
 	out := cfg.Policy()
 	if a.keep != nil {
-		out = append(out, a.keep.Setting(a.clock.Now()))
+		out = append(out, a.keep.Setting(a.clock.Now()), a.keep.ClusterSetting(a.clock.Now()))
 	}
 	return out
 }

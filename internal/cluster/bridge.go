@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -43,6 +44,7 @@ type bridge struct {
 	log   zerolog.Logger
 	m     *metrics
 
+	started     time.Time // when the process started (the consumer's start, once)
 	broadcaster record.EventBroadcaster
 	mu          sync.Mutex
 	recorders   map[string]record.EventRecorder // by node
@@ -50,7 +52,7 @@ type bridge struct {
 
 func newBridge(cfg Config, js jetstream.JetStream, nodes corelisters.NodeLister, sink record.EventSink, c clock.Timers, m *metrics, log zerolog.Logger) *bridge {
 	b := &bridge{cfg: cfg, js: js, nodes: nodes, clock: c, m: m, log: log.With().Str("component", "events").Logger(),
-		recorders: map[string]record.EventRecorder{}}
+		recorders: map[string]record.EventRecorder{}, started: processStart}
 	b.broadcaster = record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{
 		BurstSize: cfg.EventBurst, QPS: float32(1 / cfg.EventRefill.Seconds()), MaxEvents: cfg.EventAggregate,
 		// Each reason of a node has its budget: a burst of removals does not
@@ -63,19 +65,36 @@ func newBridge(cfg Config, js jetstream.JetStream, nodes corelisters.NodeLister,
 	return b
 }
 
+// processStart is when this process started.
+var processStart = time.Now()
+
 // consumerName is the durable consumer of cluster's events: one for the
 // component, whichever replica leads.
 func consumerName(cluster string) string { return "gcagent-cluster-" + cluster }
 
-// run bridges until ctx ends. The durable consumer starts at the stream's
-// new messages the first time (a first install does not replay a day of
-// history into Events), then resumes where the last leader acknowledged.
+// replayBefore is how much of the stream before the component's start a
+// first install bridges: what the agents did while it was being rolled
+// out, not a day of history.
+const replayBefore = time.Minute
+
+// run bridges until ctx ends. The durable consumer, made the first time,
+// starts a minute before this process started (a first install does not
+// replay a day of history into Events, nor lose what the agents did while
+// the stream or the component were coming up); after that every leader
+// resumes where the last one acknowledged.
 func (b *bridge) run(ctx context.Context) error {
-	cons, err := b.js.CreateOrUpdateConsumer(ctx, b.cfg.EventStream, jetstream.ConsumerConfig{
-		Durable: consumerName(b.cfg.Cluster), Description: "gcagent-cluster: the agents' actions as Kubernetes Events",
-		FilterSubject: natsbus.EventPrefix + "." + b.cfg.Cluster + ".>", DeliverPolicy: jetstream.DeliverNewPolicy,
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 4096,
-	})
+	cons, err := b.js.Consumer(ctx, b.cfg.EventStream, consumerName(b.cfg.Cluster))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		from := b.started.Add(-replayBefore)
+		cons, err = b.js.CreateConsumer(ctx, b.cfg.EventStream, jetstream.ConsumerConfig{
+			Durable: consumerName(b.cfg.Cluster), Description: "gcagent-cluster: the agents' actions as Kubernetes Events",
+			FilterSubject: natsbus.EventPrefix + "." + b.cfg.Cluster + ".>", DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &from,
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 4096,
+		})
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			cons, err = b.js.Consumer(ctx, b.cfg.EventStream, consumerName(b.cfg.Cluster))
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("events consumer on %s: %w", b.cfg.EventStream, err)
 	}
