@@ -84,7 +84,7 @@ func testCheck(t *testing.T, v testenv.Version) {
 		return res, code
 	}
 	names := []string{"containerd", "cri", "namespaces", "image-fs", "log-dir", "pod-log-dir", "state-dir",
-		"plain-containers", "kubelet-config", "kubelet-eviction", "nats", "clock"}
+		"plain-containers", "kubelet-config", "kubelet-eviction", "nats", "clock", "fail-closed"}
 
 	t.Run("healthy", func(t *testing.T) {
 		res, code := check(t, nil)

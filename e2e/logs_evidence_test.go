@@ -274,6 +274,12 @@ func TestLogsAgentOnAnotherContainerd(t *testing.T) {
 		if _, body, err := a.GetText("/readyz"); err != nil || !strings.Contains(body, "pod-log-dir-unverified") {
 			t.Errorf("/readyz does not say what is kept and why (%v):\n%s", err, body)
 		}
+		// The over-keep is visible (issue 40 item 5): the gauge by input
+		// and kind, and check against the running agent.
+		m := mustMetrics(t, a)
+		if metricSum(m, `gcagent_fail_closed_kept{input="pod-log-dir",kind="link"}`) != 1 || metricSum(m, `gcagent_fail_closed_kept{input="pod-log-dir",kind="dir"}`) != 3 {
+			t.Errorf("fail-closed gauge:\n%s", grepLines(m, "gcagent_fail_closed_kept"))
+		}
 
 		// plan, with the agent's flags, says so in its log section.
 		planOut, err := exec.Command(testenv.AgentBinary(t), append([]string{"plan", "--containerd-address", other.Address,
@@ -286,17 +292,25 @@ func TestLogsAgentOnAnotherContainerd(t *testing.T) {
 		// check, with the agent's flags, warns naming the count.
 		var out bytes.Buffer
 		cmd := exec.Command(testenv.AgentBinary(t), append([]string{"check", "--json", "--containerd-address", other.Address,
-			"--namespace", testenv.Namespace, "--image-fs", other.Root, "--state-dir", filepath.Join(t.TempDir(), "check")}, args...)...)
+			"--namespace", testenv.Namespace, "--image-fs", other.Root, "--state-dir", filepath.Join(t.TempDir(), "check"),
+			"--metrics-address", a.Addr}, args...)...)
 		cmd.Stdout = &out
 		_ = cmd.Run() // WARN lines: exit 0 or 1
 		var res []agent.CheckResult
 		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 			t.Fatalf("check --json: %v\n%s", err, out.String())
 		}
+		var failClosed string
 		for _, r := range res {
+			if r.Name == "fail-closed" {
+				failClosed = r.Status + " " + r.Detail
+			}
 			if r.Name == "pod-log-dir" && (r.Status != agent.CheckWarn || !strings.Contains(r.Detail, "3 pod dirs here are of pods CRI at "+other.Address+" does not know")) {
 				t.Errorf("check: %s pod-log-dir: %s; want WARN naming 3 pod dirs of pods CRI does not know", r.Status, r.Detail)
 			}
+		}
+		if !strings.HasPrefix(failClosed, "WARN ") || !strings.Contains(failClosed, "3 pod-log-dir dir") || !strings.Contains(failClosed, "1 pod-log-dir link") {
+			t.Errorf("check's fail-closed line: %q", failClosed)
 		}
 	})
 }

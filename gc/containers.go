@@ -127,6 +127,11 @@ type ContainerPlan struct {
 	// PodSignalBlind says a pod that runs has had its pod log dir seen go:
 	// the dir read is not the kubelet's, so no pod counted as deleted.
 	PodSignalBlind bool `json:"podSignalBlind,omitempty"`
+	// KeptUnjudged counts the containers and sandboxes kept that belong to
+	// stopped pods while the pod log dir is not known or blind: the pod
+	// may be deleted (its dead containers would all go), and nothing can
+	// tell (fail closed, invariant 7).
+	KeptUnjudged int `json:"keptUnjudged,omitempty"`
 	// Remove is oldest first: containers, then sandboxes.
 	Remove []ContainerItem `json:"remove"`
 	// Keep is sorted by id.
@@ -369,6 +374,11 @@ func planContainers(s *projection.State, p ContainerPolicy, now time.Time, dir P
 	remove = append(remove, removeSandboxes...)
 	permute(list, slices.Concat(remove, keep))
 	plan.Remove, plan.Keep = list[:len(remove):len(remove)], list[len(remove):]
+	for i := range plan.Keep {
+		if pd := pods[plan.Keep[i].PodUID]; pd != nil && pd.unjudged && plan.Keep[i].State != projection.StateRunning {
+			plan.KeptUnjudged++
+		}
+	}
 	return plan
 }
 
@@ -418,6 +428,7 @@ func (plan *ContainerPlan) merge(q ContainerPlan) {
 	plan.Keep = append(plan.Keep, q.Keep...)
 	earliest(&plan.NextEligible, q.NextEligible)
 	plan.PodSignalBlind = plan.PodSignalBlind || q.PodSignalBlind
+	plan.KeptUnjudged += q.KeptUnjudged
 }
 
 // key identifies the item's container on the node: ids are unique only

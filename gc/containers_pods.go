@@ -19,6 +19,9 @@ type podFacts struct {
 	newest *projection.Container
 	// deleted: stopped, and its log dir seen and gone for PodGrace.
 	deleted bool
+	// unjudged: stopped, while the pod log dir, the deleted-pod sign, is
+	// not known (or blind): whether it is deleted cannot be told.
+	unjudged bool
 }
 
 // podsOf gathers the pods of s and decides which of those with a candidate
@@ -69,6 +72,7 @@ func (p ContainerPolicy) podsOf(s *projection.State, plan *ContainerPlan, list [
 	case !plan.PodLogDir.Known():
 		// Not read yet, or its reads fail: no sign of any pod.
 		earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
+		unjudged(pods)
 		return pods
 	case podSignalBlind(pods, dir):
 		// A pod that runs has had its log dir go: the dir the agent reads
@@ -76,6 +80,7 @@ func (p ContainerPolicy) podsOf(s *projection.State, plan *ContainerPlan, list [
 		// its signs are none. No pod counts as deleted.
 		plan.PodSignalBlind = true
 		earliest(&plan.NextEligible, plan.Now.Add(PodRecheck))
+		unjudged(pods)
 		return pods
 	}
 	decided := map[string]bool{}
@@ -172,4 +177,14 @@ func podSignalBlind(pods map[string]*podFacts, dir PodLogDir) bool {
 		}
 	}
 	return false
+}
+
+// unjudged marks the stopped pods: with no readable deleted-pod sign,
+// they may be deleted, and what they hold is kept for that.
+func unjudged(pods map[string]*podFacts) {
+	for _, pd := range pods {
+		if pd.stopped {
+			pd.unjudged = true
+		}
+	}
 }

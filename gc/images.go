@@ -513,3 +513,29 @@ func mulDiv(a, b, c uint64) uint64 {
 	q, _ := bits.Div64(hi, lo, c)
 	return q
 }
+
+// KeptForInputs counts the images kept now only because an input is not
+// known (fail closed, invariant 7): while the fleet keep list was never
+// read and deletes wait for it (keep-list-unread), and, while the list is
+// stale, those its last patterns keep. Like ReclaimableBytes it builds no
+// plan.
+func KeptForInputs(states []*projection.State, p ImagePolicy, now time.Time) (unread, stale int) {
+	for _, s := range states {
+		for _, img := range s.Images {
+			r, _, rule, _ := p.rule(img, now)
+			switch {
+			case r == ReasonKeepListUnread && !s.ImageInUse(img):
+				unread++
+			case r == ReasonKeepPattern && p.FleetKeep.State == InputStale && isFleetRule(rule) && !s.ImageInUse(img):
+				stale++
+			}
+		}
+	}
+	return unread, stale
+}
+
+// isFleetRule reports whether a keep rule is the fleet's (FleetRule,
+// DeclaredRule), not --keep-image's.
+func isFleetRule(rule string) bool {
+	return strings.HasPrefix(rule, FleetRule("")) || strings.HasPrefix(rule, DeclaredRule("", ""))
+}

@@ -261,6 +261,19 @@ func printPlan(w io.Writer, doc agent.Plan) {
 	printImagePlan(w, doc)
 	printContainerPlan(w, doc.ContainerPolicy, doc.Containers)
 	printLogsPlan(w, doc.LogsConfig, doc.Logs)
+	printFailClosed(w, doc.FailClosed)
+}
+
+// printFailClosed says what the plan keeps only because an input is
+// unknown or stale (nothing printed when none).
+func printFailClosed(w io.Writer, kept []agent.FailClosedKept) {
+	if len(kept) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nKEPT ONLY BECAUSE AN INPUT IS NOT KNOWN (fail closed: cleaned once it is)")
+	for _, k := range kept {
+		fmt.Fprintf(w, "  %d %s(s): %s %s\n", k.Count, k.Kind, k.Input, k.Why)
+	}
 }
 
 func printImagePlan(w io.Writer, doc agent.Plan) {

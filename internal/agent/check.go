@@ -137,7 +137,7 @@ func Checks(ctx context.Context, cfg Config) []CheckResult {
 		checkPlainContainers(ctx, cfg, f),
 	}
 	out = append(out, checkKubelet(cfg, f.disk.CapacityBytes)...)
-	out = append(out, checkNATS(ctx, cfg), checkClock(time.Now(), filepath.Join(cfg.StateDir, clock.File)))
+	out = append(out, checkNATS(ctx, cfg), checkClock(time.Now(), filepath.Join(cfg.StateDir, clock.File)), checkFailClosed(ctx, cfg))
 	return out
 }
 

@@ -66,6 +66,10 @@ type Plan struct {
 	// LogsConfig and Logs: what the log cleaner would remove now.
 	LogsConfig logs.Config `json:"logsConfig"`
 	Logs       logs.Plan   `json:"logs"`
+	// FailClosed is what the plan keeps only because an input is unknown
+	// or stale, by input and kind (none: the agent cleans what the
+	// kubelet would).
+	FailClosed []FailClosedKept `json:"failClosed"`
 }
 
 // BuildPlan lists containerd and plans against it, deleting nothing:
@@ -183,6 +187,7 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 	// empty and unsynced, and the log plan removes nothing.
 	var err error
 	doc.Logs, err = PlanLogs(cfg, criState, dirs)
+	doc.FailClosed = planKept(doc, p)
 	return err
 }
 

@@ -199,7 +199,7 @@ func Run(ctx context.Context, cfg Config, logOut io.Writer) error {
 	}
 	a.evs = evs
 	a.keep = loadFleetKeep(cfg.StateDir, cfg.Cluster, keepSource(cfg), cfg.KeepListWait, clk.Now, log.With().Str("component", "keeplist").Logger())
-	reg.MustRegister(keepMetrics{a.keep}, a.keep.failures)
+	reg.MustRegister(keepMetrics{a.keep}, a.keep.failures, failClosedMetrics{a})
 	a.version = cl.Version
 	a.imageFS = node.NewImageFS(cfg.ImageFS, DefaultContainerdRoot, a.runtime.CRIImages)
 
