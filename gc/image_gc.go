@@ -3,7 +3,6 @@ package gc
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/gcagent/gcagent/events"
 	"github.com/gcagent/gcagent/internal/clock"
-	"github.com/gcagent/gcagent/internal/promzero"
 	"github.com/gcagent/gcagent/internal/streak"
 	"github.com/gcagent/gcagent/projection"
 )
@@ -214,15 +212,6 @@ type ImageGC struct {
 	status ImageGCStatus
 }
 
-type imageMetrics struct {
-	passes   *prometheus.CounterVec
-	removed  *prometheus.CounterVec
-	bytes    *prometheus.CounterVec
-	skipped  *prometheus.CounterVec
-	reaction prometheus.Histogram
-	usage    prometheus.Gauge
-}
-
 // NewImageGC returns an ImageGC subscribed to the projection; Run starts it.
 // It registers its metrics on o.Registerer (which fails on a second one).
 // It fails when a dependency is missing or the policy is invalid.
@@ -274,37 +263,9 @@ func NewImageGC(d ImageGCDeps, o ImageGCOptions) (*ImageGC, error) {
 			return ids
 		},
 	}
-	g.m = imageMetrics{
-		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_passes_total", Help: "Image GC passes, by trigger and result (completed, failed).",
-		}, []string{"trigger", "result"}),
-		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_images_removed_total", Help: "Images removed, by containerd namespace and reason (space, max-age).",
-		}, []string{"namespace", "reason"}),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_removed_bytes_total", Help: "Bytes of images removed, by containerd namespace, reason and measure (estimated: image sizes; measured: statfs).",
-		}, []string{"namespace", "reason", "measure"}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "gcagent_image_gc_images_skipped_total", Help: "Images a plan named but the executor did not remove, by reason.",
-		}, []string{"reason"}),
-		reaction: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "gcagent_image_gc_reaction_duration_seconds", Help: "Time from usage reaching the high threshold to the first image removed.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
-		}),
-		usage: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "gcagent_image_gc_disk_usage_ratio", Help: "Image filesystem usage (0-1), in whole percent rounded up like the kubelet's.",
-		}),
-	}
-	promzero.Labels(g.m.passes.WithLabelValues, imageTriggers, imagePassResults)
-	promzero.Labels(g.m.removed.WithLabelValues, o.Namespaces, imageRules)
-	promzero.Labels(g.m.bytes.WithLabelValues, o.Namespaces, imageRules, []string{"estimated", "measured"})
-	promzero.Labels(g.m.skipped.WithLabelValues, imageSkipReasons)
-	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{g.m.passes, g.m.removed, g.m.bytes, g.m.skipped, g.m.reaction, g.m.usage} {
-			if err := o.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("image gc metrics: %w", err)
-			}
-		}
+	var err error
+	if g.m, err = newImageMetrics(o.Registerer, o.Namespaces); err != nil {
+		return nil, err
 	}
 	g.status = ImageGCStatus{DryRun: o.DryRun, High: o.Policy.HighThresholdPercent, Low: o.Policy.LowThresholdPercent,
 		SandboxImages: slices.Clone(o.Policy.SandboxImages)}
@@ -384,7 +345,7 @@ func (g *ImageGC) Pass(ctx context.Context, trigger string) ImagePass {
 	if res.Err != nil {
 		result, pass.Error, lvl = "failed", res.Err.Error(), zerolog.ErrorLevel
 	}
-	g.m.passes.WithLabelValues(trigger, result).Inc()
+	g.m.observePass(trigger, result, plan, pass)
 	// A pass that removed nothing and found what the last one found says
 	// nothing new: while the disk stays full it would repeat on every change.
 	outcome := ""

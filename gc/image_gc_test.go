@@ -141,6 +141,17 @@ func TestImageGCPassPublishesAndCounts(t *testing.T) {
 	if v := testutil.ToFloat64(g.m.passes.WithLabelValues("disk", "completed")); v != 1 {
 		t.Errorf("passes counted %v, want 1", v)
 	}
+	// KEP-6053's figures: the bytes the pass set out to free, that it met
+	// the low threshold (no shortfall), what it kept and why, its duration.
+	if v := testutil.ToFloat64(g.m.target.WithLabelValues("disk")); v != float64(pass.AmountToFree) || v <= 0 {
+		t.Errorf("target bytes %v, want the pass's amount to free %d", v, pass.AmountToFree)
+	}
+	if v := testutil.ToFloat64(g.m.short.WithLabelValues("disk")); v != 0 {
+		t.Errorf("shortfall passes %v", v)
+	}
+	if n, err := testutil.GatherAndCount(reg, "gcagent_image_gc_pass_duration_seconds"); err != nil || n != 1 {
+		t.Errorf("pass duration series %d %v", n, err)
+	}
 	st := g.Status()
 	if st.Passes != 1 || st.LastPass == nil || len(st.LastPass.Removed) != 2 {
 		t.Errorf("status %+v", st)
@@ -392,5 +403,37 @@ func TestImageGCPolicy(t *testing.T) {
 	got.SandboxImages[0] = "changed"
 	if g.Policy().SandboxImages[0] != "cfg.test/pause:1" {
 		t.Error("Policy shares its slice with the caller")
+	}
+}
+
+// TestImageMetricsObservePass: the kept gauge is the last plan's keeps by
+// reason (set, not added), and a triggered pass that ended above the low
+// threshold counts as a shortfall.
+func TestImageMetricsObservePass(t *testing.T) {
+	m, err := newImageMetrics(prometheus.NewRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := ImagePlan{Triggered: true, AmountToFree: 5 * mib, Keep: []ImageItem{{Reason: ReasonInUse}, {Reason: ReasonInUse}, {Reason: ReasonTooYoung}}}
+	m.observePass("disk", "completed", plan, ImagePass{LowReached: false})
+	m.observePass("disk", "completed", plan, ImagePass{LowReached: false})
+	if v := testutil.ToFloat64(m.kept.WithLabelValues(string(ReasonInUse))); v != 2 {
+		t.Errorf("kept in-use %v, want 2 (the last plan's, not a sum)", v)
+	}
+	if v := testutil.ToFloat64(m.kept.WithLabelValues(string(ReasonTooYoung))); v != 1 {
+		t.Errorf("kept too-young %v", v)
+	}
+	if v := testutil.ToFloat64(m.short.WithLabelValues("disk")); v != 2 {
+		t.Errorf("shortfalls %v", v)
+	}
+	if v := testutil.ToFloat64(m.target.WithLabelValues("disk")); v != 10*mib {
+		t.Errorf("target %v", v)
+	}
+	m.observePass("max-age", "completed", ImagePlan{Keep: []ImageItem{{Reason: ReasonPinned}}}, ImagePass{})
+	if v := testutil.ToFloat64(m.kept.WithLabelValues(string(ReasonInUse))); v != 0 {
+		t.Errorf("a later plan keeps none in use, gauge %v", v)
+	}
+	if v := testutil.ToFloat64(m.short.WithLabelValues("max-age")); v != 0 {
+		t.Errorf("an untriggered pass is no shortfall: %v", v)
 	}
 }
