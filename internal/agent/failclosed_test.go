@@ -19,7 +19,7 @@ import (
 // "Fail closed"), and the states each can be in.
 var (
 	failClosedInputs = []string{"containerd listing", "CRI listing", "snapshotters", "leases", "fleet keep list",
-		"--keep-image", "pod log dir", "clock", "disk measurement",
+		"cluster keep list", "--keep-image", "pod log dir", "clock", "disk measurement",
 		"CRI removal names", "intent identity", "taskless CRI container", "agent lock"}
 	failClosedStates = []string{"known", "unknown", "stale"}
 )
@@ -227,7 +227,7 @@ func rebase(w *imageWorld, first time.Time) {
 // reason. Rows marked with an item of issue 34 failed on 7485972; a row
 // marked awaits fails until the branch it names merges.
 func TestFailClosedDecisionTable(t *testing.T) {
-	rows := append(failClosedRows(), nodeRows()...)
+	rows := slices.Concat(failClosedRows(), nodeRows(), clusterRows())
 	for _, in := range failClosedInputs {
 		for _, st := range failClosedStates {
 			if !slices.ContainsFunc(rows, func(r failClosedRow) bool { return r.input == in && r.state == st }) {
