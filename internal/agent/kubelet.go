@@ -362,11 +362,13 @@ func (a *agent) followKubelet(ctx context.Context) error {
 
 // preflight logs `gcagent check`'s lines once at start; the kubelet's
 // lines only when the kubelet's config was not read, as reportKubelet
-// said what it read.
+// said what it read; never fail-closed, which would ask this agent
+// itself what it keeps while it is still starting (its gauge and /readyz
+// say it as it goes).
 func (a *agent) preflight(ctx context.Context) {
-	var skip []string
+	skip := []string{"fail-closed"}
 	if a.cfg.Kubelet != nil {
-		skip = []string{"kubelet-config", "kubelet-eviction"}
+		skip = append(skip, "kubelet-config", "kubelet-eviction")
 	}
 	LogChecks(ctx, a.cfg, a.log, skip...)
 }
