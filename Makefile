@@ -167,8 +167,8 @@ chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deplo
 		cp /tmp/gcagent-helm.go.mod.bak go.mod; cp /tmp/gcagent-helm.go.sum.bak go.sum; echo "go mod tidy would change $(HELM_MODULE)/go.mod/go.sum"; exit 1; fi
 	cd $(HELM_MODULE) && $(GO) vet ./... && $(GO) test -count=1 ./...
 
-manifest: ## regenerate deploy/kubernetes/gcagent.yaml (the chart rendered with its default values) and deploy/helm/testdata/k3s.yaml (with a k3s node's, for the e2e test)
-	cd $(HELM_MODULE) && $(GO) test -count=1 -run '^(TestManifestIsChartDefault|TestK3sRender)$$' . -update-manifest
+manifest: ## regenerate deploy/kubernetes/gcagent.yaml (the chart rendered with its default values), deploy/kubernetes/gcagent-cluster.yaml (the cluster component's objects, cluster.enabled=true) and deploy/helm/testdata/k3s.yaml (with a k3s node's, for the e2e test)
+	cd $(HELM_MODULE) && $(GO) test -count=1 -run '^(TestManifestIsChartDefault|TestClusterManifestIsChartRender|TestK3sRender)$$' . -update-manifest
 
 # The chart's module is outside ./..., so test runs it too.
 test: chart
