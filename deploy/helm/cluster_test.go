@@ -165,7 +165,7 @@ func TestClusterContract(t *testing.T) {
 	pod := d.Spec.Template.Spec
 	podLabels := labels.Set(d.Spec.Template.Labels)
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
-		t.Errorf("replicas %v, want 2", d.Spec.Replicas)
+		t.Errorf("replicas %s, want 2", ptrString(d.Spec.Replicas))
 	}
 	if sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector); err != nil || sel.Empty() || !sel.Matches(podLabels) {
 		t.Errorf("selector %v does not match the template labels %v (%v)", d.Spec.Selector, podLabels, err)
@@ -267,6 +267,13 @@ func TestClusterContract(t *testing.T) {
 		s.Spec.Ports[0].Port != 9618 || s.Spec.Ports[0].TargetPort.String() != "metrics" {
 		t.Errorf("Service %+v: want the pods' metrics port", s.Spec)
 	}
+}
+
+func ptrString[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
 }
 
 // agentNATSURL is the URL testdata/cluster-values.yaml gives the agents.
