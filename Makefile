@@ -101,9 +101,10 @@ deps: deps-apt ## install what is missing: deps-apt, then containerd 2.3 and its
 build: ## build bin/gcagent (version and commit stamped; TAGS=noembeddednats: without the embedded NATS server)
 	$(GO) build -tags "$(BUILD_TAGS)" -ldflags "$(LDFLAGS)" -o bin/gcagent ./cmd/gcagent
 
-image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION), static binary at /gcagent, TAGS as for build), no registry needed
+image: ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION), static binaries at /gcagent and /gcagent-cluster, TAGS as for build), no registry needed
 	CGO_ENABLED=0 $(GO) build -tags "$(BUILD_TAGS)" -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-static ./cmd/gcagent
-	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -o bin/gcagent-image.tar
+	CGO_ENABLED=0 $(GO) build -tags "$(BUILD_TAGS)" -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-cluster-static ./cmd/gcagent-cluster
+	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -cluster-binary bin/gcagent-cluster-static -o bin/gcagent-image.tar
 
 # TEST_PARALLEL is how many tests of one package run at once (go test
 # -parallel): the end-to-end tests mostly wait on daemons and agents, so
