@@ -104,8 +104,9 @@ build: ## build bin/gcagent for development (dynamic, with symbols; version and 
 static: ## build bin/gcagent-static: the static, stripped binary the image ships and every figure is measured on; the one to install on a node (TAGS as for build)
 	CGO_ENABLED=0 $(GO) build -tags "$(BUILD_TAGS)" -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-static ./cmd/gcagent
 
-image: static ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION), static binary at /gcagent, TAGS as for build), no registry needed
-	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -o bin/gcagent-image.tar
+image: static ## build the OCI image archive bin/gcagent-image.tar (gcagent:$(VERSION), static binaries at /gcagent and /gcagent-cluster, TAGS as for build), no registry needed
+	CGO_ENABLED=0 $(GO) build -tags "$(BUILD_TAGS)" -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/gcagent-cluster-static ./cmd/gcagent-cluster
+	$(GO) run ./internal/ociimage/mkimage -binary bin/gcagent-static -version $(VERSION) -commit $(COMMIT) -created $(COMMIT_TIME) -cluster-binary bin/gcagent-cluster-static -o bin/gcagent-image.tar
 
 # TEST_PARALLEL is how many tests of one package run at once (go test
 # -parallel): the end-to-end tests mostly wait on daemons and agents, so
@@ -169,8 +170,8 @@ chart: ## lint the Helm chart and render it with Helm's Go SDK (defaults = deplo
 		cp /tmp/gcagent-helm.go.mod.bak go.mod; cp /tmp/gcagent-helm.go.sum.bak go.sum; echo "go mod tidy would change $(HELM_MODULE)/go.mod/go.sum"; exit 1; fi
 	cd $(HELM_MODULE) && $(GO) vet ./... && $(GO) test -count=1 ./...
 
-manifest: ## regenerate deploy/kubernetes/gcagent.yaml (the chart rendered with its default values) and deploy/helm/testdata/k3s.yaml (with a k3s node's, for the e2e test)
-	cd $(HELM_MODULE) && $(GO) test -count=1 -run '^(TestManifestIsChartDefault|TestK3sRender)$$' . -update-manifest
+manifest: ## regenerate deploy/kubernetes/gcagent.yaml (the chart rendered with its default values), deploy/kubernetes/gcagent-cluster.yaml (the cluster component's objects, cluster.enabled=true) and deploy/helm/testdata/k3s.yaml (with a k3s node's, for the e2e test)
+	cd $(HELM_MODULE) && $(GO) test -count=1 -run '^(TestManifestIsChartDefault|TestClusterManifestIsChartRender|TestK3sRender)$$' . -update-manifest
 
 # The chart's module is outside ./..., so test runs it too.
 test: chart

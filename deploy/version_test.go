@@ -11,7 +11,8 @@ import (
 )
 
 // TestOneVersion: the release in the VERSION file is the tag `make image`
-// writes (and stamps into the binary), the chart's appVersion (its version
+// writes (and stamps into both binaries it holds, gcagent and
+// gcagent-cluster, built alike), the chart's appVersion (its version
 // without the "v"), the chart's default image tag, and the manifest's image.
 func TestOneVersion(t *testing.T) {
 	b, err := os.ReadFile("../VERSION")
@@ -71,9 +72,16 @@ func TestOneVersion(t *testing.T) {
 	if err != nil {
 		t.Fatalf("make -n image: %v\n%s", err, out)
 	}
-	for _, want := range []string{"internal/version.Version=" + v + " ", "mkimage -binary bin/gcagent-static -version " + v + " "} {
+	for _, want := range []string{"internal/version.Version=" + v + " ", "mkimage -binary bin/gcagent-static -version " + v + " ",
+		"-cluster-binary bin/gcagent-cluster-static "} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("make image does not run with %q:\n%s", want, out)
+		}
+	}
+	// Both binaries static, stripped and stamped with the release alike.
+	for _, bin := range []string{"bin/gcagent-static ./cmd/gcagent\n", "bin/gcagent-cluster-static ./cmd/gcagent-cluster\n"} {
+		if !regexp.MustCompile(`(?m)^CGO_ENABLED=0 \S+ build .*-ldflags "-s -w [^"]*internal/version\.Version=` + regexp.QuoteMeta(v) + ` [^"]*" -o ` + regexp.QuoteMeta(bin)).Match(out) {
+			t.Errorf("make image does not build %q static, stripped, with version %s:\n%s", strings.TrimSpace(bin), v, out)
 		}
 	}
 }

@@ -80,6 +80,14 @@ func renderChart(t *testing.T, ch *chart.Chart, vals map[string]any) []byte {
 // renderDocs is renderChart without the header.
 func renderDocs(t *testing.T, ch *chart.Chart, vals map[string]any) []byte {
 	t.Helper()
+	return renderTemplates(t, ch, vals, templateOrder)
+}
+
+// renderTemplates renders the chart with vals and joins the non-empty
+// documents of the templates named in order (templateOrder: the agent's,
+// clusterTemplateOrder: the cluster component's).
+func renderTemplates(t *testing.T, ch *chart.Chart, vals map[string]any, order []string) []byte {
+	t.Helper()
 	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{
 		Name: releaseName, Namespace: releaseNamespace, Revision: 1, IsInstall: true,
 	}, chartutil.DefaultCapabilities)
@@ -91,20 +99,19 @@ func renderDocs(t *testing.T, ch *chart.Chart, vals map[string]any) []byte {
 		t.Fatalf("render: %v", err)
 	}
 	var docs []string
-	seen := map[string]bool{}
-	for _, name := range templateOrder {
+	for _, name := range order {
 		path := ch.Name() + "/templates/" + name
 		if _, ok := out[path]; !ok {
 			t.Fatalf("the chart has no template %s", name)
 		}
-		seen[path] = true
 		if doc := strings.TrimLeft(out[path], "\n"); strings.TrimSpace(stripComments(doc)) != "" {
 			docs = append(docs, strings.TrimRight(doc, "\n")+"\n")
 		}
 	}
 	for path := range out {
-		if !seen[path] && strings.HasSuffix(path, ".yaml") {
-			t.Fatalf("template %s is not in templateOrder", path)
+		name := strings.TrimPrefix(path, ch.Name()+"/templates/")
+		if strings.HasSuffix(path, ".yaml") && !slices.Contains(templateOrder, name) && !slices.Contains(clusterTemplateOrder, name) {
+			t.Fatalf("template %s is in neither templateOrder nor clusterTemplateOrder", path)
 		}
 	}
 	return []byte(strings.Join(docs, "---\n"))
@@ -339,6 +346,7 @@ func everyValue() map[string]any {
 		"updateStrategy": map[string]any{"maxUnavailable": 1},
 		"serviceMonitor": map[string]any{"enabled": true, "interval": "15s", "labels": map[string]any{"release": "kube-prometheus"}},
 		"prometheusRule": map[string]any{"enabled": true, "labels": map[string]any{"release": "kube-prometheus"}},
+		"cluster":        everyClusterValue(),
 	}
 }
 
@@ -390,7 +398,7 @@ func TestChartEveryValue(t *testing.T) {
 		got, ok := lookup(vals, p)
 		if !ok {
 			t.Errorf("everyValue does not set %s", p)
-		} else if !strings.HasPrefix(p, "nats > existingSecret") && reflect.DeepEqual(def, got) {
+		} else if !strings.Contains(p, "nats > existingSecret") && reflect.DeepEqual(def, got) {
 			t.Errorf("everyValue sets %s to its default %v", p, def)
 		}
 	}

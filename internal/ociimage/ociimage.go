@@ -1,6 +1,6 @@
 // Package ociimage writes gcagent's container image as an OCI image archive
 // (an OCI layout in a tar, plus Docker's manifest.json) from the static
-// binary alone: no registry, no base image and no Dockerfile, so `make
+// binaries alone (the agent, and the cluster component beside it): no registry, no base image and no Dockerfile, so `make
 // image` works on a machine that can reach only the Go module proxy, and the
 // same bytes come out of the same binary.
 package ociimage
@@ -22,14 +22,22 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// BinaryPath is where the binary sits in the image; it is the entrypoint.
+// BinaryPath is where the agent's binary sits in the image; it is the
+// entrypoint.
 const BinaryPath = "/gcagent"
+
+// ClusterBinaryPath is where gcagent-cluster sits in the image: the chart's
+// Deployment runs it as its command, so that one image serves both.
+const ClusterBinaryPath = "/gcagent-cluster"
 
 // Options describes the image. Name and Version make the reference
 // Name:Version, the form `docker load` and `ctr images import` show.
 type Options struct {
 	// Binary is the path of the static gcagent binary to put at /gcagent.
 	Binary string
+	// ClusterBinary is the path of the static gcagent-cluster binary to
+	// put at /gcagent-cluster.
+	ClusterBinary string
 	// Name is the repository, default "gcagent".
 	Name string
 	// Version is the tag and the org.opencontainers.image.version label.
@@ -57,20 +65,27 @@ func (o Options) name() string {
 	return o.Name
 }
 
-// Build writes the archive of the image to w. It fails when the binary
-// cannot be read or Version is empty.
+// Build writes the archive of the image to w. It fails when a binary
+// cannot be read, or Version or a binary's path is empty.
 func Build(w io.Writer, o Options) error {
 	if o.Version == "" {
 		return fmt.Errorf("image version is empty")
 	}
+	if o.Binary == "" || o.ClusterBinary == "" {
+		return fmt.Errorf("the image needs both binaries: gcagent (%q) and gcagent-cluster (%q)", o.Binary, o.ClusterBinary)
+	}
 	if o.Arch == "" {
 		o.Arch = runtime.GOARCH
 	}
-	bin, err := os.ReadFile(o.Binary)
-	if err != nil {
-		return fmt.Errorf("read binary: %w", err)
+	var files []layerFile
+	for _, f := range []struct{ src, dst string }{{o.Binary, BinaryPath}, {o.ClusterBinary, ClusterBinaryPath}} {
+		b, err := os.ReadFile(f.src)
+		if err != nil {
+			return fmt.Errorf("read the binary for %s: %w", f.dst, err)
+		}
+		files = append(files, layerFile{path: f.dst, data: b})
 	}
-	layer, diffID, err := layerOf(bin, o.Created)
+	layer, diffID, err := layerOf(files, o.Created)
 	if err != nil {
 		return err
 	}
@@ -92,7 +107,7 @@ func Build(w io.Writer, o Options) error {
 			Labels:     labels,
 		},
 		RootFS:  ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{diffID}},
-		History: []ocispec.History{{Created: &created, CreatedBy: "gcagent ociimage: " + BinaryPath}},
+		History: []ocispec.History{{Created: &created, CreatedBy: "gcagent ociimage: " + BinaryPath + " " + ClusterBinaryPath}},
 	})
 	if err != nil {
 		return err
@@ -153,17 +168,25 @@ func Build(w io.Writer, o Options) error {
 
 func blobPath(d digest.Digest) string { return "blobs/" + d.Algorithm().String() + "/" + d.Encoded() }
 
-// layerOf returns the gzipped layer holding bin at /gcagent and the digest of
-// the uncompressed tar (the diff id).
-func layerOf(bin []byte, mtime time.Time) ([]byte, digest.Digest, error) {
+// layerFile is an executable of the layer: its absolute path and bytes.
+type layerFile struct {
+	path string
+	data []byte
+}
+
+// layerOf returns the gzipped layer holding files (mode 0755, in their
+// order) and the digest of the uncompressed tar (the diff id).
+func layerOf(files []layerFile, mtime time.Time) ([]byte, digest.Digest, error) {
 	var raw bytes.Buffer
 	tw := tar.NewWriter(&raw)
-	hdr := &tar.Header{Name: BinaryPath[1:], Mode: 0o755, Size: int64(len(bin)), ModTime: mtime, Format: tar.FormatPAX}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return nil, "", err
-	}
-	if _, err := tw.Write(bin); err != nil {
-		return nil, "", err
+	for _, f := range files {
+		hdr := &tar.Header{Name: f.path[1:], Mode: 0o755, Size: int64(len(f.data)), ModTime: mtime, Format: tar.FormatPAX}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, "", err
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return nil, "", err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, "", err

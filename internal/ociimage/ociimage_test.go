@@ -17,15 +17,22 @@ import (
 
 // TestBuildIsConsistent reads the archive back as an importer would: every
 // descriptor points at a blob of that digest and size, the layer's diff id
-// matches, the binary is at /gcagent as the entrypoint, and two builds of
-// the same binary are byte-identical.
+// matches, the agent's binary is at /gcagent as the entrypoint and
+// gcagent-cluster's at /gcagent-cluster (the chart's Deployment runs it),
+// both executable, and two builds of the same binaries are byte-identical.
+// A build without either binary fails.
 func TestBuildIsConsistent(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "gcagent")
+	dir := t.TempDir()
+	bin, clusterBin := filepath.Join(dir, "gcagent"), filepath.Join(dir, "gcagent-cluster")
 	payload := []byte("#!/bin/true\nnot really a binary\n")
+	clusterPayload := []byte("#!/bin/true\nnot really the cluster component\n")
 	if err := os.WriteFile(bin, payload, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{Binary: bin, Version: "v1.2.3", Commit: "abc", Created: time.Unix(1700000000, 0)}
+	if err := os.WriteFile(clusterBin, clusterPayload, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Binary: bin, ClusterBinary: clusterBin, Version: "v1.2.3", Commit: "abc", Created: time.Unix(1700000000, 0)}
 	var a, b bytes.Buffer
 	if err := Build(&a, o); err != nil {
 		t.Fatal(err)
@@ -86,12 +93,20 @@ func TestBuildIsConsistent(t *testing.T) {
 		t.Error("diff id is not the digest of the uncompressed layer")
 	}
 	lr := tar.NewReader(bytes.NewReader(raw))
-	h, err := lr.Next()
-	if err != nil || h.Name != "gcagent" || h.Mode != 0o755 {
-		t.Fatalf("layer entry: %v %+v", err, h)
+	for _, want := range []struct {
+		name string
+		data []byte
+	}{{"gcagent", payload}, {"gcagent-cluster", clusterPayload}} {
+		h, err := lr.Next()
+		if err != nil || h.Name != want.name || h.Mode != 0o755 || h.Typeflag != tar.TypeReg {
+			t.Fatalf("layer entry: %v %+v, want the executable %s", err, h, want.name)
+		}
+		if got, _ := io.ReadAll(lr); !bytes.Equal(got, want.data) {
+			t.Errorf("layer's %s is not the binary given", want.name)
+		}
 	}
-	if got, _ := io.ReadAll(lr); !bytes.Equal(got, payload) {
-		t.Error("layer does not hold the binary")
+	if h, err := lr.Next(); err != io.EOF {
+		t.Errorf("layer holds more: %+v %v", h, err)
 	}
 	var dm []struct {
 		Config   string
@@ -101,7 +116,16 @@ func TestBuildIsConsistent(t *testing.T) {
 	if err := json.Unmarshal(files["manifest.json"], &dm); err != nil || len(dm) != 1 || dm[0].RepoTags[0] != "gcagent:v1.2.3" || dm[0].Config != blobPath(m.Config.Digest) {
 		t.Errorf("manifest.json: %v %+v", err, dm)
 	}
-	if err := Build(io.Discard, Options{Binary: bin}); err == nil {
-		t.Error("an empty version was accepted")
+	for name, bad := range map[string]Options{
+		"no version":                {Binary: bin, ClusterBinary: clusterBin},
+		"no cluster binary":         {Binary: bin, Version: "v1"},
+		"no agent binary":           {ClusterBinary: clusterBin, Version: "v1"},
+		"cluster binary unreadable": {Binary: bin, ClusterBinary: filepath.Join(dir, "missing"), Version: "v1"},
+	} {
+		if err := Build(io.Discard, bad); err == nil {
+			t.Errorf("%s: built", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
 	}
 }

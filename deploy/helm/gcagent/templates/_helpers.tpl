@@ -22,14 +22,43 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 {{- .Values.nats.existingSecret | default (printf "%s-nats" (include "gcagent.fullname" .)) -}}
 {{- end -}}
 {{- define "gcagent.natsKeys" -}}
+{{- include "gcagent.natsKeysOf" .Values.nats -}}
+{{- end -}}
+
+{{/* The keys a Secret holds for nats values (the agent's nats, or cluster.nats), as a JSON list. */}}
+{{- define "gcagent.natsKeysOf" -}}
 {{- $keys := list -}}
-{{- if .Values.nats.existingSecret -}}
-{{- $keys = .Values.nats.existingSecretKeys -}}
+{{- if .existingSecret -}}
+{{- $keys = .existingSecretKeys -}}
 {{- else -}}
-{{- $a := .Values.nats.auth -}}
+{{- $a := .auth -}}
 {{- range $k, $v := dict "creds" $a.creds "nkey" $a.nkeySeed "password" $a.password "token" $a.token "ca.crt" $a.tlsCA "tls.crt" $a.tlsCert "tls.key" $a.tlsKey -}}
 {{- if $v }}{{ $keys = append $keys $k }}{{ end -}}
 {{- end -}}
 {{- end -}}
 {{- toJson $keys -}}
+{{- end -}}
+
+{{/* The cluster component's name, <fullname>-cluster: gcagent-cluster for the release gcagent. */}}
+{{- define "gcagent.cluster.fullname" -}}
+{{- printf "%s-cluster" (include "gcagent.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* The cluster component's selector labels (a Deployment's selector cannot change). */}}
+{{- define "gcagent.cluster.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-cluster
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The cluster component's NATS Secret. */}}
+{{- define "gcagent.cluster.natsSecret" -}}
+{{- .Values.cluster.nats.existingSecret | default (printf "%s-nats" (include "gcagent.cluster.fullname" .)) -}}
+{{- end -}}
+
+{{/* The cluster component's NATS URL: cluster.nats.url, else the agents' nats.url; neither is an error. */}}
+{{- define "gcagent.cluster.natsURL" -}}
+{{- if not .Values.nats.url -}}
+{{- fail "cluster.enabled needs the agents on a fleet NATS: set nats.url (every agent's --nats-url; the embedded per-node servers listen on each node's loopback, out of the cluster's reach)" -}}
+{{- end -}}
+{{- .Values.cluster.nats.url | default .Values.nats.url -}}
 {{- end -}}
