@@ -119,6 +119,7 @@ type Cleaner struct {
 
 	unverifiableSaid bool     // links kept as unverifiable were logged; guarded by mu
 	evidenceSaid     Verified // what was last said of the pod log dir (sayEvidence); guarded by mu
+	otherSaid        Evidence // the last verdict for another containerd logged; guarded by mu
 
 	mu   sync.Mutex // serializes passes; guards seen
 	seen map[key]*tracked
@@ -223,7 +224,7 @@ func (c *Cleaner) pass(ctx context.Context, apply bool) (Plan, error) {
 		}
 	}()
 	c.track(entries, now, apply)
-	ev := c.evidence(dirs, entries, read, now)
+	ev := c.evidence(dirs, entries, read, now, apply)
 	if apply {
 		c.saveDirs(dirs) // what the pass read and showed
 	}

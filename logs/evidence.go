@@ -1,6 +1,7 @@
 package logs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -45,6 +46,9 @@ type Evidence struct {
 	// it: PodDirs); zero when unverified.
 	Since  time.Time `json:"since,omitzero"`
 	Detail string    `json:"detail,omitempty"`
+	// Containerd names the containerd it was shown for (State.Containerd):
+	// kept, it holds for that one only.
+	Containerd string `json:"containerd,omitempty"`
 }
 
 // Kubelets reports whether e shows the pod log dir is where the kubelet
@@ -111,24 +115,39 @@ func judge(cfg Config, entries []Entry, st State) (ev Evidence, against string) 
 
 // evidence is what the pod log dir shows in this pass (read says whether
 // its full read succeeded), combined with what dirs kept of earlier ones
-// for the same directory; what is newly shown is recorded in dirs (saved
-// with it). A read that failed shows nothing; evidence against (the
+// for the same directory and the same containerd; what is newly shown is
+// recorded in dirs (saved with it), once the projection has listed that
+// containerd: before, its pods are the journal's, maybe another
+// containerd's. A read that failed shows nothing; evidence against (the
 // watched CRI's pods write elsewhere) outweighs what was shown before.
-func (c *Cleaner) evidence(dirs *PodDirs, entries []Entry, read bool, now time.Time) Evidence {
+func (c *Cleaner) evidence(dirs *PodDirs, entries []Entry, read bool, now time.Time, save bool) Evidence {
 	if !read {
 		return Evidence{Detail: "the pod log dir was not read"}
 	}
+	id := c.state.Containerd()
 	cur, against := judge(c.cfg, entries, c.state)
-	saved := dirs.evidence()
+	saved, other := dirs.evidence(id)
+	if save && other != nil && *other != c.otherSaid {
+		c.otherSaid = *other
+		c.log.Warn().Str("path", c.cfg.PodLogDir).Str("verified_by", string(other.By)).Str("verified_for", cmp.Or(other.Containerd, "unknown")).
+			Str("containerd", cmp.Or(id, "unknown")).
+			Msg("the pod log dir was shown to be the kubelet's for another containerd than the one watched now: that says nothing of this one's pods")
+	}
+	verify := func(ev Evidence) Evidence {
+		if !c.state.Synced() {
+			return ev // the journal's pods, not yet the containerd's: not kept
+		}
+		return dirs.verify(ev, id, now)
+	}
 	switch {
 	case cur.Watched():
-		return dirs.verify(cur, now)
+		return verify(cur)
 	case against != "":
 		return Evidence{Detail: against}
 	case saved.Watched():
 		return saved
 	case cur.Kubelets():
-		return dirs.verify(cur, now)
+		return verify(cur)
 	case saved.Kubelets():
 		return saved
 	}

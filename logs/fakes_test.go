@@ -36,6 +36,7 @@ type fakeState struct {
 	containers map[string]bool // id -> running
 	pods       map[string]fakePod
 	logDirs    []string // SandboxLogDirs
+	containerd string   // Containerd: the watched daemon's identity
 }
 
 type fakePod struct {
@@ -44,7 +45,13 @@ type fakePod struct {
 }
 
 func newFakeState() *fakeState {
-	return &fakeState{synced: true, containers: map[string]bool{}, pods: map[string]fakePod{}}
+	return &fakeState{synced: true, containers: map[string]bool{}, pods: map[string]fakePod{}, containerd: "containerd-1"}
+}
+
+func (s *fakeState) Containerd() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.containerd
 }
 
 func (s *fakeState) Synced() bool {

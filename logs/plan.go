@@ -37,6 +37,11 @@ type State interface {
 	// pods whose sandbox exists (as CRI saw them: host paths), the
 	// evidence that the pod log dir is the watched containerd's.
 	SandboxLogDirs() []string
+	// Containerd names the watched containerd (its introspection UUID,
+	// which another daemon, or the same one after its root was wiped,
+	// does not share); "" while not known. What the pod log dir showed
+	// is kept for that containerd only (PodDirs).
+	Containerd() string
 }
 
 // Kind names the rule that applies to an entry: KindSymlink for the entries

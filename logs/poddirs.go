@@ -148,28 +148,37 @@ func (d *PodDirs) Clone() *PodDirs {
 	return c
 }
 
-// evidence is what was shown of the current root (zero: nothing).
-func (d *PodDirs) evidence() Evidence {
+// evidence is what was shown of the current root for the containerd
+// named containerd (zero: nothing); other is what was shown for another
+// one (or by a version that did not say for which, or while none was
+// known), which says nothing of this one's pods.
+func (d *PodDirs) evidence(containerd string) (ev Evidence, other *Evidence) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.doc.Evidence == nil {
-		return Evidence{}
+	switch saved := d.doc.Evidence; {
+	case saved == nil:
+		return Evidence{}, nil
+	case saved.Containerd == "" || saved.Containerd != containerd:
+		cp := *saved
+		return Evidence{}, &cp
+	default:
+		return *saved, nil
 	}
-	return *d.doc.Evidence
 }
 
-// verify records that ev (verified) was shown at now of the current root,
-// unless as much was shown before, and returns what is recorded: a
-// directory once shown to hold the watched containerd's pods stays so
-// (until the pod log dir is another directory: observe starts afresh),
-// and Since is when it was first shown.
-func (d *PodDirs) verify(ev Evidence, now time.Time) Evidence {
+// verify records that ev (verified) was shown at now of the current root
+// for the containerd named containerd, unless as much was shown before
+// for it, and returns what is recorded: a directory once shown to hold
+// that containerd's pods stays so (until the pod log dir is another
+// directory, observe starts afresh, or another containerd shows
+// something), and Since is when it was first shown.
+func (d *PodDirs) verify(ev Evidence, containerd string, now time.Time) Evidence {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if old := d.doc.Evidence; old != nil && (old.By == ev.By || old.Watched()) {
+	if old := d.doc.Evidence; old != nil && old.Containerd == containerd && (old.By == ev.By || old.Watched()) {
 		return *old
 	}
-	ev.Since = now
+	ev.Since, ev.Containerd = now, containerd
 	d.doc.Evidence, d.dirty = &ev, true
 	return ev
 }

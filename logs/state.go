@@ -16,21 +16,32 @@ import (
 // to date by containerd's events and relists, so a pass costs no call
 // however many pod dirs it judges (PodState says why that is safe).
 type projectionState struct {
-	view func(fn func(*projection.State))
+	view       func(fn func(*projection.State))
+	containerd func() string
 }
 
 var _ State = projectionState{}
 
 // LiveState reads the live projection of CRI's namespace (the only one
-// with kubelet logs) under its lock.
-func LiveState(l interface{ View(func(*projection.State)) }) State {
-	return projectionState{view: l.View}
+// with kubelet logs) under its lock; containerd names the containerd it
+// follows (node.Source.Containerd; nil: not known).
+func LiveState(l interface{ View(func(*projection.State)) }, containerd func() string) State {
+	return projectionState{view: l.View, containerd: containerd}
 }
 
 // StaticState reads s, which nothing else may modify meanwhile (for
-// `gcagent plan`).
-func StaticState(s *projection.State) State {
-	return projectionState{view: func(fn func(*projection.State)) { fn(s) }}
+// `gcagent plan`), listed from the containerd named containerd ("": not
+// known).
+func StaticState(s *projection.State, containerd string) State {
+	return projectionState{view: func(fn func(*projection.State)) { fn(s) }, containerd: func() string { return containerd }}
+}
+
+// Containerd names the containerd the projection follows.
+func (s projectionState) Containerd() string {
+	if s.containerd == nil {
+		return ""
+	}
+	return s.containerd()
 }
 
 // Synced reports whether the projection has listed containerd.

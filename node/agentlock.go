@@ -398,18 +398,19 @@ func (l *AgentLock) Acquire(ctx context.Context, takeOver bool) error {
 		if top != nil {
 			next = top.n + 1
 		}
-		if top == nil || why == "released" {
-			r, err := l.lastReleased(ctx)
-			if err != nil {
-				return err
-			}
-			if r.last > 0 {
-				next = max(next, r.last+2) // past a renewal the last holder may have sent before it released
-			}
-			if r.tookOver { // it released within its take-over's wait: the rest is this run's
-				l.inherit(start, r.ago)
-				wait = max(wait, l.staleAfter()-r.ago)
-			}
+		// Past the last release, whatever the top: a generation below it
+		// may be left (a drop that never reached containerd), and a
+		// renewal the releaser sent before it released may still land.
+		r, err := l.lastReleased(ctx)
+		if err != nil {
+			return err
+		}
+		if r.last > 0 {
+			next = max(next, r.last+2)
+		}
+		if (top == nil || why == "released") && r.tookOver { // it released within its take-over's wait: the rest is this run's
+			l.inherit(start, r.ago)
+			wait = max(wait, l.staleAfter()-r.ago)
 		}
 		if wait > 0 {
 			l.waitFor(wait) // armed before the create: whatever answer is lost, it holds

@@ -107,6 +107,7 @@ func (s *Source) session(ctx context.Context, out chan<- events.Scoped, reason s
 	if _, err := s.o.Client.Version(ctx); err != nil {
 		return fmt.Errorf("containerd version: %w", errgrpc.ToNative(err))
 	}
+	s.readContainerd(ctx) // before anything is listed
 	// Subscribe first, then list: nothing that happens in between is lost.
 	conn, ok := s.o.Client.Conn().(grpc.ClientConnInterface)
 	if !ok {

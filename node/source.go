@@ -74,6 +74,10 @@ type Source struct {
 	unsure map[string]int
 	tops   *imageTops // nil without a client
 	m      sourceMetrics
+	// daemon is containerd's UUID (Containerd); daemonFailed says the
+	// last read failed (the session's goroutine only).
+	daemon       atomic.Pointer[string]
+	daemonFailed bool
 }
 
 type sourceMetrics struct {

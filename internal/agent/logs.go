@@ -32,7 +32,7 @@ func (a *agent) setupLogs() error {
 			Msg("log cleanup off: the kubelet's logs belong to namespace " + events.CRINamespace + ", which is not managed")
 		return nil
 	}
-	cl, err := logs.New(logs.Deps{State: logs.LiveState(a.live.In(events.CRINamespace)), Changes: a.live.Subscribe(),
+	cl, err := logs.New(logs.Deps{State: logs.LiveState(a.live.In(events.CRINamespace), a.source.Containerd), Changes: a.live.Subscribe(),
 		Deletes: a.deletes, Publisher: a.pub, PodDirs: a.podDirs},
 		logs.Options{Config: a.cfg.LogsConfig(), Metrics: m, Log: a.log, Clock: clock.System(a.clock.Now), MinGap: logsMinGap})
 	if err != nil {
@@ -70,11 +70,12 @@ func (a *agent) runLogs(ctx context.Context) error {
 	return a.logs.Run(ctx)
 }
 
-// PlanLogs plans the log dirs against s, deleting nothing (for `gcagent
+// PlanLogs plans the log dirs against s, listed from the containerd named
+// containerd (node.Source.Containerd), deleting nothing (for `gcagent
 // plan`). Entries count as first seen now, so unknown ones wait their grace.
-func PlanLogs(cfg Config, s *projection.State, dirs gc.PodLogDir) (logs.Plan, error) {
+func PlanLogs(cfg Config, s *projection.State, dirs gc.PodLogDir, containerd string) (logs.Plan, error) {
 	d, _ := dirs.(*logs.PodDirs)
-	cl, err := logs.New(logs.Deps{State: logs.StaticState(s), PodDirs: d}, logs.Options{Config: cfg.LogsConfig()})
+	cl, err := logs.New(logs.Deps{State: logs.StaticState(s, containerd), PodDirs: d}, logs.Options{Config: cfg.LogsConfig()})
 	if err != nil {
 		return logs.Plan{}, err
 	}

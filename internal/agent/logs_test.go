@@ -187,7 +187,7 @@ func TestPodStateFromProjection(t *testing.T) {
 		{"gone", false, true, gone},
 		{"never", false, false, time.Time{}},
 	} {
-		alive, since, known := logs.StaticState(s).PodState(tc.uid)
+		alive, since, known := logs.StaticState(s, "").PodState(tc.uid)
 		if alive != tc.alive || known != tc.known || !since.Equal(tc.since) {
 			t.Errorf("PodState(%q) = %v %v %v, want %v %v %v", tc.uid, alive, since, known, tc.alive, tc.since, tc.known)
 		}

@@ -152,7 +152,8 @@ func BuildPlan(ctx context.Context, cfg Config) (Plan, error) {
 	if cfg.Kubelet != nil {
 		doc.KubeletNotes = cfg.Kubelet.Notes(cfg.ImageGCHighThreshold, disk.CapacityBytes)
 	}
-	if err := doc.decide(cfg, states, criState, disk, p, podLogDir(nil, cfg, doc.At)); err != nil {
+	daemon, _ := cl.Server(ctx) // unknown on an error: the pod log dir's saved evidence is not used
+	if err := doc.decide(cfg, states, criState, disk, p, podLogDir(nil, cfg, doc.At), daemon.UUID); err != nil {
 		return doc, err
 	}
 	return doc, showLogs(ctx, cfg, &doc.Containers, &node.Runtime{CRI: cri})
@@ -174,7 +175,8 @@ func showLogs(ctx context.Context, cfg Config, plan *gc.ContainerPlan, rt *node.
 
 // decide fills the plan's decisions from the projections: the one code
 // both `gcagent plan` and a running agent's /plan go through.
-func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projection.State, disk gc.DiskStats, p gc.ImagePolicy, dirs gc.PodLogDir) error {
+func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projection.State, disk gc.DiskStats, p gc.ImagePolicy, dirs gc.PodLogDir,
+	containerd string) error {
 	doc.Images = gc.PlanImages(states, disk, p, doc.At)
 	if len(doc.Images.Delete) == 0 && !doc.Images.FirstEligibleAt.IsZero() {
 		next := gc.PlanImages(states, disk, p, doc.Images.FirstEligibleAt)
@@ -186,7 +188,7 @@ func (doc *Plan) decide(cfg Config, states []*projection.State, criState *projec
 	// Kubelet logs belong to CRI's namespace; unmanaged, its state stays
 	// empty and unsynced, and the log plan removes nothing.
 	var err error
-	doc.Logs, err = PlanLogs(cfg, criState, dirs)
+	doc.Logs, err = PlanLogs(cfg, criState, dirs, containerd)
 	doc.FailClosed = planKept(doc, p)
 	return err
 }
@@ -229,7 +231,7 @@ func (a *agent) servePlan(w http.ResponseWriter, r *http.Request) {
 				criState = s
 			}
 		}
-		err = doc.decide(cfg, states, criState, disk, p, podLogDir(a.podDirs, cfg, doc.At))
+		err = doc.decide(cfg, states, criState, disk, p, podLogDir(a.podDirs, cfg, doc.At), a.source.Containerd())
 	})
 	if err == nil {
 		err = showLogs(r.Context(), cfg, &doc.Containers, a.runtime)
