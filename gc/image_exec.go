@@ -361,6 +361,11 @@ func (x *imageExecutor) recheck(ctx context.Context, it ImageItem) ([]ImageName,
 			}
 		}
 		for _, n := range now {
+			for _, prefix := range kl.Prefixes {
+				if PrefixKeeps(prefix, n) {
+					return nil, ReasonKeepPattern, "fleet keep list since the plan: " + prefix + "... (an invalid pattern)", nil
+				}
+			}
 			if ref, by, ok := DeclaredMatch(kl.Declared, n); ok {
 				return nil, ReasonKeepPattern, DeclaredRule(ref, by) + " since the plan", nil
 			}

@@ -73,6 +73,10 @@ type ImageOrder interface {
 type KeepList struct {
 	Input
 	Patterns []string `json:"patterns"`
+	// Prefixes keep every image a name of which, as stored or in its
+	// familiar form, starts with one (the fleet's invalid patterns: their
+	// literal text before the first glob character; "" keeps every image).
+	Prefixes []string `json:"prefixes,omitempty"`
 	// Declared is the cluster keep list (gcagent-cluster's): exact image
 	// references (declared.Normalize's), each with the workloads that
 	// declare it, matched by name (DeclaredMatch), never as globs: a
@@ -425,6 +429,13 @@ func (p ImagePolicy) rule(img *projection.Image, now time.Time) (r Reason, name,
 		for _, n := range img.Names {
 			if keepMatch(pattern, n.Name) {
 				return ReasonKeepPattern, n.Name, FleetRule(pattern), time.Time{}
+			}
+		}
+	}
+	for _, prefix := range p.FleetKeep.Prefixes {
+		for _, n := range img.Names {
+			if PrefixKeeps(prefix, n.Name) {
+				return ReasonKeepPattern, n.Name, FleetRule(prefix + "... (an invalid pattern)"), time.Time{}
 			}
 		}
 	}

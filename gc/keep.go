@@ -178,3 +178,10 @@ func DeclaredMatch(declared map[string]string, name string) (ref, by string, ok 
 	}
 	return "", "", false
 }
+
+// PrefixKeeps reports whether a prefix keep (KeepList.Prefixes) holds an
+// image with this name: the name as stored or in its familiar form
+// starts with prefix.
+func PrefixKeeps(prefix, name string) bool {
+	return strings.HasPrefix(name, prefix) || strings.HasPrefix(FamiliarName(name), prefix)
+}

@@ -107,3 +107,47 @@ func EmbeddedKeepStored(stateDir string) (bool, error) {
 	}
 	return false, nil
 }
+
+// EmbeddedKeepWritten is when the embedded server last wrote a value of
+// the fleet keep list bucket in stateDir's store (the newest modification
+// time of the message blocks of the stream KV_gcagent_keep, in any
+// account: a put appends to one; a shutdown rewrites only the index);
+// zero when there is none. A copy of the list saved before it may lack
+// what the store holds.
+func EmbeddedKeepWritten(stateDir string) (time.Time, error) {
+	var newest time.Time
+	accounts := filepath.Join(stateDir, "nats", "jetstream")
+	entries, err := os.ReadDir(accounts)
+	if errors.Is(err, fs.ErrNotExist) {
+		return newest, nil
+	}
+	if err != nil {
+		return newest, fmt.Errorf("natsbus: embedded NATS store: %w", err)
+	}
+	for _, acc := range entries {
+		root := filepath.Join(accounts, acc.Name(), "streams", "KV_"+KeepBucket)
+		err := filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			if d.IsDir() || filepath.Ext(d.Name()) != ".blk" {
+				return nil
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if info.ModTime().After(newest) {
+				newest = info.ModTime()
+			}
+			return nil
+		})
+		if err != nil {
+			return time.Time{}, fmt.Errorf("natsbus: embedded NATS store: %w", err)
+		}
+	}
+	return newest, nil
+}

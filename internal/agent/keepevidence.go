@@ -2,6 +2,8 @@ package agent
 
 import (
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 
 	"github.com/gcagent/gcagent/gc"
@@ -24,6 +26,20 @@ func (k *fleetKeep) loadOwn(stateDir string) {
 	switch {
 	case err != nil:
 		k.log.Warn().Err(err).Msg("cannot tell whether the embedded server's store holds a fleet keep list: it is read from the server")
+	case stored:
+		// The copy is the store's only if the store holds nothing written
+		// after it (a kill, or a failed save on a full disk, between a
+		// `ctl keep` write and the agent's save): else the list is read
+		// from the server, and unknown while it does not run.
+		written, werr := natsbus.EmbeddedKeepWritten(stateDir)
+		saved, serr := os.Stat(k.file)
+		if werr != nil || serr != nil || written.After(saved.ModTime()) {
+			k.ownBehind = true
+			if serr == nil {
+				k.log.Info().Time("store_written", written).Time("copy_saved", saved.ModTime()).
+					Msg("the embedded server's store was written after the fleet keep list the agent saved: the list is read from the server")
+			}
+		}
 	case !stored:
 		if n := len(k.patterns()); n > 0 {
 			k.log.Info().Int("patterns", n).Str("saved_from", k.doc.Source).
@@ -48,7 +64,7 @@ func (k *fleetKeep) setOwnServer(down func() bool) {
 // ownQuiet reports that the list lives in the agent's own store and its
 // server does not run: nothing can change it, so the list read or saved
 // last is the store's. The caller holds mu.
-func (k *fleetKeep) ownQuiet() bool { return k.own && k.ownDown != nil && k.ownDown() }
+func (k *fleetKeep) ownQuiet() bool { return k.own && !k.ownBehind && k.ownDown != nil && k.ownDown() }
 
 // ownEvidence says what of the agent's own store makes the list known
 // now: its store held no bucket at start (none), or its server does not
@@ -121,10 +137,6 @@ func (k *fleetKeep) Invalid() []string {
 	return out
 }
 
-// keepPrefixDepth bounds how many more path segments than its literal
-// prefix a name kept by an invalid pattern may have (invalidKeeps).
-const keepPrefixDepth = 8
-
 // literalPrefix is pattern's text before its first character with a
 // meaning to path.Match (* ? [ \).
 func literalPrefix(pattern string) string {
@@ -134,27 +146,23 @@ func literalPrefix(pattern string) string {
 	return pattern
 }
 
-// invalidKeeps returns the valid patterns that keep what an invalid
-// fleet pattern could name: every image whose name starts with the
-// pattern's literal prefix (every image when that is empty), as globs
-// (a * does not cross a /: one per depth, up to keepPrefixDepth more
-// segments, or one when the prefix has reached the tag or the digest).
-// Matched as every keep pattern is (also against the familiar form), so
-// "nginx:1.[2" keeps docker.io/library/nginx:1.25 as nginx:1.* would.
-// An invalid pattern is a typo of one that names something: keeping too
-// much until it is fixed is the fail-closed answer, and the list's other
-// patterns still apply; making the whole list unknown instead would keep
-// every image for --keep-list-wait and then protect nothing it names.
-func invalidKeeps(pattern string) []string {
-	prefix := literalPrefix(pattern)
-	out := []string{prefix + "*"}
-	if slash := strings.LastIndexByte(prefix, '/'); strings.Contains(prefix, "@") || slash >= 0 && strings.Contains(prefix[slash:], ":") {
-		return out
+// prefixes are the literal prefixes the invalid fleet patterns in force
+// keep by (gc.KeepList.Prefixes): every image whose name, as stored or in
+// its familiar form, starts with one ("nginx:1.[2" keeps
+// docker.io/library/nginx:1.25, as nginx:1.* would, and deeper names
+// too), every image for one with no literal text. An invalid pattern is a
+// typo of one that names something: keeping too much until it is fixed
+// is the fail-closed answer, and the list's other patterns still apply;
+// making the whole list unknown instead would keep every image for
+// --keep-list-wait and then protect nothing it names. The caller holds
+// mu.
+func (k *fleetKeep) prefixes() []string {
+	var out []string
+	for _, bad := range k.invalids() {
+		out = append(out, bad.prefix)
 	}
-	for i := 1; i <= keepPrefixDepth; i++ {
-		out = append(out, prefix+"*"+strings.Repeat("/*", i))
-	}
-	return out
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // keepMetrics exports the list's age, size and state at scrape time.

@@ -196,11 +196,17 @@ func TestFleetKeepInvalidPattern(t *testing.T) {
 	k.apply(natsbus.KeepUpdate{Synced: true})
 	k.apply(natsbus.KeepUpdate{Key: natsbus.KeepAllKey, List: list}) // again: logged once
 	covered := func(name string) bool {
-		for _, p := range k.Patterns() {
+		l := k.KeepList()
+		for _, p := range l.Patterns {
 			if gc.ValidKeepPattern(p) != nil {
 				t.Fatalf("pattern in force %q is invalid", p)
 			}
 			if gc.KeepCovers(p, name) {
+				return true
+			}
+		}
+		for _, p := range l.Prefixes {
+			if gc.PrefixKeeps(p, name) {
 				return true
 			}
 		}

@@ -137,8 +137,10 @@ type fleetKeep struct {
 	// run (nothing can write its store then); nil until the bus is up.
 	ownDown func() bool
 	// ownNone says the list is known empty because the embedded store
-	// held no bucket at start (until a watch reads the server).
-	ownNone bool
+	// held no bucket at start (until a watch reads the server); ownBehind
+	// that the store was written after the copy the agent saved, which
+	// then is no evidence of it.
+	ownNone, ownBehind bool
 	// cause and failErr are the current run of failed watches' cause and
 	// last error ("" while none fails); logged holds the causes logged in
 	// that run, each logged once.
@@ -269,11 +271,9 @@ func (k *fleetKeep) patterns() []string {
 	for _, key := range k.keys {
 		for _, p := range k.doc.Lists[key].Patterns {
 			// Written by another tool: never trusted blindly. An invalid
-			// pattern keeps what it could name (invalidKeeps).
+			// pattern keeps what it could name (prefixes).
 			if gc.ValidKeepPattern(p) == nil {
 				out = append(out, p)
-			} else {
-				out = append(out, invalidKeeps(p)...)
 			}
 		}
 	}
@@ -330,6 +330,11 @@ func (k *fleetKeep) operatorInput(now time.Time) gc.Input {
 	if bad := k.badCause(); bad != "" {
 		cause = bad
 	}
+	if k.own && k.ownBehind && !k.watching && k.ownDown != nil && k.ownDown() {
+		// The store holds a value the copy lacks, and its server cannot
+		// give it: the copy is no evidence of the list.
+		return gc.Input{State: gc.InputUnknown, Since: k.started, Cause: "the embedded server's store was written after the copy the agent saved, and the server does not run"}
+	}
 	at := k.doc.ConfirmedAt
 	switch {
 	case at.IsZero():
@@ -354,7 +359,7 @@ func (k *fleetKeep) KeepList() gc.KeepList {
 	now := k.now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return gc.KeepList{Input: k.input(now), Patterns: k.patterns(), Declared: k.cl.refs}
+	return gc.KeepList{Input: k.input(now), Patterns: k.patterns(), Prefixes: k.prefixes(), Declared: k.cl.refs}
 }
 
 // waitUntil is when image deletes stop waiting for a list never read
@@ -450,6 +455,7 @@ func (k *fleetKeep) apply(u natsbus.KeepUpdate) {
 			firstRead = k.readNow(now)
 		}
 	case u.Synced:
+		k.ownBehind = false // the server gave the store's list
 		clusterChanged = k.cl.synced(k.seen, now)
 		k.ownNone = false
 		// Keys the watch did not deliver do not exist (any more).
