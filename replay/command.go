@@ -30,6 +30,9 @@ type CommandOptions struct {
 	Detail   bool // list every deletion (with --json)
 	// PullCost prices re-pulls in time (zero: DefaultPullCost).
 	PullCost PullCost
+	// KeepList, when set, is replayed as the fleet keep list beside the
+	// same replay without one (CompareKeep).
+	KeepList *KeepList
 }
 
 // Validate checks the options that need no trace: one line naming the
@@ -47,6 +50,14 @@ func (o CommandOptions) Validate() error {
 	}
 	if err := o.PullCost.orDefault().Validate(); err != nil {
 		return err
+	}
+	if k := o.KeepList; k != nil {
+		switch {
+		case o.Sweep != "":
+			return fmt.Errorf("--sweep and a keep list: one at a time (a sweep compares values of a flag, a keep list its replay without it)")
+		case k.Len() == 0:
+			return fmt.Errorf("the keep list (%s) holds no pattern: nothing to compare", strings.Join(k.Sources, ", "))
+		}
 	}
 	return nil
 }
@@ -81,6 +92,14 @@ func Command(ctx context.Context, o CommandOptions, stdout, stderr io.Writer) er
 	}
 	opts := Options{Policy: o.Policy, Order: o.Order, Detail: o.Detail, PullCost: o.PullCost}
 	start := time.Now()
+	if o.KeepList != nil {
+		res := CompareKeep(recs, opts, *o.KeepList)
+		if o.JSON {
+			return writeJSON(stdout, res)
+		}
+		printKeep(stdout, header, res, o.LowGiven, time.Since(start))
+		return nil
+	}
 	if o.Sweep != "" {
 		sw, _ := ParseSweep(o.Sweep)
 		res := RunSweep(recs, opts, sw, o.LowGiven)
@@ -193,6 +212,45 @@ func printResult(w io.Writer, header trace.Record, res Result, lowGiven bool, to
 	fmt.Fprintln(w)
 	outcomeRows(w, []string{"recorded", "replayed"}, res.Recorded, res.Replayed)
 	printFoot(w, res, took)
+}
+
+// printKeep writes a replay with a keep list beside the same replay
+// without one, and what the list saves and costs.
+func printKeep(w io.Writer, header trace.Record, res KeepResult, lowGiven bool, took time.Duration) {
+	printHead(w, header, res.Result, lowGiven)
+	k := res.KeepList
+	fmt.Fprintf(w, "keep list: %d patterns and %d references from %s, as the fleet keep list (replacing the recorded one; without it: none)\n",
+		len(k.Patterns), k.References, strings.Join(k.Sources, "; "))
+	for _, n := range k.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	kept := res.Kept
+	fmt.Fprintf(w, "it keeps %d of the trace's %d images (%s)\n", kept.Images, res.Images, gc.HumanBytes(kept.Bytes))
+	fmt.Fprintln(w)
+	outcomeRows(w, []string{"recorded", "without keep list", "with keep list"}, res.Recorded, res.Without, res.Replayed)
+	s := res.Saved
+	repulls := func(r Repulls) string {
+		return fmt.Sprintf("%d re-pulls (%s, %s)", r.Repulls, gc.HumanBytes(r.RepulledBytes), roundDur(r.RepullTime))
+	}
+	others := func(o Outcome, k Repulls) Repulls {
+		return Repulls{o.Repulls - k.Repulls, o.RepulledBytes - k.RepulledBytes, o.RepullTime - k.RepullTime}
+	}
+	fmt.Fprintf(w, "\nsaved: %d re-pulls, %s, %s of pulls in all\n", s.Repulls, gc.HumanBytes(s.RepulledBytes), roundSigned(s.RepullTime))
+	fmt.Fprintf(w, "  the kept images: %s without the list, %s with it\n", repulls(kept.Without), repulls(kept.With))
+	fmt.Fprintf(w, "  the others: %s without the list, %s with it\n", repulls(others(res.Without, kept.Without)),
+		repulls(others(res.Replayed, kept.With)))
+	fmt.Fprintf(w, "cost: mean free %.1f%% -> %.1f%% (%+.1f points), peak usage %d%% -> %d%%, time above high %s -> %s\n",
+		res.Without.MeanFree, res.Replayed.MeanFree, s.MeanFreePoints, res.Without.PeakUsage, res.Replayed.PeakUsage,
+		roundDur(res.Without.AboveHigh), roundDur(res.Replayed.AboveHigh))
+	printFoot(w, res.Result, took)
+}
+
+// roundSigned is roundDur for a difference, which may be negative.
+func roundSigned(d time.Duration) string {
+	if d < 0 {
+		return "-" + roundDur(-d)
+	}
+	return roundDur(d)
 }
 
 func printSweep(w io.Writer, header trace.Record, res SweepResult, lowGiven bool, took time.Duration) {
