@@ -32,10 +32,10 @@ type PullCost struct {
 }
 
 // DefaultPullCost is 1 s per pull plus 32 MiB/s, nothing near. Reasoned
-// from public pulls (docs/replay.md): a 31 MB image from registry.k8s.io
-// in 1.07 s (fixed part under a second), a 728 MB one in 28 to 75 s on a
-// one-core cloud node (10 to 26 MB/s) and a few GB at about 60 MB/s
-// (containerd/containerd#2886 and the content-buffering change).
+// from public pulls (docs/replay.md#pull-time): a 31 MB image from
+// registry.k8s.io in 1.07 s (the fixed part under a second), a 728 MB one
+// in 28 to 75 s on a one-core cloud node (10 to 26 MB/s,
+// containerd/containerd#2886).
 func DefaultPullCost() PullCost {
 	return PullCost{Fixed: time.Second, Throughput: 32 << 20}
 }
