@@ -21,7 +21,7 @@ func cpuTime() time.Duration {
 // inflate as it does the wall time.
 func BenchmarkReplay(b *testing.B) {
 	recs := tracegen.Generate(tracegen.DefaultParams())
-	for _, order := range []string{OrderLRU, OrderGDSF} {
+	for _, order := range []string{OrderLRU, OrderGDSF, OrderGDSFBytes} {
 		b.Run(order, func(b *testing.B) {
 			cpu := cpuTime()
 			var res Result

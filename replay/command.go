@@ -24,23 +24,39 @@ type CommandOptions struct {
 	// LowGiven says --image-gc-low-threshold was given: a sweep of the
 	// high threshold keeps it instead of moving it along.
 	LowGiven bool
-	Order    string // lru (default) or gdsf
+	Order    string // lru (default), gdsf or gdsf-bytes
 	Sweep    string // FLAG=A..B[:STEP]; empty: one replay
 	JSON     bool
 	Detail   bool // list every deletion (with --json)
+	// PullCost prices re-pulls in time (zero: DefaultPullCost).
+	PullCost PullCost
+	// KeepList, when set, is replayed as the fleet keep list beside the
+	// same replay without one (CompareKeep).
+	KeepList *KeepList
 }
 
 // Validate checks the options that need no trace: one line naming the
 // flag.
 func (o CommandOptions) Validate() error {
 	switch o.Order {
-	case "", OrderLRU, OrderGDSF:
+	case "", OrderLRU, OrderGDSF, OrderGDSFBytes:
 	default:
-		return fmt.Errorf("invalid --order %q: must be %s or %s", o.Order, OrderLRU, OrderGDSF)
+		return fmt.Errorf("invalid --order %q: must be %s, %s or %s", o.Order, OrderLRU, OrderGDSF, OrderGDSFBytes)
 	}
 	if o.Sweep != "" {
 		if _, err := ParseSweep(o.Sweep); err != nil {
 			return err
+		}
+	}
+	if err := o.PullCost.orDefault().Validate(); err != nil {
+		return err
+	}
+	if k := o.KeepList; k != nil {
+		switch {
+		case o.Sweep != "":
+			return fmt.Errorf("--sweep and a keep list: one at a time (a sweep compares values of a flag, a keep list its replay without it)")
+		case k.Len() == 0:
+			return fmt.Errorf("the keep list (%s) holds no pattern: nothing to compare", strings.Join(k.Sources, ", "))
 		}
 	}
 	return nil
@@ -74,8 +90,16 @@ func Command(ctx context.Context, o CommandOptions, stdout, stderr io.Writer) er
 	if len(recs) == 0 {
 		return fmt.Errorf("the trace from %s holds no record", from)
 	}
-	opts := Options{Policy: o.Policy, Order: o.Order, Detail: o.Detail}
+	opts := Options{Policy: o.Policy, Order: o.Order, Detail: o.Detail, PullCost: o.PullCost}
 	start := time.Now()
+	if o.KeepList != nil {
+		res := CompareKeep(recs, opts, *o.KeepList)
+		if o.JSON {
+			return writeJSON(stdout, res)
+		}
+		printKeep(stdout, header, res, o.LowGiven, time.Since(start))
+		return nil
+	}
 	if o.Sweep != "" {
 		sw, _ := ParseSweep(o.Sweep)
 		res := RunSweep(recs, opts, sw, o.LowGiven)
@@ -117,6 +141,12 @@ func describe(p trace.Policy) string {
 	}
 	s := fmt.Sprintf("high %d%%, low %d%%, minimum age %s, maximum age %s, order %s", p.High, p.Low,
 		time.Duration(p.MinAge), maxAge, cmpOrder(p.Order))
+	switch p.Order {
+	case OrderGDSF:
+		s += " (a re-pull priced in time)"
+	case OrderGDSFBytes:
+		s += " (a re-pull priced in bytes)"
+	}
 	if len(p.KeepPatterns) > 0 {
 		s += ", keep " + strings.Join(p.KeepPatterns, ",")
 	}
@@ -135,7 +165,8 @@ func dryRunNote(d time.Duration) string {
 	return fmt.Sprintf("note: the agent ran as a dry run over %s of this trace (its first record to its last) and deleted nothing then; the replay deletes there as its policy says, so recorded and replayed differ there even with the recorded policy\n", roundDur(d))
 }
 
-func printResult(w io.Writer, header trace.Record, res Result, lowGiven bool, took time.Duration) {
+// printHead writes the trace, the policy replayed and the notes on it.
+func printHead(w io.Writer, header trace.Record, res Result, lowGiven bool) {
 	fmt.Fprintf(w, "trace: %s, disk %s\n", window(header, res.From, res.To, res.Records, res.Images), gc.HumanBytes(int64(res.Capacity)))
 	fmt.Fprintf(w, "replayed: %s\n", describe(res.Policy))
 	if rec := res.RecordedPolicy; rec != nil && !lowGiven && res.Policy.Low != rec.Low {
@@ -143,23 +174,83 @@ func printResult(w io.Writer, header trace.Record, res Result, lowGiven bool, to
 			rec.Low, res.Policy.High, res.Policy.Low)
 	}
 	fmt.Fprint(w, dryRunNote(res.DryRun))
-	fmt.Fprintln(w)
+}
+
+// outcomeRows writes the rows of outcomes side by side under titles.
+func outcomeRows(w io.Writer, titles []string, outs ...Outcome) {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	rec, rep := res.Recorded, res.Replayed
-	row := func(name, a, b string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", name, a, b) }
-	row("", "recorded", "replayed")
-	row("deletions", fmt.Sprint(rec.Deletions), fmt.Sprint(rep.Deletions))
-	row("  bytes", gc.HumanBytes(rec.DeletedBytes), gc.HumanBytes(rep.DeletedBytes))
-	row("re-pulls", fmt.Sprint(rec.Repulls), fmt.Sprint(rep.Repulls))
-	row("  bytes", gc.HumanBytes(rec.RepulledBytes), gc.HumanBytes(rep.RepulledBytes))
-	row("  median time away", roundDur(rec.MedianReturn), roundDur(rep.MedianReturn))
-	row("time above high", roundDur(rec.AboveHigh), roundDur(rep.AboveHigh))
-	row("peak usage", fmt.Sprintf("%d%%", rec.PeakUsage), fmt.Sprintf("%d%%", rep.PeakUsage))
-	row("mean free", fmt.Sprintf("%.1f%%", rec.MeanFree), fmt.Sprintf("%.1f%%", rep.MeanFree))
-	row("passes that deleted", fmt.Sprint(rec.Passes), fmt.Sprint(rep.Passes))
+	row := func(name string, f func(o Outcome) string) {
+		fmt.Fprint(tw, name)
+		for _, o := range outs {
+			fmt.Fprintf(tw, "\t%s", f(o))
+		}
+		fmt.Fprintln(tw)
+	}
+	fmt.Fprintf(tw, "\t%s\n", strings.Join(titles, "\t"))
+	row("deletions", func(o Outcome) string { return fmt.Sprint(o.Deletions) })
+	row("  bytes", func(o Outcome) string { return gc.HumanBytes(o.DeletedBytes) })
+	row("re-pulls", func(o Outcome) string { return fmt.Sprint(o.Repulls) })
+	row("  bytes", func(o Outcome) string { return gc.HumanBytes(o.RepulledBytes) })
+	row("  pull time (est.)", func(o Outcome) string { return roundDur(o.RepullTime) })
+	row("  median time away", func(o Outcome) string { return roundDur(o.MedianReturn) })
+	row("time above high", func(o Outcome) string { return roundDur(o.AboveHigh) })
+	row("peak usage", func(o Outcome) string { return fmt.Sprintf("%d%%", o.PeakUsage) })
+	row("mean free", func(o Outcome) string { return fmt.Sprintf("%.1f%%", o.MeanFree) })
+	row("passes that deleted", func(o Outcome) string { return fmt.Sprint(o.Passes) })
 	tw.Flush()
+}
+
+// printFoot writes how footprints and pull times were estimated.
+func printFoot(w io.Writer, res Result, took time.Duration) {
 	fmt.Fprintf(w, "\nfootprint: a delete frees %.2f times the image's size (measured over the recorded deletions)\n", res.FootprintRatio)
+	fmt.Fprintf(w, "pull time: %s a re-pull (--pull-fixed-cost, --pull-throughput, --pull-near: the trace cannot measure it)\n", res.PullCost)
 	fmt.Fprintf(w, "replayed in %s\n", took.Round(time.Millisecond))
+}
+
+func printResult(w io.Writer, header trace.Record, res Result, lowGiven bool, took time.Duration) {
+	printHead(w, header, res, lowGiven)
+	fmt.Fprintln(w)
+	outcomeRows(w, []string{"recorded", "replayed"}, res.Recorded, res.Replayed)
+	printFoot(w, res, took)
+}
+
+// printKeep writes a replay with a keep list beside the same replay
+// without one, and what the list saves and costs.
+func printKeep(w io.Writer, header trace.Record, res KeepResult, lowGiven bool, took time.Duration) {
+	printHead(w, header, res.Result, lowGiven)
+	k := res.KeepList
+	fmt.Fprintf(w, "keep list: %d patterns and %d references from %s, as the fleet keep list (replacing the recorded one; without it: none)\n",
+		len(k.Patterns), k.References, strings.Join(k.Sources, "; "))
+	for _, n := range k.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	kept := res.Kept
+	fmt.Fprintf(w, "it keeps %d of the trace's %d images (%s)\n", kept.Images, res.Images, gc.HumanBytes(kept.Bytes))
+	fmt.Fprintln(w)
+	outcomeRows(w, []string{"recorded", "without keep list", "with keep list"}, res.Recorded, res.Without, res.Replayed)
+	s := res.Saved
+	repulls := func(r Repulls) string {
+		return fmt.Sprintf("%d re-pulls (%s, %s)", r.Repulls, gc.HumanBytes(r.RepulledBytes), roundDur(r.RepullTime))
+	}
+	others := func(o Outcome, k Repulls) Repulls {
+		return Repulls{o.Repulls - k.Repulls, o.RepulledBytes - k.RepulledBytes, o.RepullTime - k.RepullTime}
+	}
+	fmt.Fprintf(w, "\nsaved: %d re-pulls, %s, %s of pulls in all\n", s.Repulls, gc.HumanBytes(s.RepulledBytes), roundSigned(s.RepullTime))
+	fmt.Fprintf(w, "  the kept images: %s without the list, %s with it\n", repulls(kept.Without), repulls(kept.With))
+	fmt.Fprintf(w, "  the others: %s without the list, %s with it\n", repulls(others(res.Without, kept.Without)),
+		repulls(others(res.Replayed, kept.With)))
+	fmt.Fprintf(w, "cost: mean free %.1f%% -> %.1f%% (%+.1f points), peak usage %d%% -> %d%%, time above high %s -> %s\n",
+		res.Without.MeanFree, res.Replayed.MeanFree, s.MeanFreePoints, res.Without.PeakUsage, res.Replayed.PeakUsage,
+		roundDur(res.Without.AboveHigh), roundDur(res.Replayed.AboveHigh))
+	printFoot(w, res.Result, took)
+}
+
+// roundSigned is roundDur for a difference, which may be negative.
+func roundSigned(d time.Duration) string {
+	if d < 0 {
+		return "-" + roundDur(-d)
+	}
+	return roundDur(d)
 }
 
 func printSweep(w io.Writer, header trace.Record, res SweepResult, lowGiven bool, took time.Duration) {

@@ -5,12 +5,14 @@ import "github.com/gcagent/gcagent/gc"
 // gdsf is a Greedy-Dual-Size-Frequency order (Cherkasova, 1998; the
 // family FaasCache applies to keeping containers warm): each image's
 // worth is H = L + F × C / S, where F is how often a container started
-// using it since it arrived, C what deleting it would cost (the bytes a
-// re-pull fetches: its size) and S what deleting it frees (its footprint
-// on disk); L, the inflation, is the worth of the last image deleted, so
-// that an image not used for long ages below newer ones. H is set at each
-// use and each idle (the end of a use). Threshold GC deletes the lowest H
-// first (gc.ImagePolicy.Order).
+// using it since it arrived, C what deleting it would cost and S what
+// deleting it frees (its footprint on disk); L, the inflation, is the
+// worth of the last image deleted, so that an image not used for long
+// ages below newer ones. H is set at each use and each idle (the end of a
+// use). Threshold GC deletes the lowest H first (gc.ImagePolicy.Order).
+// C is the time a re-pull takes (OrderGDSF: PullCost), or the bytes it
+// fetches (OrderGDSFBytes: its size, which over a footprint in
+// proportion to it leaves frequency with aging).
 type gdsf struct {
 	l      float64
 	freq   map[key]float64

@@ -22,6 +22,7 @@ type side struct {
 	high      int
 	passSeen  bool // a removal of the current pass was counted
 	sampledAt bool
+	price     PullCost // what a re-pull costs in time
 }
 
 // simDisk is the simulated node's disk: the real one as last measured,
@@ -87,6 +88,7 @@ func (sd *side) returned(k key, t time.Time) {
 	d.Returned = t
 	sd.out.Repulls++
 	sd.out.RepulledBytes += d.Size
+	sd.out.RepullTime += sd.price.Of(d.Names, d.Size)
 	sd.returns = append(sd.returns, t.Sub(d.T))
 }
 
@@ -95,7 +97,8 @@ func (s *sim) finish() Result {
 	s.account(s.to)
 	s.dryRunUntil(s.to, false)
 	res := Result{From: s.from, To: s.to, Records: s.n, Images: len(s.size), Capacity: s.obs.Capacity,
-		FootprintRatio: s.ratio, Policy: TraceOf(s.policy, s.o.Order), RecordedPolicy: s.recorded, DryRun: s.dryRun}
+		FootprintRatio: s.ratio, Policy: TraceOf(s.policy, s.o.Order), RecordedPolicy: s.recorded, DryRun: s.dryRun,
+		PullCost: s.rep.price}
 	for _, x := range []struct {
 		sd  *side
 		out *Outcome

@@ -23,7 +23,10 @@ import (
 // Orders of threshold GC the replay knows (Options.Order).
 const (
 	OrderLRU  = "lru"  // least recently used first: the kubelet's, the agent's
-	OrderGDSF = "gdsf" // Greedy-Dual-Size-Frequency: see gdsf
+	OrderGDSF = "gdsf" // Greedy-Dual-Size-Frequency, a re-pull priced in time (PullCost): see gdsf
+	// OrderGDSFBytes is GDSF with a re-pull priced in its bytes: over a
+	// footprint in proportion to them, frequency with aging.
+	OrderGDSFBytes = "gdsf-bytes"
 )
 
 // Options say what to replay.
@@ -33,9 +36,12 @@ type Options struct {
 	// replay change the recorded one. Nil replays the recorded policy
 	// (the kubelet's defaults before one is recorded).
 	Policy func(recorded *trace.Policy) gc.ImagePolicy
-	// Order is the deletion order of threshold GC: OrderLRU (default) or
-	// OrderGDSF.
+	// Order is the deletion order of threshold GC: OrderLRU (default),
+	// OrderGDSF or OrderGDSFBytes.
 	Order string
+	// PullCost prices a re-pull in time, for Outcome.RepullTime and
+	// OrderGDSF's cost; zero is DefaultPullCost.
+	PullCost PullCost
 	// Detail keeps each deletion of both sides in the Result.
 	Detail bool
 }
@@ -63,6 +69,8 @@ type Result struct {
 	// measured (1 when none): what an image never deleted is taken to
 	// occupy (see footprints).
 	FootprintRatio float64 `json:"footprintRatio"`
+	// PullCost is how re-pulls were priced in time (Outcome.RepullTime).
+	PullCost PullCost `json:"pullCost"`
 }
 
 // Outcome is one side of a Result.
@@ -73,6 +81,9 @@ type Outcome struct {
 	// from them) after this side's image GC deleted them.
 	Repulls       int   `json:"repulls"`
 	RepulledBytes int64 `json:"repulledBytes"`
+	// RepullTime is what the re-pulls cost in time, estimated
+	// (Options.PullCost): the node's pods waited that long in all.
+	RepullTime time.Duration `json:"repullTimeNs"`
 	// MedianReturn is the median time from a deletion to its re-pull.
 	MedianReturn time.Duration `json:"medianReturnNs"`
 	// AboveHigh is the time the disk spent at or above the high threshold.

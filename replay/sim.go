@@ -73,8 +73,20 @@ func newSim(recs []trace.Record, o Options) *sim {
 	}
 	s := &sim{o: o, states: map[string]*projection.State{}, real: map[key]*realImage{}, size: map[key]int64{}}
 	s.rec.pending, s.rep.pending = map[key]int{}, map[key]int{}
+	s.rec.price = o.PullCost.orDefault()
+	s.rep.price = s.rec.price
 	s.fp, s.ratio = footprints(recs)
-	if o.Order == OrderGDSF {
+	switch o.Order {
+	case OrderGDSF:
+		// C in seconds of pull time over S in bytes freed.
+		s.order = newGDSF(func(k key) float64 {
+			var names []string
+			if ri := s.real[k]; ri != nil {
+				names = ri.names
+			}
+			return s.rep.price.Of(names, s.size[k]).Seconds() / float64(max(s.footprint(k), 1))
+		})
+	case OrderGDSFBytes:
 		s.order = newGDSF(func(k key) float64 {
 			if n := s.size[k]; n > 0 {
 				return float64(n) / float64(max(s.footprint(k), 1))

@@ -167,7 +167,7 @@ func TestUsageErrorsSuggest(t *testing.T) {
 		{[]string{"run", "-image-gc-high-threshold=90"}, nil, "run: unknown flag -image-gc-high-threshold=90 (flags take two dashes: --image-gc-high-threshold)"},
 		{[]string{"plan", "--jsn"}, nil, "plan: unknown flag --jsn (did you mean --json?)"},
 		{[]string{"ctl", "--all-clusters", "keep", "add", "x"}, nil, "ctl: unknown flag --all-clusters (a flag of ctl keep)"},
-		{[]string{"status", "--nats-url=x"}, nil, "status: unknown flag --nats-url (a flag of check, ctl, ctl keep, run, watch)"},
+		{[]string{"status", "--nats-url=x"}, nil, "status: unknown flag --nats-url (a flag of check, ctl, ctl keep, replay, run, watch)"},
 		{[]string{"run", "--config", file}, nil, file + `:1: unknown setting "image-gc-high-treshold" (did you mean image-gc-high-threshold?)`},
 		{[]string{"run"}, map[string]string{"GCAGENT_IMAGE_GC_HIGHTHRESHOLD": "90"}, "unknown environment variable GCAGENT_IMAGE_GC_HIGHTHRESHOLD (did you mean GCAGENT_IMAGE_GC_HIGH_THRESHOLD?)"},
 		{[]string{"run", "--image-gc-high-threshold=eighty"}, nil, `run: invalid argument "eighty" for "--image-gc-high-threshold" flag: want a whole percent from 0 to 100, e.g. 85 or 85%`},

@@ -16,7 +16,10 @@ import (
 // command line can be given as is.
 var replayShows = []string{"config",
 	"image-gc-high-threshold", "image-gc-low-threshold", "minimum-image-ttl-duration", "image-maximum-gc-age",
-	"keep-image", "sandbox-image", "state-dir", "metrics-address"}
+	"keep-image", "sandbox-image", "state-dir", "metrics-address",
+	// --keep-list-nats reads the fleet keep list with these.
+	"nats-url", "cluster", "nats-creds", "nats-nkey", "nats-user", "nats-password", "nats-token",
+	"nats-tls-ca", "nats-tls-cert", "nats-tls-key", "nats-js-domain"}
 
 // traceSource is where a command reads the trace from: --trace FILE (-
 // for standard input), else the agent at --metrics-address, else the state
@@ -34,8 +37,9 @@ func traceSource(file string, cfg agent.Config, stdin io.Reader) trace.Source {
 // run's flags are given.
 func (c *cli) replayCmd() *cobra.Command {
 	cfg := agent.DefaultConfig()
-	var file, sweep, order string
-	var asJSON, detail bool
+	var file, sweep, order, keepFile string
+	var asJSON, detail, keepNATS bool
+	cost := replay.DefaultPullCost()
 	cmd := &cobra.Command{
 		Use:   "replay [flags]",
 		Short: "what an image GC policy would have done over the node's usage trace",
@@ -44,9 +48,13 @@ func (c *cli) replayCmd() *cobra.Command {
 			"how full it got, next to what really happened. The trace is --trace FILE (JSON\n" +
 			"lines, as trace export writes; - for standard input), else the agent's at\n" +
 			"--metrics-address, else the state file in --state-dir. Of run's flags, those\n" +
-			"given change the policy the trace recorded; the others follow it.\n\n" +
+			"given change the policy the trace recorded; the others follow it. With a keep\n" +
+			"list (--keep-list FILE, --keep-list-nats: the fleet's, read with run's NATS\n" +
+			"flags), it prints the replay with that list beside the same replay without one:\n" +
+			"the re-pulls it saves and the headroom it costs.\n\n" +
 			"  gcagent replay --minimum-image-ttl-duration=1h\n" +
-			"  gcagent replay --sweep image-gc-high-threshold=70..95:5",
+			"  gcagent replay --sweep image-gc-high-threshold=70..95:5\n" +
+			"  gcagent replay --keep-list-nats --nats-url nats://nats:4222 --cluster prod",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// A high threshold given alone: the recorded low one follows it
@@ -61,10 +69,20 @@ func (c *cli) replayCmd() *cobra.Command {
 				Source:   traceSource(file, cfg, c.stdin),
 				Policy:   replay.Given(cfg.ImagePolicy(), given),
 				LowGiven: given(replay.FlagLow),
-				Order:    order, Sweep: sweep, JSON: asJSON, Detail: detail,
+				Order:    order, Sweep: sweep, JSON: asJSON, Detail: detail, PullCost: cost,
 			}
 			if err := o.Validate(); err != nil {
 				return usageError{err}
+			}
+			if keepFile != "" || keepNATS {
+				k, err := c.replayKeepList(cmd, &cfg, keepFile, keepNATS)
+				if err != nil {
+					return err
+				}
+				o.KeepList = &k
+				if err := o.Validate(); err != nil {
+					return usageError{err}
+				}
 			}
 			return replay.Command(cmd.Context(), o, c.stdout, c.stderr)
 		},
@@ -72,10 +90,17 @@ func (c *cli) replayCmd() *cobra.Command {
 	fs := cmd.Flags()
 	fs.StringVar(&file, "trace", "", "the trace `file` to replay (JSON lines, as trace export writes; - for standard input)")
 	fs.StringVar(&sweep, "sweep", "", "replay once per value of one flag, `FLAG=A..B[:STEP]` (image-gc-high-threshold, image-gc-low-threshold: percents, step 1; minimum-image-ttl-duration, image-maximum-gc-age: durations, step needed), and print the frontier of re-pulls against free space")
-	fs.StringVar(&order, "order", "lru", "deletion order of threshold GC: lru (the kubelet's and the agent's) or gdsf (cost-aware Greedy-Dual-Size-Frequency, for comparison: the agent deletes by lru)")
+	fs.StringVar(&order, "order", "lru", "deletion order of threshold GC: lru (the kubelet's and the agent's), gdsf (Greedy-Dual-Size-Frequency, a re-pull priced in pull time) or gdsf-bytes (priced in bytes), for comparison: the agent deletes by lru")
+	fs.StringVar(&keepFile, "keep-list", "", "replay with the keep list in this `file` (patterns one a line, # comments; or what ctl keep ls --json prints) beside the same replay without one")
+	flagvalue.Add(fs, flagvalue.Bool{P: &keepNATS}, "keep-list-nats", "replay with the fleet keep list read from NATS (--nats-url, --cluster: the all-clusters key, the cluster's and the cluster keep list) beside the same replay without one")
+	flagvalue.Add(fs, flagvalue.Duration{P: &cost.Fixed}, "pull-fixed-cost", "time a pull takes whatever its size (resolving, round trips, unpacking), for re-pull time and gdsf")
+	flagvalue.Add(fs, flagvalue.Bytes{P: &cost.Throughput}, "pull-throughput", "bytes per second a pull fetches beyond its fixed cost (the trace cannot measure it)")
+	flagvalue.Add(fs, flagvalue.Strings{P: &cost.Near}, "pull-near", "images a peer or mirror holds, whose pull costs the fixed part only: a registry host glob (mirror.internal:5000, *.internal) or a keep `pattern` (with a /; repeatable)")
 	flagvalue.Add(fs, flagvalue.Bool{P: &asJSON}, "json", "print the result as JSON")
 	flagvalue.Add(fs, flagvalue.Bool{P: &detail}, "detail", "with --json, list each deletion")
 	addRunFlags(cmd, &cfg, replayShows)
+	fs.Lookup("nats-url").Usage = "NATS server URLs --keep-list-nats reads, comma separated (empty: the local agent's embedded server, found through --state-dir)"
+	fs.Lookup("cluster").Usage = "cluster whose keep lists --keep-list-nats reads (and --keep-list, from ctl keep ls --json)"
 	setEnvHelp(cmd, envAll)
 	return cmd
 }

@@ -51,6 +51,25 @@ type Params struct {
 	MinAge    time.Duration
 	// Warmup runs before the window so that it starts from a full node.
 	Warmup time.Duration
+	// Declared are workloads a cluster declares, beside the busy mix
+	// (none when zero; DeclaredParams has some).
+	Declared Workloads
+}
+
+// Workloads are the workloads whose images a cluster keep list holds
+// (declared.go): each has an image of its own, sized as the busy mix's.
+type Workloads struct {
+	// CronJobs run their image every hour, at a minute of their own, for
+	// 2 to 10 minutes.
+	CronJobs int
+	// ScaleToZero workloads hold their image by day (from 08:00 to 20:00
+	// UTC, each start and end within half an hour of that) and scale to
+	// zero by night.
+	ScaleToZero int
+	// Rollbacks are services that run v1 from the start, roll out v2 at a
+	// time in the window's first half and, 1 to 5 days later (within the
+	// window), roll back to v1, which then runs to the end.
+	Rollbacks int
 }
 
 // DefaultParams are a busy node's month: 10,000 images, Zipf 1.0,
@@ -80,6 +99,14 @@ func (p Params) withDefaults() Params {
 	p.Capacity, p.Other = cmp.Or(p.Capacity, d.Capacity), cmp.Or(p.Other, d.Other)
 	p.High, p.Low, p.MinAge = cmp.Or(p.High, d.High), cmp.Or(p.Low, d.Low), cmp.Or(p.MinAge, d.MinAge)
 	p.Warmup = cmp.Or(p.Warmup, d.Warmup)
+	return p
+}
+
+// DeclaredParams are DefaultParams with 20 CronJobs, 20 scale-to-zero
+// workloads and 10 rollbacks beside the busy mix.
+func DeclaredParams() Params {
+	p := DefaultParams()
+	p.Declared = Workloads{CronJobs: 20, ScaleToZero: 20, Rollbacks: 10}
 	return p
 }
 
@@ -180,6 +207,7 @@ func Generate(p Params) []trace.Record {
 			run(i, t)
 		}
 	}
+	imgs, evs = declare(p, imgs, evs, begin, end)
 	heap.Init(&evs)
 	n := &node{p: p, imgs: imgs}
 	for evs.Len() > 0 {
