@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gcagent/gcagent/fleet"
+	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/gcagent/gcagent/schema"
 )
@@ -208,16 +209,5 @@ func rule(r schema.Reason, lastUsed, at time.Time) string {
 	return fmt.Sprintf("%s, unused for %s", r, at.Sub(lastUsed).Round(time.Second))
 }
 
-// human is a byte count as an operator reads it (binary units).
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// human is a byte count as an operator reads it (gc's binary units).
+func human(n int64) string { return gc.HumanBytes(n) }
