@@ -18,6 +18,7 @@ import (
 
 	"github.com/gcagent/gcagent/internal/testenv"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/gcagent/gcagent/nodeevents"
 	"github.com/gcagent/gcagent/schema"
 )
 
@@ -42,6 +43,18 @@ func BenchmarkClusterEventsBridge(b *testing.B) {
 	for range b.N {
 		runClusterEventsBridge(b, nodes, rate, seconds)
 	}
+}
+
+// eventBurst is gcagent-cluster's --event-burst default: the Events a
+// node may get per reason before client-go's spam filter holds them back
+// (one more per --event-refill, 5m).
+const eventBurst = 25
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // bridgeSample is one second's reading.
@@ -216,8 +229,18 @@ func runClusterEventsBridge(b *testing.B, nodes, rate, seconds int) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// The recorder's writes settle after the last action is acknowledged.
-	time.Sleep(5 * time.Second)
+	// The recorder writes what it queued after the last action is
+	// acknowledged: until its writes stop for 5 s (at most 3 minutes).
+	for last, since := sample().writes, time.Now(); time.Since(since) < 5*time.Second; {
+		if time.Since(loadEnd) > 3*time.Minute {
+			b.Fatalf("the component still writes Events 3 minutes after the load")
+		}
+		time.Sleep(time.Second)
+		if w := sample().writes; w != last {
+			last, since = w, time.Now()
+		}
+	}
+	settled := time.Since(loadEnd)
 	close(stop)
 	sampled.Wait()
 	final := sample()
@@ -263,13 +286,35 @@ func runClusterEventsBridge(b *testing.B, nodes, rate, seconds int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Occurrences on the API server by reason, against what the actions
+	// ask for and what the recorder's spam filter lets through (its burst
+	// per node and reason, the run being shorter than one refill).
 	var series int32
+	occurred := map[string]int{}
 	for _, e := range evs.Items {
+		n := 1
 		if e.Series != nil {
-			series += e.Series.Count
-		} else {
-			series++
+			n = int(e.Series.Count)
 		}
+		series += int32(n)
+		occurred[e.Reason] += n
+	}
+	perNode := map[string]int{nodeevents.ReasonImageRemoved: 7, nodeevents.ReasonContainerRemoved: 2, nodeevents.ReasonImageGCCompleted: 1}
+	var reasons []string
+	var allowedSum int
+	for _, r := range []string{nodeevents.ReasonImageRemoved, nodeevents.ReasonContainerRemoved, nodeevents.ReasonImageGCCompleted} {
+		asked, allowed := 0, 0
+		for i := range nodes {
+			n := perNode[r] * (passes/nodes + b2i(i < passes%nodes))
+			asked += n
+			allowed += min(n, eventBurst)
+		}
+		allowedSum += allowed
+		reasons = append(reasons, fmt.Sprintf("%s %d asked, %d let through by the spam filter, %d on the API server", r, asked, allowed, occurred[r]))
+	}
+	var peakWrites float64
+	for i := 1; i < len(samples); i++ {
+		peakWrites = max(peakWrites, (samples[i].writes-samples[i-1].writes)/samples[i].at.Sub(samples[i-1].at).Seconds())
 	}
 	// What client-go's recorder dropped because its queue (1,000) was full:
 	// one warn line each.
@@ -286,8 +331,10 @@ func runClusterEventsBridge(b *testing.B, nodes, rate, seconds int) {
 		q(oldest, 0.5), q(oldest, 0.99), q(oldest, 1), q(lags, 0.5), q(lags, 1), maxGaugePend)
 	fmt.Printf("recorded %.0f actions (%.0f skipped); Event writes: %.0f creates, %.0f patches, %.0f updates, %.0f failed; the API server holds %d Events standing for %d occurrences\n",
 		recorded, skipped, verbs["create"], verbs["patch"], verbs["update"], final.writeFails, len(evs.Items), series)
-	fmt.Printf("recorder: %d actions dropped as its queue was full (logged), so %.0f neither written nor dropped (the spam filter's, or aggregated into a write); log %d KiB\n",
-		queueDrops, recorded-float64(queueDrops)-verbs["create"]-verbs["patch"]-verbs["update"], len(logText)>>10)
+	fmt.Printf("by reason: %s\n", strings.Join(reasons, "; "))
+	fmt.Printf("Event writes: %.1f per second during the load, at most %.0f in one second; the last %.1f s after the load; %d the spam filter lets through were never written\n",
+		(atEnd.writes-before.writes)/loadS, peakWrites, (settled - 5*time.Second).Seconds(), allowedSum-int(series))
+	fmt.Printf("recorder: %d actions dropped at its incoming queue (each logged); the component's log %d KiB\n", queueDrops, len(logText)>>10)
 	fmt.Printf("gcagent-cluster: %.3f cores during the load (%.2f ms CPU per action), RSS %.1f MiB before, peak %.1f MiB, %.1f MiB at the end\n",
 		cores, (atEnd.cpu-before.cpu).Seconds()*1000/float64(published), float64(before.rss)/(1<<20), float64(peakRSS)/(1<<20), float64(final.rss)/(1<<20))
 	b.ReportMetric(float64(published)/loadS, "actions/s")
@@ -299,6 +346,7 @@ func runClusterEventsBridge(b *testing.B, nodes, rate, seconds int) {
 	b.ReportMetric(verbs["create"], "event-creates")
 	b.ReportMetric(verbs["patch"], "event-patches")
 	b.ReportMetric(float64(queueDrops), "recorder-dropped")
+	b.ReportMetric(float64(allowedSum-int(series)), "unwritten")
 	b.ReportMetric(cores, "cpu-cores")
 	b.ReportMetric(float64(peakRSS)/(1<<20), "rss-peak-MiB")
 }
