@@ -156,8 +156,11 @@ func runKeepFleetChild(cfgJSON string) int {
 					return
 				}
 				restarts.Add(1)
+				cause := KeepWatchCause(err)
 				causeMu.Lock()
-				causes[KeepWatchCause(err)]++
+				if causes[cause]++; causes[cause] == 1 {
+					fmt.Fprintf(os.Stderr, "keep fleet child %d: first watch failure of cause %s: %v\n", cfg.From, cause, err)
+				}
 				causeMu.Unlock()
 				// The agent's backoff (internal/agent/keepwatch.go).
 				select {
@@ -186,8 +189,14 @@ func runKeepFleetChild(cfgJSON string) int {
 		outMu.Unlock()
 	}
 	go func() {
-		for synced.Load() < int64(cfg.Count) {
+		for t := time.Now(); synced.Load() < int64(cfg.Count); {
 			time.Sleep(100 * time.Millisecond)
+			if time.Since(t) > 30*time.Second {
+				t = time.Now()
+				causeMu.Lock()
+				fmt.Fprintf(os.Stderr, "keep fleet child %d: %d of %d agents synced, %d watches made again %v\n", cfg.From, synced.Load(), cfg.Count, restarts.Load(), causes)
+				causeMu.Unlock()
+			}
 		}
 		report(keepReport{Cmd: "ready", SyncSeconds: syncS})
 	}()
@@ -293,7 +302,9 @@ func (c *keepChild) wait(b *testing.B, cmd string, within time.Duration) keepRep
 // within 10 s (for (b), the shard's ack to the head's callback: the change
 // is whole when its head is read). Also the servers' CPU and RSS at rest
 // without agents, at rest with them (consumers per server) and during the
-// changes, and the fleet's first sync. With GCAGENT_KEEPREACH_PROFILE_DIR,
+// changes, and the fleet's first sync. The bucket's stream takes
+// GCAGENT_KEEPREACH_MAX_CONSUMERS (ten per agent) consumers: the server's
+// default, 1,000 per stream, holds 333 agents' watches. With GCAGENT_KEEPREACH_PROFILE_DIR,
 // a CPU profile of each server during the first change of each kind.
 func BenchmarkFleetKeepReach(b *testing.B) {
 	agents := envInt("GCAGENT_FLEET_AGENTS", 10_000)
@@ -465,6 +476,22 @@ func runFleetKeepReach(b *testing.B, agents, perProc, images, rounds int, rest t
 			b.Fatalf("R3 keep bucket: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// A server takes at most 1,000 consumers per stream unless the stream
+	// or the account says otherwise (nats-server's
+	// JSDefaultMaxConsumersPerStream; -1 counts as not said), and each
+	// agent's watch holds three: on a fleet's NATS the operator lifts it
+	// (jetstream { limits { default_max_consumers: -1 } }, or the bucket's
+	// stream max_consumers), as the bench does for the bucket here.
+	maxConsumers := envInt("GCAGENT_KEEPREACH_MAX_CONSUMERS", 10*agents)
+	st, err := js.Stream(ctx, "KV_"+KeepBucket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	scfg := st.CachedInfo().Config
+	scfg.MaxConsumers = maxConsumers
+	if _, err := js.UpdateStream(ctx, scfg); err != nil {
+		b.Fatalf("keep bucket's stream: max consumers %d: %v", maxConsumers, err)
 	}
 	putList := func(key string, patterns ...string) (time.Time, uint64) {
 		v, _ := json.Marshal(KeepList{Patterns: patterns, UpdatedAt: time.Now().UTC(), UpdatedBy: "operator"})
@@ -669,8 +696,8 @@ func runFleetKeepReach(b *testing.B, agents, perProc, images, rounds int, rest t
 		}
 		return out
 	}
-	fmt.Printf("\nkeep reach: %d agents (%d processes) × 3 watchers, 3 servers, keep bucket R3; cluster list %d images in %d shards (%d KiB), %d rounds\n",
-		agents, len(children), images, layout, listBytes>>10, rounds)
+	fmt.Printf("\nkeep reach: %d agents (%d processes) × 3 watchers, 3 servers, keep bucket R3 (its max consumers set to %d); cluster list %d images in %d shards (%d KiB), %d rounds\n",
+		agents, len(children), maxConsumers, images, layout, listBytes>>10, rounds)
 	fmt.Printf("first sync: every agent synced %.1f s after the first connect (per agent p50 %.2f s, p99 %.2f s, at most 50 per process at once); servers %s cores, peak RSS %s MiB\n",
 		firstSync.Seconds(), pctF(syncS, 0.5), pctF(syncS, 0.99), fmtList(syncCores, "%.2f"), fmtList(syncMiB, "%.0f"))
 	fmt.Printf("at rest without agents: servers %s cores, RSS %s MiB\n", fmtList(bareCores, "%.3f"), fmtList(bareMiB, "%.0f"))
