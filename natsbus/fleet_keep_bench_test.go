@@ -701,7 +701,7 @@ func runFleetKeepReach(b *testing.B, agents, perProc, images, rounds int, rest t
 	fmt.Printf("first sync: every agent synced %.1f s after the first connect (per agent p50 %.2f s, p99 %.2f s, at most 50 per process at once); servers %s cores, peak RSS %s MiB\n",
 		firstSync.Seconds(), pctF(syncS, 0.5), pctF(syncS, 0.99), fmtList(syncCores, "%.2f"), fmtList(syncMiB, "%.0f"))
 	fmt.Printf("at rest without agents: servers %s cores, RSS %s MiB\n", fmtList(bareCores, "%.3f"), fmtList(bareMiB, "%.0f"))
-	fmt.Printf("at rest with the fleet (%s): %d consumers on the keep bucket (%s by server), %d of %d watches synced; servers %s cores, RSS %s MiB; %d watches made again during the rest (%v)\n",
+	fmt.Printf("at rest with the fleet (%s): %d consumers on the keep bucket (%s by server), %d of %d watches synced; servers %s cores, RSS %s MiB; %d watches made again during the rest (%v since the start)\n",
 		rest, total, perServerString(perServer, servers), watching, agents, fmtList(restCores, "%.3f"), fmtList(restMiB, "%.0f"), r1-r0, restCauses)
 	fmt.Printf("agents: %.0f KiB RSS per agent (%d MiB in %d processes)\n", float64(agentRSS)/float64(agents), agentRSS/1024, len(children))
 	for _, k := range []string{"all", "shard", "head"} {
