@@ -131,10 +131,12 @@ e2e: deps image ## run only the end-to-end tests; prints the ten slowest
 	$(GO) build -o $(TEST_REPORT) ./internal/testreport
 	@set -o pipefail; $(GO) test -json -count=1 -timeout 60m -parallel $(TEST_PARALLEL) ./e2e/... | tee bin/test-events.json | $(TEST_REPORT)
 
-bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster) and print figures
-	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
+bench: deps ## run the benchmarks (reducer, reconcile over the real API, the usage trace's cost and size, a replay of a busy node's month, the agent's footprint with 1,000 and 10,000 images and containers, 10,000 agents on a 3-server NATS cluster, a keep list change reaching them, the cluster component's first sync and its events bridge) and print figures
+	$(GO) test -run '^$$' -bench . -skip 'BenchmarkFootprint|BenchmarkFleetCluster|BenchmarkFleetKeepReach|BenchmarkClusterFirstSync|BenchmarkClusterEventsBridge' -benchmem -timeout 30m ./events/ ./node/ ./projection/ ./gc/ ./trace/ ./replay/ ./e2e/ ./natsbus/ ./cmd/gcagent/
 	$(GO) test -run '^$$' -bench BenchmarkFootprint -benchtime 1x -timeout 20m ./e2e/
+	$(GO) test -run '^$$' -bench 'BenchmarkClusterFirstSync|BenchmarkClusterEventsBridge' -benchtime 1x -timeout 30m ./e2e/
 	$(GO) test -run '^$$' -bench BenchmarkFleetCluster -benchtime 1x -timeout 40m ./natsbus/
+	$(GO) test -run '^$$' -bench BenchmarkFleetKeepReach -benchtime 1x -timeout 60m ./natsbus/
 
 demo: deps-apt ## Debian's containerd 1.6 on a small tmpfs + the agent as installed by default (embedded NATS) + gcagent watch: a dead container pruned, a dangling log link removed, image GC under pressure, then a summary
 	$(GO) test -count=1 -tags demo -run TestDemo -v -timeout 10m ./e2e/

@@ -368,13 +368,15 @@ type fleetServer struct {
 	stop      func() time.Duration
 	proc      *os.Process
 	killed    bool
+	profPort  int // its /debug/pprof (0: none)
 }
 
 func (s *fleetServer) stat() (time.Duration, int64) { return procStat(s.pid) }
 
-func runFleetCluster(b *testing.B, agents, perProc int, wave, hb time.Duration) {
-	const cluster = "bench"
-	// Three clustered servers.
+// startFleetServers starts three clustered servers (child processes),
+// each with its profiling port open when profiling, and returns them and
+// their client URLs, comma-separated.
+func startFleetServers(b *testing.B, profiling bool) ([]*fleetServer, string) {
 	cports := []int{freePortTB(b), freePortTB(b), freePortTB(b)}
 	var routes []string
 	for _, p := range cports {
@@ -384,11 +386,22 @@ func runFleetCluster(b *testing.B, agents, perProc int, wave, hb time.Duration) 
 	var urls []string
 	for i := range servers {
 		name := fmt.Sprintf("s%d", i)
-		url, stop, proc := startLoadServerCmd(b, fmt.Sprintf("%s=%s;%d;%s", loadClusterEnv, name, cports[i], strings.Join(routes, ",")))
-		servers[i] = &fleetServer{name: name, url: url, pid: proc.Pid, stop: stop, proc: proc}
+		env := []string{fmt.Sprintf("%s=%s;%d;%s", loadClusterEnv, name, cports[i], strings.Join(routes, ","))}
+		prof := 0
+		if profiling {
+			prof = freePortTB(b)
+			env = append(env, fmt.Sprintf("%s=%d", loadProfPortEnv, prof))
+		}
+		url, stop, proc := startLoadServerCmd(b, env...)
+		servers[i] = &fleetServer{name: name, url: url, pid: proc.Pid, stop: stop, proc: proc, profPort: prof}
 		urls = append(urls, url)
 	}
-	allURLs := strings.Join(urls, ",")
+	return servers, strings.Join(urls, ",")
+}
+
+func runFleetCluster(b *testing.B, agents, perProc int, wave, hb time.Duration) {
+	const cluster = "bench"
+	servers, allURLs := startFleetServers(b, false)
 	admin, err := nats.Connect(allURLs, nats.MaxReconnects(-1))
 	if err != nil {
 		b.Fatal(err)

@@ -27,12 +27,18 @@ import (
 // so that the benchmark's own CPU and memory are the publishers' alone.
 const loadServerEnv = "GCAGENT_LOADBENCH_SERVER_STORE"
 
+// loadProfPortEnv opens the load server's profiling port (/debug/pprof).
+const loadProfPortEnv = "GCAGENT_LOADBENCH_PROFPORT"
+
 func TestMain(m *testing.M) {
 	if store := os.Getenv(loadServerEnv); store != "" {
 		os.Exit(runLoadServer(store))
 	}
 	if cfg := os.Getenv(fleetChildEnv); cfg != "" {
 		os.Exit(runFleetChild(cfg))
+	}
+	if cfg := os.Getenv(keepFleetChildEnv); cfg != "" {
+		os.Exit(runKeepFleetChild(cfg))
 	}
 	os.Exit(m.Run())
 }
@@ -48,6 +54,9 @@ func runLoadServer(store string) int {
 		opts.ServerName = c[0]
 		opts.Cluster = server.ClusterOpts{Name: "gcagent-bench", Host: "127.0.0.1", Port: port}
 		opts.Routes = server.RoutesFromStr(c[2])
+	}
+	if p, err := strconv.Atoi(os.Getenv(loadProfPortEnv)); err == nil && p > 0 {
+		opts.ProfPort = p
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {
