@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, kinds []string) *metrics {
 		eventsReceived: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_recorded_total",
 			Help: "Agent actions recorded as Events on their Node, by reason (before the recorder's aggregation)."}, []string{"reason"}),
 		eventsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_skipped_total",
-			Help: "Agent actions of a shown type not recorded, by cause (undecodable, unknown-node)."}, []string{"cause"}),
+			Help: "Agent actions of a shown type not written as an Event, by cause (undecodable, unknown-node, rate-limited: the node's and reason's budget spent, not-written: the API server refused it)."}, []string{"cause"}),
 		eventWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_writes_total",
 			Help: "Events written to the API server, by verb (create, patch, update)."}, []string{"verb"}),
 		eventWriteFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "event_write_failures_total",
@@ -78,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, kinds []string) *metrics {
 	promzero.Labels(m.state.WithLabelValues, []string{string(declared.Syncing), string(declared.Complete), string(declared.Incomplete)})
 	promzero.Labels(m.writes.WithLabelValues, []string{"head", "shard"})
 	promzero.Labels(m.eventsReceived.WithLabelValues, nodeevents.Reasons)
-	promzero.Labels(m.eventsSkipped.WithLabelValues, []string{"undecodable", "unknown-node"})
+	promzero.Labels(m.eventsSkipped.WithLabelValues, []string{"undecodable", "unknown-node", "rate-limited", "not-written"})
 	promzero.Labels(m.eventWrites.WithLabelValues, []string{"create", "patch", "update"})
 	promzero.Labels(m.eventWriteFailures.WithLabelValues, []string{"create", "patch", "update"})
 	reg.MustRegister(m.leader, m.kindSynced, m.kindErrors, m.invalidRefs, m.state, m.images, m.workloads, m.releasing, m.released,

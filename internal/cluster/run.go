@@ -54,6 +54,15 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Events have a client of their own: their bursts (a fleet's GC wave)
+	// must not wait behind the informers' rate, nor slow the Lease's
+	// renewals.
+	evCfg := rest.CopyConfig(restCfg)
+	evCfg.QPS, evCfg.Burst = 100, 200
+	eventsClient, err := kubernetes.NewForConfig(evCfg)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.MetricsAddress)
 	if err != nil {
 		return fmt.Errorf("--metrics-address %s: %w", cfg.MetricsAddress, err)
@@ -112,8 +121,7 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) error {
 			if !cacheSynced(gctx, nodes.Informer().HasSynced) {
 				return gctx.Err()
 			}
-			b := newBridge(cfg, js, nodes.Lister(), &eventsSink{client: client.EventsV1(), m: m}, c, m, log)
-			defer b.stop()
+			b := newBridge(cfg, js, nodes.Lister(), &eventsSink{client: eventsClient.EventsV1(), m: m}, c, m, log)
 			g.Go(func() error { return retry(gctx, log, "events bridge", b.run) })
 		}
 		return g.Wait()
