@@ -409,7 +409,8 @@ func union(es, last []declared.Entry) []declared.Entry {
 }
 
 // run publishes until ctx ends: at every change (gathered for 100 ms),
-// every heartbeat, and when an image's grace ends.
+// every heartbeat, and when an image's grace ends; a failed publish is
+// tried again a second later, a heartbeat included.
 func (p *publisher) run(ctx context.Context) error {
 	if err := p.seed(ctx); err != nil {
 		return err
@@ -422,8 +423,8 @@ func (p *publisher) run(ctx context.Context) error {
 	debounce.Stop()
 	defer debounce.Stop()
 	pending := false
+	heartbeat := false // due until a publish writes it
 	for {
-		heartbeat := false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -450,6 +451,7 @@ func (p *publisher) run(ctx context.Context) error {
 			pending = true
 			continue
 		}
+		heartbeat = false
 		d := time.Hour
 		if !next.IsZero() {
 			d = max(next.Sub(p.clock.Now()), 10*time.Millisecond)

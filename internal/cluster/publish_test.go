@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,4 +220,76 @@ func TestPublishAfterBucketMadeAgain(t *testing.T) {
 	if l := readList(t, kv); err != nil || !l.Whole() || !slices.Equal(l.Patterns(), []string{"docker.io/library/report:7"}) {
 		t.Fatalf("after the bucket was made again: %v, list whole %v: %v", err, l.Whole(), l.Patterns())
 	}
+}
+
+// faultyKV fails the next failUpdates head writes (Update), as a NATS
+// that does not answer in time would.
+type faultyKV struct {
+	jetstream.KeyValue
+	failUpdates atomic.Int32
+}
+
+func (f *faultyKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	if f.failUpdates.Add(-1) >= 0 {
+		return 0, errors.New("injected: nats: timeout")
+	}
+	return f.KeyValue.Update(ctx, key, value, rev)
+}
+
+// waitArm waits for the publisher's loop to arm timer i (of the fake
+// clock: 0 the heartbeat, 1 the release, 2 the debounce) at at.
+func waitArm(t *testing.T, clk *clock.Fake, i int, at time.Time) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case a := <-clk.Arms():
+			if a.Timer == i && a.At.Equal(at) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("timer %d never armed at %s", i, at)
+		}
+	}
+}
+
+// TestPublishHeartbeatAfterFailedTry (issue 41, NATS restarting): a
+// heartbeat whose write fails is written by the retry a second later.
+// Before, the retry wrote only what changed, so the heartbeat was lost
+// until the next period, and a NATS away across two heartbeats turned the
+// list stale on every agent for a period after it came back.
+func TestPublishHeartbeatAfterFailedTry(t *testing.T) {
+	_, kv := keepStore(t)
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	fkv := &faultyKV{KeyValue: kv}
+	p, ks := testReplica(fkv, "replica-a", clk)
+	declare(ks, "CronJob", "report", clk.Now(), "docker.io/library/report:7")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	heartbeat := func() time.Time {
+		if l := readList(t, kv); l.Head != nil {
+			return l.Head.Heartbeat
+		}
+		return time.Time{}
+	}
+	testenv.Eventually(t, 10*time.Second, func() string {
+		if hb := heartbeat(); !hb.Equal(t0) {
+			return fmt.Sprintf("first heartbeat %s", hb)
+		}
+		return ""
+	})
+	waitArm(t, clk, 0, t0.Add(30*time.Second))
+	fkv.failUpdates.Store(1)
+	clk.Step(30 * time.Second) // the heartbeat's write fails
+	waitArm(t, clk, 2, t0.Add(31*time.Second))
+	clk.Step(time.Second) // the retry
+	testenv.Eventually(t, 10*time.Second, func() string {
+		if hb := heartbeat(); !hb.Equal(t0.Add(31 * time.Second)) {
+			return fmt.Sprintf("heartbeat %s after the retry at %s", hb, t0.Add(31*time.Second))
+		}
+		return ""
+	})
 }
