@@ -410,7 +410,10 @@ func union(es, last []declared.Entry) []declared.Entry {
 
 // run publishes until ctx ends: at every change (gathered for 100 ms),
 // every heartbeat, and when an image's grace ends; a failed publish is
-// tried again a second later, a heartbeat included.
+// tried again a second later, a heartbeat included. With leader election,
+// a leader that has not published for three heartbeats (the agents call
+// the list stale) returns an error: it gives the lead up, so that a
+// replica that can write takes over.
 func (p *publisher) run(ctx context.Context) error {
 	if err := p.seed(ctx); err != nil {
 		return err
@@ -424,6 +427,7 @@ func (p *publisher) run(ctx context.Context) error {
 	defer debounce.Stop()
 	pending := false
 	heartbeat := false // due until a publish writes it
+	lastOK := p.clock.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -441,9 +445,13 @@ func (p *publisher) run(ctx context.Context) error {
 			hb.Reset(p.cfg.Heartbeat)
 		case <-release.C():
 		}
+		at := p.clock.Now() // a heartbeat written says this time
 		next, err := p.publish(ctx, heartbeat)
 		if errors.Is(err, errOtherWriter) {
 			return err
+		}
+		if failing := p.clock.Now().Sub(lastOK); err != nil && p.cfg.LeaderElection && failing >= 3*p.cfg.Heartbeat {
+			return fmt.Errorf("cannot publish the cluster keep list for %s, the agents call it stale: %w", failing.Round(time.Second), err)
 		}
 		if err != nil {
 			p.log.Warn().Err(err).Msg("cannot publish the cluster keep list; trying again")
@@ -451,7 +459,7 @@ func (p *publisher) run(ctx context.Context) error {
 			pending = true
 			continue
 		}
-		heartbeat = false
+		heartbeat, lastOK = false, at
 		d := time.Hour
 		if !next.IsZero() {
 			d = max(next.Sub(p.clock.Now()), 10*time.Millisecond)

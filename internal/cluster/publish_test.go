@@ -293,3 +293,48 @@ func TestPublishHeartbeatAfterFailedTry(t *testing.T) {
 		return ""
 	})
 }
+
+// TestPublishGivesUpALeadItCannotUse (issue 41, a leader that never
+// releases): a leader whose writes keep failing (its connection to NATS
+// broken, its credentials revoked) while it renews its Lease gives the
+// lead up once the agents call the list stale (three heartbeats), so that
+// the other replica can take over. Before, it retried for ever and held
+// the Lease: every agent kept a stale list for as long as it ran.
+func TestPublishGivesUpALeadItCannotUse(t *testing.T) {
+	_, kv := keepStore(t)
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	fkv := &faultyKV{KeyValue: kv}
+	p, ks := testReplica(fkv, "replica-a", clk)
+	p.cfg.LeaderElection = true
+	declare(ks, "CronJob", "report", clk.Now(), "docker.io/library/report:7")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx) }()
+	testenv.Eventually(t, 10*time.Second, func() string {
+		if l := readList(t, kv); l.Head == nil || !l.Head.Heartbeat.Equal(t0) {
+			return "no first heartbeat yet"
+		}
+		return ""
+	})
+	fkv.failUpdates.Store(1 << 30)
+	for _, at := range []time.Duration{30 * time.Second, 60 * time.Second} {
+		clk.Step(30 * time.Second) // a heartbeat, whose write fails
+		waitArm(t, clk, 2, t0.Add(at+time.Second))
+		select {
+		case err := <-done:
+			t.Fatalf("gave up %s after the last heartbeat written: %v", at, err)
+		default:
+		}
+	}
+	clk.Step(30 * time.Second) // three periods: the agents call the list stale
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, errOtherWriter) {
+			t.Fatalf("run returned %v, want a publishing error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader still holds the lead after failing to publish for three heartbeats")
+	}
+}
