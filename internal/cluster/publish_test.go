@@ -19,12 +19,24 @@ import (
 	"github.com/gcagent/gcagent/internal/testenv"
 )
 
-// keepStore is a NATS server with the keep list's bucket, as the
-// component makes it.
-func keepStore(t *testing.T) (jetstream.JetStream, jetstream.KeyValue) {
+// keepServers are the servers the store's behaviour is tried on: the
+// go.mod's and Debian's 2.9.10, the oldest gcagent supports.
+var keepServers = []string{"go-module", "debian-2.9.10"}
+
+// keepStore is a NATS server of kind (keepServers) with the keep list's
+// bucket, as the component makes it.
+func keepStore(t *testing.T, kind string) (jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
-	s := testenv.StartNATS(t, testenv.NATSOptions{JetStream: true})
-	nc, err := nats.Connect(s.ClientURL())
+	var url string
+	switch kind {
+	case "go-module":
+		url = testenv.StartNATS(t, testenv.NATSOptions{JetStream: true}).ClientURL()
+	case "debian-2.9.10":
+		url = testenv.StartDebianNATS(t, testenv.DebianNATSOptions{}).URL
+	default:
+		t.Fatalf("server kind %q", kind)
+	}
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,45 +113,49 @@ func readList(t *testing.T, kv jetstream.KeyValue) declared.List {
 // that shard as written, never wrote it again: a declared image was off a
 // complete, alive list for as long as that shard did not change.
 func TestPublishStaleLeaderLeavesShards(t *testing.T) {
-	_, kv := keepStore(t)
-	ctx := context.Background()
-	clk := clock.NewFake(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
-	refs := sameShard(3) // old, new (declared while a was frozen), late (seen by a only)
-	a, aks := testReplica(kv, "replica-a", clk)
-	declare(aks, "Deployment", "old", clk.Now(), refs[0])
-	if err := a.seed(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.publish(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	// a freezes; b takes the Lease, reads the list and publishes what its
-	// informers hold: a Deployment made meanwhile.
-	b, bks := testReplica(kv, "replica-b", clk)
-	declare(bks, "Deployment", "old", clk.Now(), refs[0])
-	declare(bks, "Deployment", "new", clk.Now(), refs[1])
-	if err := b.seed(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.publish(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	// a thaws and publishes a change of its own before its election says
-	// it lost.
-	declare(aks, "Job", "late", clk.Now(), refs[2])
-	if _, err := a.publish(ctx, false); !errors.Is(err, errOtherWriter) {
-		t.Fatalf("the old leader's publish: %v, want errOtherWriter", err)
-	}
-	if l := readList(t, kv); !slices.Contains(l.Patterns(), refs[1]) || slices.Contains(l.Patterns(), refs[2]) {
-		t.Fatalf("right after the old leader's publish: %v (want %s, not %s: it wrote no shard)", l.Patterns(), refs[1], refs[2])
-	}
-	clk.Step(30 * time.Second)
-	if _, err := b.publish(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	if l := readList(t, kv); !l.Whole() || !slices.Contains(l.Patterns(), refs[1]) || l.Head.By != "replica-b" {
-		t.Fatalf("after the old leader's publish and the new leader's heartbeat: whole %v, by %s, %v (want %s kept)",
-			l.Whole(), l.Head.By, l.Patterns(), refs[1])
+	for _, kind := range keepServers {
+		t.Run(kind, func(t *testing.T) {
+			_, kv := keepStore(t, kind)
+			ctx := context.Background()
+			clk := clock.NewFake(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
+			refs := sameShard(3) // old, new (declared while a was frozen), late (seen by a only)
+			a, aks := testReplica(kv, "replica-a", clk)
+			declare(aks, "Deployment", "old", clk.Now(), refs[0])
+			if err := a.seed(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.publish(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			// a freezes; b takes the Lease, reads the list and publishes what its
+			// informers hold: a Deployment made meanwhile.
+			b, bks := testReplica(kv, "replica-b", clk)
+			declare(bks, "Deployment", "old", clk.Now(), refs[0])
+			declare(bks, "Deployment", "new", clk.Now(), refs[1])
+			if err := b.seed(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.publish(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			// a thaws and publishes a change of its own before its election says
+			// it lost.
+			declare(aks, "Job", "late", clk.Now(), refs[2])
+			if _, err := a.publish(ctx, false); !errors.Is(err, errOtherWriter) {
+				t.Fatalf("the old leader's publish: %v, want errOtherWriter", err)
+			}
+			if l := readList(t, kv); !slices.Contains(l.Patterns(), refs[1]) || slices.Contains(l.Patterns(), refs[2]) {
+				t.Fatalf("right after the old leader's publish: %v (want %s, not %s: it wrote no shard)", l.Patterns(), refs[1], refs[2])
+			}
+			clk.Step(30 * time.Second)
+			if _, err := b.publish(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if l := readList(t, kv); !l.Whole() || !slices.Contains(l.Patterns(), refs[1]) || l.Head.By != "replica-b" {
+				t.Fatalf("after the old leader's publish and the new leader's heartbeat: whole %v, by %s, %v (want %s kept)",
+					l.Whole(), l.Head.By, l.Patterns(), refs[1])
+			}
+		})
 	}
 }
 
@@ -149,40 +165,44 @@ func TestPublishStaleLeaderLeavesShards(t *testing.T) {
 // at the leader's next heartbeat. Before, the leader trusted its memory of
 // what it wrote and never wrote an unchanged shard again.
 func TestPublishRewritesWhatItDidNotWrite(t *testing.T) {
-	_, kv := keepStore(t)
-	ctx := context.Background()
-	clk := clock.NewFake(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
-	p, ks := testReplica(kv, "replica-a", clk)
-	var want []string
-	for i := range 40 {
-		ref := fmt.Sprintf("docker.io/library/img%d:1", i)
-		declare(ks, "Deployment", fmt.Sprint("w", i), clk.Now(), ref)
-		want = append(want, ref)
-	}
-	slices.Sort(want)
-	if err := p.seed(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.publish(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	l := readList(t, kv)
-	if !l.Whole() || !slices.Equal(l.Patterns(), want) {
-		t.Fatalf("published: %v", l.Patterns())
-	}
-	// Behind its back: one shard emptied, another deleted.
-	if _, err := kv.Put(ctx, declared.ShardKey("t", l.Head.Shards, declared.ShardOf(want[0], l.Head.Shards)), []byte(`{"images":[]}`)); err != nil {
-		t.Fatal(err)
-	}
-	if err := kv.Delete(ctx, declared.ShardKey("t", l.Head.Shards, declared.ShardOf(want[1], l.Head.Shards))); err != nil {
-		t.Fatal(err)
-	}
-	clk.Step(30 * time.Second)
-	if _, err := p.publish(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	if l := readList(t, kv); !l.Whole() || !slices.Equal(l.Patterns(), want) {
-		t.Fatalf("after the heartbeat: whole %v, missing %d, %d of %d images", l.Whole(), l.Missing, len(l.Patterns()), len(want))
+	for _, kind := range keepServers {
+		t.Run(kind, func(t *testing.T) {
+			_, kv := keepStore(t, kind)
+			ctx := context.Background()
+			clk := clock.NewFake(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
+			p, ks := testReplica(kv, "replica-a", clk)
+			var want []string
+			for i := range 40 {
+				ref := fmt.Sprintf("docker.io/library/img%d:1", i)
+				declare(ks, "Deployment", fmt.Sprint("w", i), clk.Now(), ref)
+				want = append(want, ref)
+			}
+			slices.Sort(want)
+			if err := p.seed(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.publish(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			l := readList(t, kv)
+			if !l.Whole() || !slices.Equal(l.Patterns(), want) {
+				t.Fatalf("published: %v", l.Patterns())
+			}
+			// Behind its back: one shard emptied, another deleted.
+			if _, err := kv.Put(ctx, declared.ShardKey("t", l.Head.Shards, declared.ShardOf(want[0], l.Head.Shards)), []byte(`{"images":[]}`)); err != nil {
+				t.Fatal(err)
+			}
+			if err := kv.Delete(ctx, declared.ShardKey("t", l.Head.Shards, declared.ShardOf(want[1], l.Head.Shards))); err != nil {
+				t.Fatal(err)
+			}
+			clk.Step(30 * time.Second)
+			if _, err := p.publish(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if l := readList(t, kv); !l.Whole() || !slices.Equal(l.Patterns(), want) {
+				t.Fatalf("after the heartbeat: whole %v, missing %d, %d of %d images", l.Whole(), l.Missing, len(l.Patterns()), len(want))
+			}
+		})
 	}
 }
 
@@ -193,32 +213,36 @@ func TestPublishRewritesWhatItDidNotWrite(t *testing.T) {
 // its compare-and-set on a head that no longer existed failed at every
 // try, and the agents, finding no head, held no cluster list at all.
 func TestPublishAfterBucketMadeAgain(t *testing.T) {
-	js, kv := keepStore(t)
-	ctx := context.Background()
-	clk := clock.NewFake(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
-	p, ks := testReplica(kv, "replica-a", clk)
-	declare(ks, "CronJob", "report", clk.Now(), "docker.io/library/report:7")
-	if err := p.seed(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.publish(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteKeyValue(ctx, "gcagent_keep"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "gcagent_keep", History: 5}); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	for range 3 { // a try may fail: the next one (a second later) must not
-		clk.Step(30 * time.Second)
-		if _, err = p.publish(ctx, true); err == nil {
-			break
-		}
-	}
-	if l := readList(t, kv); err != nil || !l.Whole() || !slices.Equal(l.Patterns(), []string{"docker.io/library/report:7"}) {
-		t.Fatalf("after the bucket was made again: %v, list whole %v: %v", err, l.Whole(), l.Patterns())
+	for _, kind := range keepServers {
+		t.Run(kind, func(t *testing.T) {
+			js, kv := keepStore(t, kind)
+			ctx := context.Background()
+			clk := clock.NewFake(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
+			p, ks := testReplica(kv, "replica-a", clk)
+			declare(ks, "CronJob", "report", clk.Now(), "docker.io/library/report:7")
+			if err := p.seed(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.publish(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := js.DeleteKeyValue(ctx, "gcagent_keep"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "gcagent_keep", History: 5}); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			for range 3 { // a try may fail: the next one (a second later) must not
+				clk.Step(30 * time.Second)
+				if _, err = p.publish(ctx, true); err == nil {
+					break
+				}
+			}
+			if l := readList(t, kv); err != nil || !l.Whole() || !slices.Equal(l.Patterns(), []string{"docker.io/library/report:7"}) {
+				t.Fatalf("after the bucket was made again: %v, list whole %v: %v", err, l.Whole(), l.Patterns())
+			}
+		})
 	}
 }
 
@@ -259,7 +283,7 @@ func waitArm(t *testing.T, clk *clock.Fake, i int, at time.Time) {
 // until the next period, and a NATS away across two heartbeats turned the
 // list stale on every agent for a period after it came back.
 func TestPublishHeartbeatAfterFailedTry(t *testing.T) {
-	_, kv := keepStore(t)
+	_, kv := keepStore(t, "go-module")
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	clk := clock.NewFake(t0)
 	fkv := &faultyKV{KeyValue: kv}
@@ -301,7 +325,7 @@ func TestPublishHeartbeatAfterFailedTry(t *testing.T) {
 // the other replica can take over. Before, it retried for ever and held
 // the Lease: every agent kept a stale list for as long as it ran.
 func TestPublishGivesUpALeadItCannotUse(t *testing.T) {
-	_, kv := keepStore(t)
+	_, kv := keepStore(t, "go-module")
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	clk := clock.NewFake(t0)
 	fkv := &faultyKV{KeyValue: kv}
