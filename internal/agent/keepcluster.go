@@ -20,8 +20,12 @@ import (
 // and a heartbeat came within three of its periods; stale (the last
 // complete list, saved in the state dir, keeps) while the component
 // syncs, cannot read a kind, or stopped saying it is alive; unknown while
-// it has never been complete here and is not now. No head (never
-// installed, or uninstalled: the key deleted) is a known empty list.
+// it has never been complete here and is not now. No head is a known
+// empty list: never installed, or, once a complete list was read, after
+// that list's grace from when the head went (uninstalled, or the bucket
+// lost with NATS's store, which the component writes again): meanwhile the
+// last complete list keeps, stale, as the component keeps an image whose
+// last workload went.
 
 // clusterSkew is how far the component's clock may be from the agent's
 // before a heartbeat read at a watch's start counts as older than it is.
@@ -35,6 +39,21 @@ type clusterSaved struct {
 	// instance that wrote it.
 	At time.Time `json:"at"`
 	By string    `json:"by,omitempty"`
+	// ReleaseAfterS is the list's grace (its head's); Gone when the head
+	// was found gone (zero while there is one).
+	ReleaseAfterS float64   `json:"releaseAfterS,omitempty"`
+	Gone          time.Time `json:"gone,omitzero"`
+}
+
+// releaseAt is when a list whose head went stops keeping.
+func (s *clusterSaved) releaseAt() time.Time {
+	return s.Gone.Add(time.Duration(s.ReleaseAfterS * float64(time.Second)))
+}
+
+// releasing reports whether s is a list whose head went, still keeping
+// at now.
+func (s *clusterSaved) releasing(now time.Time) bool {
+	return s != nil && !s.Gone.IsZero() && now.Before(s.releaseAt())
 }
 
 // clusterKeep is the cluster list as the agent read it. fleetKeep's mu
@@ -138,22 +157,42 @@ func (c *clusterKeep) fresh(now time.Time) bool {
 
 // rebuild makes refs from what is read: the list when it is whole (and,
 // then, saves it as the last complete one), else the list read so far
-// with the last complete one; nothing once the watch read no head.
+// with the last complete one; once the watch read no head, the last
+// complete one for its grace from then, then nothing. It reports whether
+// refs, or when the head went, changed.
 func (c *clusterKeep) rebuild(now time.Time) bool {
 	l := c.list()
 	var images []declared.ShardImage
+	goneBefore := c.gone()
 	switch {
 	case c.read && c.head == nil && len(c.bad) == 0:
-		c.last = nil // the component's list is gone: it keeps nothing
+		// The component's list is gone: its last complete one keeps for
+		// its grace from now, then nothing.
+		if c.last != nil && c.last.Gone.IsZero() {
+			last := *c.last
+			last.Gone = now
+			c.last = &last
+		}
+		if c.last.releasing(now) {
+			images = c.last.Images
+		} else {
+			c.last = nil
+		}
 	case l.Whole() && len(c.bad) == 0 && c.fresh(now):
 		images = l.Images
-		c.last = &clusterSaved{Images: l.Images, At: now, By: c.head.By}
+		c.last = &clusterSaved{Images: l.Images, At: now, By: c.head.By, ReleaseAfterS: c.head.ReleaseAfterS}
 	default:
 		images = l.Images
 		if c.last != nil {
+			if c.head != nil && !c.last.Gone.IsZero() {
+				last := *c.last // a head again: no grace runs
+				last.Gone = time.Time{}
+				c.last = &last
+			}
 			images = append(append([]declared.ShardImage{}, c.last.Images...), images...)
 		}
 	}
+	goneChanged := !goneBefore.Equal(c.gone())
 	refs := make(map[string]string, len(images))
 	for _, im := range images {
 		if _, dup := refs[im.Ref]; !dup || len(im.By) > 0 {
@@ -161,10 +200,28 @@ func (c *clusterKeep) rebuild(now time.Time) bool {
 		}
 	}
 	if maps.Equal(refs, c.refs) {
-		return false
+		return goneChanged
 	}
 	c.refs = refs
 	return true
+}
+
+// gone is when the head of the last complete list was found gone (zero:
+// it was not, or there is no such list).
+func (c *clusterKeep) gone() time.Time {
+	if c.last == nil {
+		return time.Time{}
+	}
+	return c.last.Gone
+}
+
+// expire ends the grace of a list whose head went once it is over; it
+// reports whether what the list keeps changed.
+func (c *clusterKeep) expire(now time.Time) bool {
+	if c.read && c.head == nil && c.last != nil && !c.last.Gone.IsZero() && !c.last.releasing(now) {
+		return c.rebuild(now)
+	}
+	return false
 }
 
 // input is the list's state at now: known (or nothing to say) with a
@@ -183,6 +240,9 @@ func (c *clusterKeep) input(now time.Time) (gc.InputState, string) {
 			why = fmt.Sprintf("cluster keep list: value of key %s not understood: %v", key, err)
 			break
 		}
+	case c.head == nil && c.last.releasing(now):
+		why = fmt.Sprintf("cluster keep list: no head since %s (gcagent-cluster uninstalled, or NATS lost its store); keeping the last complete list for its grace, until %s",
+			c.last.Gone.UTC().Format(time.RFC3339), c.last.releaseAt().UTC().Format(time.RFC3339))
 	case c.head == nil:
 		return gc.InputKnown, ""
 	case c.head.State != declared.Complete:

@@ -138,3 +138,81 @@ func TestClusterKeepOldHeartbeatAtStart(t *testing.T) {
 		t.Fatalf("its images still keep: %v", got)
 	}
 }
+
+// withGrace sets the grace (--release-after) of the head in vals.
+func withGrace(t *testing.T, vals map[string][]byte, cluster string, grace time.Duration) map[string][]byte {
+	t.Helper()
+	var h declared.Head
+	if err := json.Unmarshal(vals[declared.HeadKey(cluster)], &h); err != nil {
+		t.Fatal(err)
+	}
+	h.ReleaseAfterS = grace.Seconds()
+	vals[declared.HeadKey(cluster)], _ = json.Marshal(h)
+	return vals
+}
+
+// TestClusterKeepHeadGoneKeepsForGrace (issue 41, NATS restarting without
+// its store): a complete list whose head goes (the bucket lost with NATS's
+// store, deleted and made again, the head deleted) keeps its images for
+// the list's grace from then, stale, also across a restart, as the
+// component keeps an image whose last workload went; a head back ends the
+// wait; after the grace the list is known and empty. Before, the first
+// watch that found no head made the list known and empty at once, so that
+// every declared image could go in the seconds before the component wrote
+// the list again.
+func TestClusterKeepHeadGoneKeepsForGrace(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	clk := func() time.Time { return now }
+	k := loadFleetKeep(dir, "prod", testKeepSource, DefaultKeepListWait, clk, zerolog.Nop())
+	start := func() { k.mu.Lock(); k.seen = map[string]bool{}; k.watching = false; k.mu.Unlock() }
+	deliver := func(vals map[string][]byte) {
+		for _, key := range slices.Sorted(maps.Keys(vals)) {
+			k.apply(natsbus.KeepUpdate{Key: key, Value: vals[key]})
+		}
+		k.apply(natsbus.KeepUpdate{Synced: true})
+	}
+	start()
+	deliver(withGrace(t, clusterValues(t, "prod", declared.Complete, now, "docker.io/library/report:7"), "prod", time.Hour))
+	if in := k.Input(now); in.State != gc.InputKnown || !slices.Equal(refsOf(k), []string{"docker.io/library/report:7"}) {
+		t.Fatalf("complete: %+v %v", in, refsOf(k))
+	}
+	// NATS comes back without its store: the watch finds no bucket.
+	now = now.Add(time.Minute)
+	gone := now
+	start()
+	k.apply(natsbus.KeepUpdate{Synced: true})
+	if in := k.Input(now); in.State != gc.InputStale || !strings.Contains(in.Cause, "no head") || !slices.Equal(refsOf(k), []string{"docker.io/library/report:7"}) {
+		t.Fatalf("head gone: %+v %v (want stale, keeping report:7 for the grace)", in, refsOf(k))
+	}
+	// A restart within the grace keeps it, and counts from when the head went.
+	now = now.Add(30 * time.Minute)
+	k = loadFleetKeep(dir, "prod", testKeepSource, DefaultKeepListWait, clk, zerolog.Nop())
+	start()
+	k.apply(natsbus.KeepUpdate{Synced: true})
+	if got := refsOf(k); !slices.Equal(got, []string{"docker.io/library/report:7"}) {
+		t.Fatalf("restarted within the grace: %v", got)
+	}
+	// The grace ends: known and empty.
+	now = gone.Add(time.Hour)
+	k.apply(natsbus.KeepUpdate{Alive: true}) // the watch goes on
+	if got := refsOf(k); len(got) != 0 {
+		t.Fatalf("after the grace: %v", got)
+	}
+	if in := k.Input(now); in.State != gc.InputKnown {
+		t.Fatalf("after the grace: %+v", in)
+	}
+	// A head back (the component wrote it again) ends any wait.
+	start()
+	deliver(withGrace(t, clusterValues(t, "prod", declared.Complete, now, "docker.io/library/web:2"), "prod", time.Hour))
+	now = now.Add(time.Minute)
+	start()
+	k.apply(natsbus.KeepUpdate{Synced: true})
+	deliver(withGrace(t, clusterValues(t, "prod", declared.Complete, now, "docker.io/library/web:2"), "prod", time.Hour))
+	now = now.Add(2 * time.Hour)
+	start()
+	k.apply(natsbus.KeepUpdate{Synced: true})
+	if in := k.Input(now); in.State != gc.InputStale || !slices.Equal(refsOf(k), []string{"docker.io/library/web:2"}) {
+		t.Fatalf("a head gone again, counted from then: %+v %v", in, refsOf(k))
+	}
+}

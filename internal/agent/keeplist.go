@@ -359,6 +359,9 @@ func (k *fleetKeep) KeepList() gc.KeepList {
 	now := k.now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.cl.expire(now) {
+		_ = k.save(now) // best effort: a restart ends the grace again from the file
+	}
 	return gc.KeepList{Input: k.input(now), Patterns: k.patterns(), Prefixes: k.prefixes(), Declared: k.cl.refs}
 }
 

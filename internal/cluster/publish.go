@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,7 +25,10 @@ const minKeepBucketBytes = 64 << 20
 // list, while this replica leads: shards first, then the head that names
 // their layout; a shard only when it changed; the head at every change and
 // every heartbeat, by compare-and-set, so that a second writer (a leader
-// that has not noticed it lost) is found out and stops.
+// that has not noticed it lost) is found out and stops. Shards are written
+// only while the head is still the one this replica wrote (fence), and at
+// every heartbeat and after a failed write the store is compared with what
+// was written (verify): what is not as written is written again.
 type publisher struct {
 	cfg   Config
 	kv    jetstream.KeyValue
@@ -34,14 +38,21 @@ type publisher struct {
 	m     *metrics
 
 	written      map[string][]byte // key → the value last written or read
+	rev          map[string]uint64 // key → the revision of that value
 	headRev      uint64
 	head         declared.Head // the head last written (Heartbeat aside)
 	layout       int
 	lastComplete []declared.Entry
+	// suspect says a write failed: the store may not hold what was
+	// written (verify before the next publish).
+	suspect bool
+	// ensure makes the bucket again when it is gone (nil: it is not).
+	ensure func(context.Context) (jetstream.KeyValue, error)
 }
 
 func newPublisher(cfg Config, kv jetstream.KeyValue, ks *keepSync, c clock.Timers, m *metrics, log zerolog.Logger) *publisher {
-	return &publisher{cfg: cfg, kv: kv, ks: ks, clock: c, m: m, log: log.With().Str("component", "keep-sync").Logger(), written: map[string][]byte{}}
+	return &publisher{cfg: cfg, kv: kv, ks: ks, clock: c, m: m, log: log.With().Str("component", "keep-sync").Logger(),
+		written: map[string][]byte{}, rev: map[string]uint64{}}
 }
 
 // ensureKeepBucket returns the keep list's bucket, made or grown to hold
@@ -98,7 +109,7 @@ func (p *publisher) seed(ctx context.Context) error {
 		if err != nil {
 			continue
 		}
-		p.written[key] = se.Value()
+		p.written[key], p.rev[key] = se.Value(), se.Revision()
 		shards[key] = s
 	}
 	l := declared.Assemble(p.cfg.Cluster, &h, shards)
@@ -118,10 +129,20 @@ func (p *publisher) seed(ctx context.Context) error {
 // publish writes the list as it is now; heartbeat rewrites the head even
 // when nothing changed. It returns when the next image is due for release
 // (zero: none).
-func (p *publisher) publish(ctx context.Context, heartbeat bool) (time.Time, error) {
+func (p *publisher) publish(ctx context.Context, heartbeat bool) (next time.Time, err error) {
+	defer func() {
+		if err != nil {
+			p.suspect = true
+		}
+	}()
+	if heartbeat || p.suspect {
+		if err := p.verify(ctx); err != nil {
+			return time.Time{}, err
+		}
+		p.suspect = false
+	}
 	now := p.clock.Now()
 	state, reason := p.ks.state()
-	var next time.Time
 	h := declared.Head{State: state, Reason: reason, Shards: p.layout, Kinds: p.cfg.Kinds, Namespaces: p.cfg.Namespaces,
 		ExcludeNamespaces: p.cfg.ExcludeNamespaces, ReleaseAfterS: p.cfg.ReleaseAfter.Seconds(), HeartbeatEveryS: p.cfg.Heartbeat.Seconds(),
 		By: p.cfg.Identity, Since: p.head.Since}
@@ -132,10 +153,8 @@ func (p *publisher) publish(ctx context.Context, heartbeat bool) (time.Time, err
 			entries = union(entries, p.lastComplete)
 		}
 		shards := declared.Layout(entries, 0)
-		for i, s := range shards {
-			if err := p.put(ctx, declared.ShardKey(p.cfg.Cluster, len(shards), i), s); err != nil {
-				return next, err
-			}
+		if err := p.putShards(ctx, shards); err != nil {
+			return next, err
 		}
 		h.Shards, h.Images, h.Workloads = len(shards), len(entries), workloads
 		if len(released) > 0 {
@@ -185,22 +204,137 @@ func (p *publisher) publish(ctx context.Context, heartbeat bool) (time.Time, err
 	return next, nil
 }
 
-// put writes one shard when its value changed.
-func (p *publisher) put(ctx context.Context, key string, s declared.Shard) error {
-	b, err := json.Marshal(s)
-	if err != nil {
-		return err
+// putShards writes the shards of a layout whose values changed, once the
+// fence holds.
+func (p *publisher) putShards(ctx context.Context, shards []declared.Shard) error {
+	keys, vals := make([]string, len(shards)), make([][]byte, len(shards))
+	changed := false
+	for i, s := range shards {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		keys[i], vals[i] = declared.ShardKey(p.cfg.Cluster, len(shards), i), b
+		changed = changed || !bytes.Equal(p.written[keys[i]], b)
 	}
-	if bytes.Equal(p.written[key], b) {
+	if !changed {
 		return nil
 	}
-	if _, err := p.kv.Put(ctx, key, b); err != nil {
-		p.m.writeFailures.Inc()
-		return fmt.Errorf("write %s: %w", key, err)
+	if err := p.fence(ctx); err != nil {
+		return err
 	}
-	p.m.writes.WithLabelValues("shard").Inc()
-	p.written[key] = b
+	for i, key := range keys {
+		if bytes.Equal(p.written[key], vals[i]) {
+			continue
+		}
+		rev, err := p.kv.Put(ctx, key, vals[i])
+		if err != nil {
+			p.m.writeFailures.Inc()
+			return fmt.Errorf("write %s: %w", key, err)
+		}
+		p.m.writes.WithLabelValues("shard").Inc()
+		p.written[key], p.rev[key] = vals[i], rev
+	}
 	return nil
+}
+
+// fence checks, before shards are written, that the head is still the one
+// this replica wrote or read last: a leader that has not noticed it lost
+// (frozen past its Lease, cut off from the API server) finds out before it
+// overwrites the shards of the new one, which, holding them as written,
+// would not write them again. A head gone (the store lost it) makes every
+// key be written again.
+func (p *publisher) fence(ctx context.Context) error {
+	e, err := p.kv.Get(ctx, declared.HeadKey(p.cfg.Cluster))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		if p.headRev != 0 {
+			p.forget("the head is gone")
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("read %s: %w", declared.HeadKey(p.cfg.Cluster), err)
+	case e.Revision() == p.headRev:
+		return nil
+	}
+	if other, derr := declared.DecodeHead(e.Value()); derr == nil && other.By != p.cfg.Identity {
+		return fmt.Errorf("%w (%s)", errOtherWriter, other.By)
+	}
+	p.headRev = e.Revision() // our own write whose answer was lost
+	return nil
+}
+
+// verify compares the store with what this replica wrote: a key whose
+// revision is not the one it wrote or read (another writer, a delete by
+// hand, writes a NATS server lost, the bucket deleted and made again) is
+// forgotten, so that publish writes it again; a head gone is created
+// again. A bucket gone is made again.
+func (p *publisher) verify(ctx context.Context) error {
+	revs, err := p.revisions(ctx)
+	if err != nil && p.ensure != nil {
+		kv, eerr := p.ensure(ctx)
+		if eerr != nil {
+			return fmt.Errorf("read the cluster keep list's revisions: %w", errors.Join(err, eerr))
+		}
+		p.kv = kv
+		revs, err = p.revisions(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("read the cluster keep list's revisions: %w", err)
+	}
+	var lost []string
+	for key, rev := range p.rev {
+		if revs[key] != rev {
+			lost = append(lost, key)
+			delete(p.written, key)
+			delete(p.rev, key)
+		}
+	}
+	if _, ok := revs[declared.HeadKey(p.cfg.Cluster)]; !ok && p.headRev != 0 {
+		p.forget("the head is gone")
+		return nil
+	}
+	if len(lost) > 0 {
+		slices.Sort(lost)
+		p.log.Warn().Strs("keys", lost).Msg("the cluster keep list in NATS is not as this replica wrote it: writing those keys again")
+	}
+	return nil
+}
+
+// forget drops what this replica holds as written, head included: every
+// key is written again, the head created.
+func (p *publisher) forget(why string) {
+	p.log.Warn().Str("reason", why).Int("shards", p.layout).Msg("the cluster keep list in NATS is not as this replica wrote it: writing it all again")
+	clear(p.written)
+	clear(p.rev)
+	p.headRev, p.head = 0, declared.Head{Since: p.head.Since}
+}
+
+// revisions lists the revision of every key of the cluster's list (its
+// headers only, as ListKeys does).
+func (p *publisher) revisions(ctx context.Context) (map[string]uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	w, err := p.kv.Watch(ctx, declared.WatchKeys(p.cfg.Cluster), jetstream.MetaOnly(), jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	revs := map[string]uint64{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("the watch of its keys ended")
+			}
+			if e == nil {
+				return revs, nil
+			}
+			revs[e.Key()] = e.Revision()
+		}
+	}
 }
 
 // errOtherWriter says the head was written by someone else since this
@@ -246,6 +380,7 @@ func (p *publisher) dropLayout(ctx context.Context, n int) {
 			p.log.Debug().Err(err).Str("key", key).Msg("cannot purge a shard of an old layout")
 		}
 		delete(p.written, key)
+		delete(p.rev, key)
 	}
 }
 
@@ -274,7 +409,11 @@ func union(es, last []declared.Entry) []declared.Entry {
 }
 
 // run publishes until ctx ends: at every change (gathered for 100 ms),
-// every heartbeat, and when an image's grace ends.
+// every heartbeat, and when an image's grace ends; a failed publish is
+// tried again a second later, a heartbeat included. With leader election,
+// a leader that has not published for three heartbeats (the agents call
+// the list stale) returns an error: it gives the lead up, so that a
+// replica that can write takes over.
 func (p *publisher) run(ctx context.Context) error {
 	if err := p.seed(ctx); err != nil {
 		return err
@@ -287,8 +426,9 @@ func (p *publisher) run(ctx context.Context) error {
 	debounce.Stop()
 	defer debounce.Stop()
 	pending := false
+	heartbeat := false // due until a publish writes it
+	lastOK := p.clock.Now()
 	for {
-		heartbeat := false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -305,9 +445,13 @@ func (p *publisher) run(ctx context.Context) error {
 			hb.Reset(p.cfg.Heartbeat)
 		case <-release.C():
 		}
+		at := p.clock.Now() // a heartbeat written says this time
 		next, err := p.publish(ctx, heartbeat)
 		if errors.Is(err, errOtherWriter) {
 			return err
+		}
+		if failing := p.clock.Now().Sub(lastOK); err != nil && p.cfg.LeaderElection && failing >= 3*p.cfg.Heartbeat {
+			return fmt.Errorf("cannot publish the cluster keep list for %s, the agents call it stale: %w", failing.Round(time.Second), err)
 		}
 		if err != nil {
 			p.log.Warn().Err(err).Msg("cannot publish the cluster keep list; trying again")
@@ -315,6 +459,7 @@ func (p *publisher) run(ctx context.Context) error {
 			pending = true
 			continue
 		}
+		heartbeat, lastOK = false, at
 		d := time.Hour
 		if !next.IsZero() {
 			d = max(next.Sub(p.clock.Now()), 10*time.Millisecond)

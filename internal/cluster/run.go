@@ -116,7 +116,13 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) error {
 			return err
 		}
 		g, gctx := errgroup.WithContext(ctx)
-		g.Go(func() error { return newPublisher(cfg, kv, ks, c, m, log).run(gctx) })
+		pub := newPublisher(cfg, kv, ks, c, m, log)
+		pub.ensure = func(ctx context.Context) (jetstream.KeyValue, error) {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return ensureKeepBucket(ctx, js, KeepReplicas)
+		}
+		g.Go(func() error { return pub.run(gctx) })
 		if cfg.Events {
 			if !cacheSynced(gctx, nodes.Informer().HasSynced) {
 				return gctx.Err()
