@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/gcagent/gcagent/declared"
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/natsbus"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
 
@@ -214,5 +216,30 @@ func TestClusterKeepHeadGoneKeepsForGrace(t *testing.T) {
 	k.apply(natsbus.KeepUpdate{Synced: true})
 	if in := k.Input(now); in.State != gc.InputStale || !slices.Equal(refsOf(k), []string{"docker.io/library/web:2"}) {
 		t.Fatalf("a head gone again, counted from then: %+v %v", in, refsOf(k))
+	}
+}
+
+// TestFleetKeepBucketGoneKeepsTheLastList (review of issue 41: the
+// operator's keys as exposed as the cluster's): a bucket that goes after
+// a list was read from it (NATS restarted without its store) keeps the
+// last list, stale, where it used to be a known empty list at once; a
+// NATS that never had one is still known empty.
+func TestFleetKeepBucketGoneKeepsTheLastList(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	k := loadFleetKeep(t.TempDir(), "prod", testKeepSource, DefaultKeepListWait, func() time.Time { return now }, zerolog.Nop())
+	if k.heldAList() {
+		t.Fatal("a fresh agent holds a list")
+	}
+	k.seen = map[string]bool{}
+	k.apply(natsbus.KeepUpdate{Key: natsbus.KeepAllKey, List: natsbus.KeepList{Patterns: []string{"app:*"}}})
+	k.apply(natsbus.KeepUpdate{Synced: true})
+	if !k.heldAList() {
+		t.Fatal("a list read is not held")
+	}
+	k.fail(fmt.Errorf("gone: %w", jetstream.ErrBucketNotFound), time.Second)
+	now = now.Add(time.Minute)
+	l := k.KeepList()
+	if l.State != gc.InputStale || !slices.Equal(l.Patterns, []string{"app:*"}) {
+		t.Fatalf("bucket gone: %+v, want the last list, stale", l)
 	}
 }

@@ -169,9 +169,7 @@ func loadFleetKeep(stateDir, cluster, source string, wait time.Duration, now fun
 			Help: "Failed watches of the fleet keep list in NATS, by cause (server-too-old, no-jetstream, permission, timeout, disconnected, ...).",
 		}, []string{"cause"})}
 	for _, c := range natsbus.KeepWatchCauses {
-		if c != natsbus.KeepCauseBucketNotFound { // no bucket is no list, not a failure
-			k.failures.WithLabelValues(c)
-		}
+		k.failures.WithLabelValues(c) // no-bucket: only a bucket gone after a list was read from it
 	}
 	doc, err := ReadKeepFile(stateDir)
 	switch {

@@ -251,7 +251,7 @@ func TestFleetKeepFailuresLoggedOncePerCause(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(k.failures)
-	if n, err := testutil.GatherAndCount(reg, "gcagent_keep_list_watch_failures_total"); err != nil || n != len(natsbus.KeepWatchCauses)-1 {
+	if n, err := testutil.GatherAndCount(reg, "gcagent_keep_list_watch_failures_total"); err != nil || n != len(natsbus.KeepWatchCauses) {
 		t.Errorf("%d failure series (%v), want one per cause from the start", n, err)
 	}
 	lines := logLines(t, &logs)

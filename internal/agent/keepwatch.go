@@ -67,7 +67,15 @@ func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, domain string, creat
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, jetstream.ErrBucketNotFound) && nc.IsConnected() {
+		if errors.Is(err, jetstream.ErrBucketNotFound) && nc.IsConnected() && k.heldAList() {
+			// The bucket went after a list was read from it: NATS lost its
+			// store (a server without persistent storage, restarted) as
+			// likely as an operator removed it. The last list keeps
+			// (stale) until a bucket is there again; `ctl keep rm` is how
+			// patterns go.
+			k.fail(fmt.Errorf("the keep list's bucket %s is gone from this NATS: keeping the last list read: %w", natsbus.KeepBucket, err), backoff)
+			noBucket = false
+		} else if errors.Is(err, jetstream.ErrBucketNotFound) && nc.IsConnected() {
 			k.recovered()
 			k.apply(natsbus.KeepUpdate{Synced: true}) // NATS says: no list
 			if !noBucket {
@@ -84,6 +92,15 @@ func (k *fleetKeep) run(ctx context.Context, nc *nats.Conn, domain string, creat
 		}
 		backoff = min(2*backoff, keepRetryMax)
 	}
+}
+
+// heldAList reports whether the agent holds a list read from this NATS
+// (now, or saved by the run before): one the bucket's disappearance must
+// not empty.
+func (k *fleetKeep) heldAList() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return !k.own && !k.doc.ConfirmedAt.IsZero() && (len(k.doc.Lists) > 0 || k.cl.last != nil)
 }
 
 // retryWait waits d before the next watch, or less when NATS, away

@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) error {
 	// must not wait behind the informers' rate, nor slow the Lease's
 	// renewals.
 	evCfg := rest.CopyConfig(restCfg)
-	evCfg.QPS, evCfg.Burst = 100, 200
+	evCfg.QPS, evCfg.Burst = 250, 500
 	eventsClient, err := kubernetes.NewForConfig(evCfg)
 	if err != nil {
 		return err
