@@ -82,7 +82,46 @@ func EnsureKeepBucket(ctx context.Context, js jetstream.JetStream, replicas int,
 	if err != nil {
 		return nil, fmt.Errorf("keep list bucket %s: %w", KeepBucket, err)
 	}
+	if err := liftKeepConsumers(ctx, js); err != nil {
+		return nil, fmt.Errorf("keep list bucket %s: %w", KeepBucket, err)
+	}
 	return kv, nil
+}
+
+// KeepMaxConsumers is the consumer limit the keep bucket's stream gets:
+// every agent watches its keys with one consumer each (three), and a
+// server's default is 1,000 per stream (nats-server 2.10 and later, when
+// neither the stream nor the account sets one): 333 agents.
+const KeepMaxConsumers = 1 << 20
+
+// errCodeCannotChangeMaxConsumers is the API error of a server that
+// refuses to change a stream's consumer limit.
+const errCodeCannotChangeMaxConsumers = 10052
+
+// liftKeepConsumers sets the keep bucket's stream's consumer limit to
+// KeepMaxConsumers when it is lower or unset: a bucket made by a version
+// that did not, or by hand.
+func liftKeepConsumers(ctx context.Context, js jetstream.JetStream) error {
+	st, err := js.Stream(ctx, "KV_"+KeepBucket)
+	if err != nil {
+		return err
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.MaxConsumers >= KeepMaxConsumers {
+		return nil
+	}
+	cfg.MaxConsumers = KeepMaxConsumers
+	_, err = js.UpdateStream(ctx, cfg)
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.ErrorCode == errCodeCannotChangeMaxConsumers {
+		// A server before 2.10 (Debian's 2.9.10) cannot change it, and has
+		// no default limit either: unset is unlimited there.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("lift its consumer limit to %d (a fleet's agents watch it with three consumers each): %w", KeepMaxConsumers, err)
+	}
+	return nil
 }
 
 // DecodeKeep reads a value of KeepBucket; an empty value (a delete) is an

@@ -268,6 +268,8 @@ func (c *clusterKeep) state(now time.Time) string {
 		return "saved"
 	case !c.read:
 		return "not-read"
+	case c.head == nil && c.last != nil && !c.last.Gone.IsZero():
+		return "gone" // keeping the last complete list for its grace
 	case c.head == nil:
 		return "absent"
 	}
@@ -281,7 +283,7 @@ func (c *clusterKeep) state(now time.Time) string {
 }
 
 // clusterStates are state's values.
-var clusterStates = []string{"not-read", "saved", "absent", "syncing", "incomplete", "stale", "complete"}
+var clusterStates = []string{"not-read", "saved", "absent", "gone", "syncing", "incomplete", "stale", "complete"}
 
 // detail is /readyz's line for the list ("" when known and complete or
 // absent).

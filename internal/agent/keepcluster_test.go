@@ -187,6 +187,9 @@ func TestClusterKeepHeadGoneKeepsForGrace(t *testing.T) {
 	if in := k.Input(now); in.State != gc.InputStale || !strings.Contains(in.Cause, "no head") || !slices.Equal(refsOf(k), []string{"docker.io/library/report:7"}) {
 		t.Fatalf("head gone: %+v %v (want stale, keeping report:7 for the grace)", in, refsOf(k))
 	}
+	if st := k.cl.state(now); st != "gone" {
+		t.Errorf("cluster state %q during the grace, want gone (the alert's)", st)
+	}
 	// A restart within the grace keeps it, and counts from when the head went.
 	now = now.Add(30 * time.Minute)
 	k = loadFleetKeep(dir, "prod", testKeepSource, DefaultKeepListWait, clk, zerolog.Nop())

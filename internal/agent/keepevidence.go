@@ -175,7 +175,7 @@ var (
 	descKeepWaiting  = prometheus.NewDesc("gcagent_keep_list_waiting", "1 while image deletes by threshold or maximum age wait for a fleet keep list never read (--keep-list-wait), else 0.", nil, nil)
 	descKeepInvalid  = prometheus.NewDesc("gcagent_keep_list_invalid_patterns", "Invalid patterns in the fleet keep list: each keeps every image whose name starts with its literal text before the first glob character.", nil, nil)
 	descClusterKeep  = prometheus.NewDesc("gcagent_keep_list_cluster_images", "Images the cluster keep list (gcagent-cluster's) keeps now.", nil, nil)
-	descClusterState = prometheus.NewDesc("gcagent_keep_list_cluster_state", "State of the cluster keep list: 1 for the state it is in (not-read, saved, absent, syncing, incomplete, stale, complete).", []string{"state"}, nil)
+	descClusterState = prometheus.NewDesc("gcagent_keep_list_cluster_state", "State of the cluster keep list: 1 for the state it is in (not-read, saved, absent, gone: its head went and the last complete list keeps for its grace, syncing, incomplete, stale, complete).", []string{"state"}, nil)
 )
 
 func (m keepMetrics) Describe(ch chan<- *prometheus.Desc) {
