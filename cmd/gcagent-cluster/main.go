@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gcagent/gcagent/internal/cluster"
+	"github.com/gcagent/gcagent/internal/suggest"
 	"github.com/gcagent/gcagent/internal/version"
 )
 
@@ -61,13 +64,23 @@ func execute(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 		Version:       version.Version + " (" + version.Commit + ")",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Args:          cobra.NoArgs,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if err := cobra.NoArgs(cmd, args); err != nil {
+				return usageError{err}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := fromEnv(cmd.Flags(), environ); err != nil {
 				return usageError{err}
 			}
 			if err := cfg.Validate(); err != nil {
 				return usageError{err}
+			}
+			if cfg.Kubeconfig != "" {
+				if _, err := os.Stat(cfg.Kubeconfig); err != nil {
+					return usageError{fmt.Errorf("--kubeconfig %s: %w", cfg.Kubeconfig, err)}
+				}
 			}
 			cluster.KeepReplicas = replicas
 			log := newLogger(cfg.LogFormat, stderr)
@@ -77,8 +90,13 @@ func execute(ctx context.Context, args, environ []string, stdout, stderr io.Writ
 	}
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	f := cmd.Flags()
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if typed, ok := strings.CutPrefix(err.Error(), "unknown flag: "); ok {
+			err = fmt.Errorf("%w%s", err, suggest.DidYouMean(typed, flagNames(f, "--")))
+		}
+		return usageError{err}
+	})
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", cfg.Kubeconfig, "kubeconfig file (empty: the pod's service account)")
 	f.StringVar(&cfg.Cluster, "cluster", cfg.Cluster, "the cluster's name in NATS: the agents' --cluster")
 	f.StringVar(&cfg.NATS.URL, "nats-url", "", "the fleet's NATS (required): the server the agents read the keep list from")
@@ -135,10 +153,17 @@ func fromEnv(fs *pflag.FlagSet, environ []string) error {
 	})
 	for k := range env {
 		if !known[k] {
-			errs = append(errs, fmt.Errorf("unknown variable %s", k))
+			errs = append(errs, fmt.Errorf("unknown variable %s%s", k, suggest.DidYouMean(k, slices.Collect(maps.Keys(known)))))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// flagNames are the names of fs's flags, each after prefix.
+func flagNames(fs *pflag.FlagSet, prefix string) []string {
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) { names = append(names, prefix+f.Name) })
+	return names
 }
 
 func newLogger(format string, w io.Writer) zerolog.Logger {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/suggest"
 	"github.com/gcagent/gcagent/internal/version"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/spf13/cobra"
@@ -152,7 +153,7 @@ func unknownCommand(cmd *cobra.Command, args []string) error {
 			names = append(names, s.Name())
 		}
 	}
-	hint := didYouMean(args[0], names)
+	hint := suggest.DidYouMean(args[0], names)
 	if hint == "" {
 		hint = " (" + cmd.CommandPath() + " -h lists them)"
 	}
@@ -183,7 +184,7 @@ func flagError(cmd *cobra.Command, err error) error {
 			names = append(names, "--"+f.Name)
 		}
 	})
-	hint := didYouMean("--"+name, names)
+	hint := suggest.DidYouMean("--"+name, names)
 	if hint == "" {
 		if others := commandsWithFlag(cmd.Root(), name); len(others) > 0 {
 			hint = " (a flag of " + strings.Join(others, ", ") + ")"
@@ -204,53 +205,6 @@ func commandsWithFlag(root *cobra.Command, name string) []string {
 		out = append(out, commandsWithFlag(s, name)...)
 	}
 	return out
-}
-
-// didYouMean is " (did you mean X?)" with the candidate nearest to typed
-// when it is near enough to be a typo, else with those typed starts (up to
-// three); "" when none fits.
-func didYouMean(typed string, candidates []string) string {
-	best, bestD := "", -1
-	for _, c := range candidates {
-		if d := editDistance(strings.ToLower(typed), strings.ToLower(c)); bestD < 0 || d < bestD {
-			best, bestD = c, d
-		}
-	}
-	var fits []string
-	if best != "" && bestD <= max(2, len(typed)/4) {
-		fits = append(fits, best)
-	} else if len(strings.TrimLeft(typed, "-")) >= 3 {
-		for _, c := range candidates {
-			if strings.HasPrefix(c, typed) && len(fits) < 3 {
-				fits = append(fits, c)
-			}
-		}
-	}
-	if len(fits) == 0 {
-		return ""
-	}
-	return " (did you mean " + strings.Join(fits, " or ") + "?)"
-}
-
-// editDistance is Levenshtein's distance between a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // lookupIn returns a lookup of environ (KEY=value); the last of a repeated

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/internal/flagvalue"
+	"github.com/gcagent/gcagent/internal/suggest"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -68,7 +69,7 @@ func ctlVerb(cmd *cobra.Command, args []string) error {
 		return usagef("%swant a verb (%s) or keep", where(cmd), strings.Join(natsbus.Verbs, ", "))
 	}
 	if !slices.Contains(natsbus.Verbs, args[0]) {
-		hint := didYouMean(args[0], append(slices.Clone(natsbus.Verbs), "keep"))
+		hint := suggest.DidYouMean(args[0], append(slices.Clone(natsbus.Verbs), "keep"))
 		if hint == "" {
 			hint = " (want " + strings.Join(natsbus.Verbs, ", ") + " or keep)"
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/gcagent/gcagent/gc"
 	"github.com/gcagent/gcagent/internal/agent"
 	"github.com/gcagent/gcagent/internal/flagvalue"
+	"github.com/gcagent/gcagent/internal/suggest"
 	"github.com/gcagent/gcagent/natsbus"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -72,7 +73,7 @@ func keepArgs(cmd *cobra.Command, args []string) error {
 			return usagef("%sinvalid pattern: %v", where(cmd), err)
 		}
 	case len(args) > 0 && !slices.Contains([]string{"add", "rm", "ls"}, args[0]):
-		hint := didYouMean(args[0], []string{"add", "rm", "ls"})
+		hint := suggest.DidYouMean(args[0], []string{"add", "rm", "ls"})
 		if hint == "" {
 			hint = " (want add PATTERN, rm PATTERN or ls)"
 		}

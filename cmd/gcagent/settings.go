@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/gcagent/gcagent/internal/agent"
+	"github.com/gcagent/gcagent/internal/suggest"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -97,7 +98,7 @@ func (c *cli) settle(fs *pflag.FlagSet) (map[string]string, error) {
 		case e.name == "config":
 			return nil, usagef("%s: a config file cannot name another (config)", from)
 		case !slices.Contains(known, e.name):
-			hint := didYouMean(e.name, known)
+			hint := suggest.DidYouMean(e.name, known)
 			if hint == "" {
 				hint = " (the keys are the flags of gcagent run, without --)"
 			}
@@ -208,7 +209,7 @@ func checkEnviron(environ []string) error {
 		if !strings.HasPrefix(name, "GCAGENT_") || strings.HasPrefix(name, "GCAGENT_TEST_") || slices.Contains(known, name) {
 			continue
 		}
-		hint := didYouMean(name, known)
+		hint := suggest.DidYouMean(name, known)
 		if hint == "" {
 			hint = " (each flag of gcagent run reads GCAGENT_<FLAG>)"
 		}
