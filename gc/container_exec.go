@@ -371,6 +371,7 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 	// (logsAlone) unless the container's removal reports them.
 	var alone []LogRemoval
 	call := tx.Call(ctx) // checks the agent lock; ends with its hold
+	callStart := e.now()
 	switch kind {
 	case ContainerKindNative:
 		owner, err = e.rt.DeleteNative(call, it.Namespace, it.ID)
@@ -436,7 +437,10 @@ func (e *ContainerExecutor) one(ctx context.Context, plan ContainerPlan, policy 
 			m.latency.WithLabelValues(kind).Observe(max(latency, 0).Seconds())
 		}
 	}
-	logsEvent(e.event(e.log.Info(), it, kind), removal.Logs).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).Msg("removed")
+	// delete_call_s: containerd's (or CRI's) own time for the delete,
+	// part of latency_s; the rest is the agent's.
+	logsEvent(e.event(e.log.Info(), it, kind), removal.Logs).Time("exited_at", it.ExitedAt).Float64("latency_s", latency.Seconds()).
+		Float64("delete_call_s", r.At.Sub(callStart).Seconds()).Msg("removed")
 	removal.At, removal.LatencySecs = r.At, latency.Seconds()
 	if owner.Owner != "" {
 		removal.OwnerState = &owner
