@@ -49,11 +49,19 @@ func startCluster(t *testing.T, n int) []*server.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wait.Until(t, 20*time.Second, "a JetStream meta leader and all routes", func() bool {
+	wait.Until(t, 20*time.Second, "a JetStream meta leader, all routes and every server a placement peer", func() bool {
+		peers := 0
 		for _, s := range servers {
 			if s.NumRoutes() < n-1 {
 				return false
 			}
+			// Only the meta leader answers: the servers whose JetStream it
+			// has heard from. Fewer than n and an R3 stream cannot be
+			// placed yet (err_code 10005, seen under load).
+			peers = max(peers, len(s.JetStreamClusterPeers()))
+		}
+		if peers < n {
+			return false
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
