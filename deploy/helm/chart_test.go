@@ -442,23 +442,7 @@ func TestChartEveryValue(t *testing.T) {
 			t.Errorf("config %s: ConfigMap %s=%q, want %q", k, env, got, fmt.Sprint(v))
 		}
 	}
-	// The credentials: files from the Secret's volume, the rest from secretKeyRefs.
-	for env, want := range map[string]string{
-		"GCAGENT_NATS_CREDS": "/etc/gcagent/nats/creds", "GCAGENT_NATS_NKEY": "/etc/gcagent/nats/nkey",
-		"GCAGENT_NATS_TLS_CA": "/etc/gcagent/nats/ca.crt", "GCAGENT_NATS_TLS_CERT": "/etc/gcagent/nats/tls.crt",
-		"GCAGENT_NATS_TLS_KEY": "/etc/gcagent/nats/tls.key",
-	} {
-		if got := envValue(c, env); got != want {
-			t.Errorf("%s=%q, want %q", env, got, want)
-		}
-	}
-	for _, env := range []string{"GCAGENT_NATS_PASSWORD", "GCAGENT_NATS_TOKEN"} {
-		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
-			return e.Name == env && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == objs.Secret.Name
-		}) {
-			t.Errorf("%s does not come from the Secret %s", env, objs.Secret.Name)
-		}
-	}
+	assertNATSCredentials(t, c, "GCAGENT_", objs.Secret.Name)
 
 	// Every flag of `gcagent run` can be set through the chart.
 	set := map[string]bool{}
@@ -689,4 +673,27 @@ func envValue(c corev1.Container, name string) string {
 		}
 	}
 	return ""
+}
+
+// assertNATSCredentials checks c's NATS credentials, its variables named
+// after prefix: files from the Secret's volume, the rest from secretKeyRefs
+// of Secret secret.
+func assertNATSCredentials(t *testing.T, c corev1.Container, prefix, secret string) {
+	t.Helper()
+	for name, want := range map[string]string{
+		"NATS_CREDS": "/etc/gcagent/nats/creds", "NATS_NKEY": "/etc/gcagent/nats/nkey",
+		"NATS_TLS_CA": "/etc/gcagent/nats/ca.crt", "NATS_TLS_CERT": "/etc/gcagent/nats/tls.crt",
+		"NATS_TLS_KEY": "/etc/gcagent/nats/tls.key",
+	} {
+		if got := envValue(c, prefix+name); got != want {
+			t.Errorf("%s=%q, want %q", prefix+name, got, want)
+		}
+	}
+	for _, env := range []string{prefix + "NATS_PASSWORD", prefix + "NATS_TOKEN"} {
+		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+			return e.Name == env && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == secret
+		}) {
+			t.Errorf("%s does not come from the Secret %s", env, secret)
+		}
+	}
 }

@@ -364,22 +364,7 @@ func TestClusterEveryValue(t *testing.T) {
 			t.Errorf("cluster.config %s: ConfigMap %s=%q, want %q", k, env, got, fmt.Sprint(v))
 		}
 	}
-	for env, want := range map[string]string{
-		"GCAGENT_CLUSTER_NATS_CREDS": "/etc/gcagent/nats/creds", "GCAGENT_CLUSTER_NATS_NKEY": "/etc/gcagent/nats/nkey",
-		"GCAGENT_CLUSTER_NATS_TLS_CA": "/etc/gcagent/nats/ca.crt", "GCAGENT_CLUSTER_NATS_TLS_CERT": "/etc/gcagent/nats/tls.crt",
-		"GCAGENT_CLUSTER_NATS_TLS_KEY": "/etc/gcagent/nats/tls.key",
-	} {
-		if got := envValue(c, env); got != want {
-			t.Errorf("%s=%q, want %q", env, got, want)
-		}
-	}
-	for _, env := range []string{"GCAGENT_CLUSTER_NATS_PASSWORD", "GCAGENT_CLUSTER_NATS_TOKEN"} {
-		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
-			return e.Name == env && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == o.Secret.Name
-		}) {
-			t.Errorf("%s does not come from the Secret %s", env, o.Secret.Name)
-		}
-	}
+	assertNATSCredentials(t, c, "GCAGENT_CLUSTER_", o.Secret.Name)
 
 	// Every flag of gcagent-cluster can be set through the chart, but
 	// --kubeconfig (in a pod: its service account) and --lease-namespace
