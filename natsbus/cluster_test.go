@@ -158,13 +158,19 @@ func TestClusterR3ServerKilledDuringBurst(t *testing.T) {
 		t.Fatalf("publisher still on the killed server")
 	}
 	assertExactlyOnce(t, check, want)
-	// The node's last value survives the kill and takes a new put.
+	// The node's last value survives the kill and takes a new put. Each
+	// try and what follows get a context of their own: the test's first
+	// one (10 s) may have ended by now on a loaded machine.
 	wait.For(t, 20*time.Second, func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		if err := sw.Put(ctx, map[string]int{"seq": 2}); err != nil {
 			return err.Error()
 		}
 		return ""
 	})
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	cjs, _ := jetstream.New(check)
 	sst, err := cjs.Stream(ctx, DefaultStatusStream)
 	if err != nil {
