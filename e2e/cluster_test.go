@@ -202,8 +202,10 @@ func TestClusterKeepSync(t *testing.T) {
 
 	// The rollback's ReplicaSet goes (out of the history): its images wait
 	// out the grace, then go.
-	mustCreate(t, e.admin.AppsV1().ReplicaSets("shop").Delete(ctx, "web-1", metav1.DeleteOptions{}))
+	// Taken before the call: the component may see the workload go (its
+	// watch) before the call's answer reaches the test.
 	deleted := time.Now()
+	mustCreate(t, e.admin.AppsV1().ReplicaSets("shop").Delete(ctx, "web-1", metav1.DeleteOptions{}))
 	testenv.Eventually(t, time.Minute, func() string {
 		l = e.list(t)
 		if clusterListView(l).has("docker.io/library/app:1") {

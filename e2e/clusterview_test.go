@@ -93,8 +93,8 @@ func TestClusterViewOnTheNode(t *testing.T) {
 
 		// The Deployment goes: its image is released after the 5 s grace,
 		// and the pressure that lasts deletes it.
+		deleted := time.Now() // before the call: the component may see it go before its answer
 		mustCreate(t, e.admin.AppsV1().Deployments("shop").Delete(ctx, "web", metav1.DeleteOptions{}))
-		deleted := time.Now()
 		testenv.Eventually(t, 2*time.Minute, func() string {
 			if !imageGone(t, c, web.Name) {
 				return "web:2 still there: " + keptBy(a, web.Name)
