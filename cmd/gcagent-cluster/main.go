@@ -153,7 +153,7 @@ func fromEnv(fs *pflag.FlagSet, environ []string) error {
 	})
 	for k := range env {
 		if !known[k] {
-			errs = append(errs, fmt.Errorf("unknown variable %s%s", k, suggest.DidYouMean(k, slices.Collect(maps.Keys(known)))))
+			errs = append(errs, fmt.Errorf("unknown variable %s%s", k, suggest.DidYouMean(k, slices.Sorted(maps.Keys(known)))))
 		}
 	}
 	return errors.Join(errs...)
