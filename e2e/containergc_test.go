@@ -133,7 +133,8 @@ func nativeExists(t testing.TB, c *testenv.Containerd, id string) bool {
 
 // assertRemovedOnTime waits for every id to be deleted and checks that each
 // went no earlier than ttl and no later than ttl+slack after its exit, both
-// as containerd stamped them.
+// as containerd stamped them, not counting the time containerd spent in the
+// agent's delete calls past the due time (a's removed lines).
 func assertRemovedOnTime(t *testing.T, c *testenv.Containerd, a *testenv.Agent, l *lifecycle, ttl, slack time.Duration, ids ...string) {
 	t.Helper()
 	testenv.Eventually(t, ttl+20*time.Second, func() string {
@@ -144,13 +145,13 @@ func assertRemovedOnTime(t *testing.T, c *testenv.Containerd, a *testenv.Agent, 
 		}
 		return ""
 	})
-	// containerd's own time for each delete (the agent's removed line,
-	// delete_call_s): a task delete can take a second of containerd's
-	// and runc's (seen on 1.6 and 2.3 for the first `true` container),
-	// which is not the agent's lateness.
-	// The agent deletes one container at a time, so one that falls due
-	// during another's slow call waits for it: every call's time within
-	// a container's window from due to deleted is containerd's.
+	// Each delete call's span, from the agent's removed line (its time
+	// and delete_call_s). A task delete can take containerd and runc a
+	// second (seen on 1.6 and 2.3 for the first `true` container), and
+	// the agent deletes one container at a time, so one due during
+	// another's slow call waits for it: every call's time within a
+	// container's window from due to deleted is containerd's, not the
+	// agent's lateness.
 	type call struct{ start, end time.Time }
 	calls := map[string]call{}
 	for _, line := range agentLogLines(t, a) {
